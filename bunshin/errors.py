@@ -1,0 +1,70 @@
+"""The exceptions Bunshin raises.
+
+Every error a user can cause is a :class:`BunshinError` subclass whose message says what was
+wrong and what to do about it. Errors from the kernel are translated at the boundary.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BunshinError",
+    "UnsupportedKernel",
+    "PermissionDenied",
+    "RootfsError",
+    "LimitError",
+    "WorkspaceClosed",
+    "WorkspaceDied",
+    "SpawnError",
+    "ToolCallError",
+    "ProtocolError",
+    "CgroupError",
+    "ForkError",
+]
+
+
+class BunshinError(Exception):
+    """Base class of every error Bunshin raises on purpose."""
+
+
+class UnsupportedKernel(BunshinError):
+    """The running kernel lacks a feature Bunshin needs (see ``bunshin doctor``)."""
+
+
+class PermissionDenied(BunshinError):
+    """Bunshin needs root (CAP_SYS_ADMIN) for namespaces, mounts and cgroups."""
+
+
+class RootfsError(BunshinError):
+    """The rootfs given to ``Workspace.create`` cannot be used (missing, unreadable, malformed)."""
+
+
+class LimitError(BunshinError):
+    """A resource limit has a value that cannot be applied (negative, wrong type, too small)."""
+
+
+class WorkspaceClosed(BunshinError):
+    """The workspace was closed; create a new one or fork a live one."""
+
+
+class WorkspaceDied(BunshinError):
+    """The workspace's init exited unexpectedly (killed from outside, or the host OOM killer)."""
+
+
+class SpawnError(BunshinError):
+    """A process could not be started inside the workspace (not found, not executable, bad cwd)."""
+
+
+class ToolCallError(BunshinError):
+    """A tool call was malformed (wrong argument types, bad timeout)."""
+
+
+class ProtocolError(BunshinError):
+    """The control channel to the workspace's init carried something unexpected."""
+
+
+class CgroupError(BunshinError):
+    """A cgroup could not be created, configured or removed."""
+
+
+class ForkError(BunshinError):
+    """A workspace could not be forked; the source is left running and intact."""
