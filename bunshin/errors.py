@@ -19,6 +19,8 @@ __all__ = [
     "ProtocolError",
     "CgroupError",
     "ForkError",
+    "ShellExited",
+    "CriuError",
 ]
 
 
@@ -68,3 +70,11 @@ class CgroupError(BunshinError):
 
 class ForkError(BunshinError):
     """A workspace could not be forked; the source is left running and intact."""
+
+
+class ShellExited(BunshinError):
+    """The shell session ended (``exit``, killed); open a new one with ``ws.shell()``."""
+
+
+class CriuError(UnsupportedKernel):
+    """No usable CRIU (missing, older than 4.0, or provisioning failed); see ``bunshin doctor``."""

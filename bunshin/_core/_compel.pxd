@@ -1,0 +1,70 @@
+# C declarations of compel/compel.h for Cython.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from posix.types cimport pid_t, off_t
+
+cdef extern from "<sys/user.h>" nogil:
+    struct user_regs_struct:
+        unsigned long long r15, r14, r13, r12, rbp, rbx, r11, r10, r9, r8
+        unsigned long long rax, rcx, rdx, rsi, rdi, orig_rax, rip, cs, eflags
+        unsigned long long rsp, ss, fs_base, gs_base, ds, es, fs, gs
+
+cdef extern from "compel.h" nogil:
+    struct bx_ctl:
+        pass
+
+    struct bx_rseq:
+        uint64_t addr
+        uint32_t len
+        uint32_t sig
+        uint32_t flags
+
+    struct bx_thread_state:
+        pid_t tid
+        pid_t vtid
+        int in_syscall
+        user_regs_struct regs
+        user_regs_struct resume
+        uint64_t sigmask
+        uint64_t sigpending
+        uint64_t shdpending
+        bx_rseq rseq
+        uint64_t robust_list
+        uint64_t robust_len
+        uint64_t tid_addr
+
+    struct bx_clone_req:
+        uint64_t flags
+        pid_t pidns_pid
+        pid_t set_tid
+
+    bx_ctl *bx_seize(pid_t tid, int *err)
+    int bx_stop_all_seized(bx_ctl *c)
+    int bx_detach(bx_ctl *c)
+    void bx_free(bx_ctl *c)
+    pid_t bx_pid(const bx_ctl *c)
+    pid_t bx_tid(const bx_ctl *c)
+    int bx_threads(const bx_ctl *c, pid_t *out, int max)
+    int bx_last_step(const bx_ctl *c)
+    const char *bx_step_name(int step)
+    int bx_alive(const bx_ctl *c)
+    int bx_prepare_seized(bx_ctl *c)
+    int bx_syscall_seized(bx_ctl *c, long nr, const unsigned long *args, long *ret)
+    int bx_remote_mmap_seized(bx_ctl *c, unsigned long addr, size_t len, int prot, int flags,
+                              int fd, off_t off, unsigned long *out)
+    int bx_remote_munmap_seized(bx_ctl *c, unsigned long addr, size_t len)
+    int bx_peek(bx_ctl *c, unsigned long addr, void *buf, size_t n)
+    int bx_poke(bx_ctl *c, unsigned long addr, const void *buf, size_t n)
+    int bx_held_signals(const bx_ctl *c, int *sigs, int max)
+    int bx_thread_state_seized(bx_ctl *c, pid_t tid, bx_thread_state *st)
+    long bx_xstate_seized(bx_ctl *c, pid_t tid, void *buf, size_t len)
+    bx_ctl *bx_clone3_seized(bx_ctl *c, const bx_clone_req *req, int *err)
+    int bx_cure_seized(bx_ctl *c)
+
+    void bx_set_verbose(int on)
+
+
+cdef class Ctl:
+    cdef bx_ctl *c
+    cdef readonly int pid
+    cdef void _check(self, int err, str step=*) except *
+    cdef bx_ctl *_live(self) except NULL

@@ -1,0 +1,202 @@
+# cython: language_level=3
+"""Binding of the compel C library: one Ctl per seized thread group.
+
+Errors come out as CompelError (an OSError carrying the failed step and the pid); the public
+wrapper in bunshin.compel turns them into bunshin.errors.ForkError. Every call that waits for
+the tracee releases the GIL.
+"""
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+
+import os
+
+_REGS = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx",
+         "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base",
+         "gs_base", "ds", "es", "fs", "gs")
+
+
+class CompelError(OSError):
+    """An injection step failed: .errno, .step (e.g. "syscall"), .pid."""
+
+    def __init__(self, err, step, pid):
+        super().__init__(err, f"{os.strerror(err)} at step {step!r} (pid {pid})")
+        self.step = step
+        self.pid = pid
+
+
+def set_verbose(bint on):
+    bx_set_verbose(on)
+
+
+cdef dict _regs(user_regs_struct *r):
+    cdef unsigned long long *w = <unsigned long long *>r
+    return {name: w[i] for i, name in enumerate(_REGS)}
+
+
+cdef class Ctl:
+    def __cinit__(self, int tid=0):
+        cdef int err = 0
+        if tid == 0:  # filled in by clone()
+            return
+        with nogil:
+            self.c = bx_seize(tid, &err)
+        if self.c == NULL:
+            raise CompelError(-err, "seize", tid)
+        self.pid = bx_pid(self.c)
+
+    def __dealloc__(self):
+        if self.c != NULL:
+            bx_free(self.c)
+            self.c = NULL
+
+    cdef void _check(self, int err, str step=None) except *:
+        if self.c == NULL:
+            raise CompelError(9, "closed", self.pid)  # EBADF
+        if err < 0:
+            raise CompelError(-err, step or bx_step_name(bx_last_step(self.c)).decode(),
+                              self.pid)
+
+    cdef bx_ctl *_live(self) except NULL:
+        if self.c == NULL:
+            raise CompelError(9, "closed", self.pid)
+        return self.c
+
+    @property
+    def tid(self):
+        return bx_tid(self._live())
+
+    @property
+    def alive(self):
+        return self.c != NULL and bx_alive(self.c)
+
+    def stop_all(self):
+        cdef bx_ctl *c = self._live()
+        cdef int err
+        with nogil:
+            err = bx_stop_all_seized(c)
+        self._check(err)
+
+    def threads(self):
+        cdef bx_ctl *c = self._live()
+        cdef int n = bx_threads(c, NULL, 0)
+        cdef pid_t *out = <pid_t *>malloc(max(n, 1) * sizeof(pid_t))
+        try:
+            n = bx_threads(c, out, n)
+            return [out[i] for i in range(n)]
+        finally:
+            free(out)
+
+    def prepare(self):
+        cdef bx_ctl *c = self._live()
+        cdef int err
+        with nogil:
+            err = bx_prepare_seized(c)
+        self._check(err)
+
+    def syscall(self, long nr, *args):
+        if len(args) > 6:
+            raise TypeError("a system call takes at most 6 arguments")
+        cdef unsigned long a[6]
+        cdef long ret = 0
+        cdef int err, i
+        cdef bx_ctl *c = self._live()
+        memset(a, 0, sizeof(a))
+        for i, v in enumerate(args):
+            a[i] = <unsigned long>(v & 0xffffffffffffffff)
+        with nogil:
+            err = bx_syscall_seized(c, nr, a, &ret)
+        self._check(err)
+        return ret
+
+    def mmap(self, size_t length, int prot, int flags, unsigned long addr=0, int fd=-1,
+             long offset=0):
+        cdef unsigned long out = 0
+        cdef int err
+        cdef bx_ctl *c = self._live()
+        with nogil:
+            err = bx_remote_mmap_seized(c, addr, length, prot, flags, fd, offset, &out)
+        self._check(err, "mmap")
+        return out
+
+    def munmap(self, unsigned long addr, size_t length):
+        cdef int err
+        cdef bx_ctl *c = self._live()
+        with nogil:
+            err = bx_remote_munmap_seized(c, addr, length)
+        self._check(err, "munmap")
+
+    def read(self, unsigned long addr, size_t n):
+        cdef bx_ctl *c = self._live()
+        buf = bytearray(n)
+        cdef unsigned char[::1] view = buf
+        cdef int err = bx_peek(c, addr, &view[0] if n else NULL, n)
+        self._check(err)
+        return bytes(buf)
+
+    def write(self, unsigned long addr, const unsigned char[::1] data):
+        cdef bx_ctl *c = self._live()
+        cdef int err = bx_poke(c, addr, &data[0] if data.shape[0] else NULL, data.shape[0])
+        self._check(err)
+
+    def held_signals(self):
+        cdef bx_ctl *c = self._live()
+        cdef int sigs[64]
+        cdef int n = bx_held_signals(c, sigs, 64)
+        return [sigs[i] for i in range(min(n, 64))]
+
+    def thread_state(self, pid_t tid):
+        cdef bx_thread_state st
+        cdef bx_ctl *c = self._live()
+        self._check(bx_thread_state_seized(c, tid, &st))
+        return {
+            "tid": st.tid, "vtid": st.vtid, "in_syscall": bool(st.in_syscall),
+            "regs": _regs(&st.regs), "resume": _regs(&st.resume),
+            "sigmask": st.sigmask, "sigpending": st.sigpending, "shdpending": st.shdpending,
+            "rseq": (st.rseq.addr, st.rseq.len, st.rseq.sig, st.rseq.flags),
+            "robust_list": (st.robust_list, st.robust_len), "tid_addr": st.tid_addr,
+        }
+
+    def xstate(self, pid_t tid):
+        cdef bx_ctl *c = self._live()
+        buf = bytearray(1 << 14)
+        cdef unsigned char[::1] view = buf
+        cdef long n = bx_xstate_seized(c, tid, &view[0], len(buf))
+        self._check(<int>n if n < 0 else 0)
+        return bytes(buf[:n])
+
+    def clone(self, unsigned long long flags=0, pid_t pidns_pid=0, pid_t set_tid=0):
+        cdef bx_clone_req req
+        cdef int err = 0
+        cdef bx_ctl *k
+        cdef bx_ctl *c = self._live()
+        req.flags = flags
+        req.pidns_pid = pidns_pid
+        req.set_tid = set_tid
+        with nogil:
+            k = bx_clone3_seized(c, &req, &err)
+        self._check(err)
+        if k == NULL:
+            raise CompelError(10, "clone3", self.pid)  # ECHILD
+        cdef Ctl child = Ctl.__new__(Ctl)
+        child.c = k
+        child.pid = bx_pid(k)
+        return child
+
+    def cure(self):
+        cdef bx_ctl *c = self._live()
+        cdef int err
+        with nogil:
+            err = bx_cure_seized(c)
+        self._check(err)
+
+    def detach(self):
+        """Cure if needed, let every thread go, free the control block. Idempotent."""
+        cdef int err = 0
+        if self.c == NULL:
+            return
+        with nogil:
+            err = bx_detach(self.c)
+            bx_free(self.c)
+        self.c = NULL
+        if err < 0:
+            raise CompelError(-err, "detach", self.pid)

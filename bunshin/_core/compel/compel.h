@@ -1,0 +1,114 @@
+/* compel.h: inject system calls into a live process, the way the fork engine needs it.
+ *
+ * The lifecycle, in order:
+ *   bx_seize()            attach to one thread and stop it; it becomes the injection thread
+ *   bx_stop_all_seized()  attach to and stop every other thread of its thread group
+ *   bx_prepare_seized()   find a `syscall` instruction the injection thread can execute
+ *   bx_syscall_seized()   run system calls in the injection thread (bx_clone3_seized, bx_remote_*)
+ *   bx_cure_seized()      re-queue held-back signals, restore every register and patched byte
+ *   bx_detach()           let every thread run again, untraced
+ *   bx_free()             release the control block (cures and detaches first if still needed)
+ *
+ * Functions that return int give 0 or -errno. On failure the control block remembers which step
+ * failed (bx_last_step). The tracer must make every call for one control block from the thread
+ * that called bx_seize: ptrace attaches to a thread, not to a process.
+ */
+#ifndef BUNSHIN_COMPEL_H
+#define BUNSHIN_COMPEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/user.h>
+
+struct bx_ctl; /* opaque: one seized thread group */
+
+enum bx_step {
+	BX_STEP_NONE,
+	BX_STEP_SEIZE,
+	BX_STEP_INTERRUPT,
+	BX_STEP_WAIT,
+	BX_STEP_STOP_ALL,
+	BX_STEP_GETREGS,
+	BX_STEP_PREPARE,
+	BX_STEP_SETREGS,
+	BX_STEP_SYSCALL,
+	BX_STEP_PEEK,
+	BX_STEP_POKE,
+	BX_STEP_STATE,
+	BX_STEP_PIDNS,
+	BX_STEP_CLONE,
+	BX_STEP_CHILD,
+	BX_STEP_SIGNALS,
+	BX_STEP_CURE,
+	BX_STEP_DETACH,
+};
+
+struct bx_rseq {
+	uint64_t addr;
+	uint32_t len;
+	uint32_t sig;
+	uint32_t flags;
+};
+
+/* What the fork engine needs to recreate a thread in a child. */
+struct bx_thread_state {
+	pid_t tid;       /* in the tracer's pid namespace */
+	pid_t vtid;      /* in the thread's own pid namespace */
+	int in_syscall;  /* stopped inside a system call that will be restarted */
+	struct user_regs_struct regs;   /* as stopped; fs_base and gs_base included */
+	struct user_regs_struct resume; /* what it runs with if resumed alone: restart applied */
+	uint64_t sigmask;
+	uint64_t sigpending;   /* thread-directed, from /proc */
+	uint64_t shdpending;   /* process-directed, from /proc */
+	struct bx_rseq rseq;   /* addr 0: not registered */
+	uint64_t robust_list;  /* head registered with set_robust_list, 0 if none */
+	uint64_t robust_len;
+	uint64_t tid_addr;     /* libc's cached tid in the thread's TCB, 0 if not found */
+};
+
+/* A clone of the injection thread's process (a fork: new process, memory copy-on-write). */
+struct bx_clone_req {
+	uint64_t flags;    /* extra clone3 flags, e.g. CLONE_PARENT; exit signal is SIGCHLD */
+	pid_t pidns_pid;   /* >0: create the child in the pid namespace whose init (or any member)
+			      has this pid in the tracer's namespace */
+	pid_t set_tid;     /* >0: the pid the child gets in its own pid namespace */
+};
+
+/* seize.c */
+struct bx_ctl *bx_seize(pid_t tid, int *err);
+int bx_stop_all_seized(struct bx_ctl *c);
+int bx_detach(struct bx_ctl *c);
+void bx_free(struct bx_ctl *c);
+pid_t bx_pid(const struct bx_ctl *c);   /* thread group id, tracer's namespace */
+pid_t bx_tid(const struct bx_ctl *c);   /* injection thread, tracer's namespace */
+int bx_threads(const struct bx_ctl *c, pid_t *out, int max); /* returns the count */
+int bx_last_step(const struct bx_ctl *c);
+const char *bx_step_name(int step);
+void bx_set_verbose(int on); /* log each step to stderr */
+int bx_alive(const struct bx_ctl *c);
+
+/* syscall.c */
+int bx_prepare_seized(struct bx_ctl *c);
+int bx_syscall_seized(struct bx_ctl *c, long nr, const unsigned long args[6], long *ret);
+int bx_remote_mmap_seized(struct bx_ctl *c, unsigned long addr, size_t len, int prot, int flags,
+			  int fd, off_t off, unsigned long *out);
+int bx_remote_munmap_seized(struct bx_ctl *c, unsigned long addr, size_t len);
+int bx_peek(struct bx_ctl *c, unsigned long addr, void *buf, size_t n);
+int bx_poke(struct bx_ctl *c, unsigned long addr, const void *buf, size_t n);
+
+/* signals.c */
+int bx_held_signals(const struct bx_ctl *c, int *sigs, int max); /* returns the count */
+
+/* state.c */
+int bx_thread_state_seized(struct bx_ctl *c, pid_t tid, struct bx_thread_state *st);
+/* The thread's extended FPU state (NT_X86_XSTATE); returns its size or -errno. */
+long bx_xstate_seized(struct bx_ctl *c, pid_t tid, void *buf, size_t len);
+
+/* clone.c: the child comes back stopped, attached and prepared, as a control block of its own. */
+struct bx_ctl *bx_clone3_seized(struct bx_ctl *c, const struct bx_clone_req *req, int *err);
+
+/* cure.c */
+int bx_cure_seized(struct bx_ctl *c);
+
+#endif

@@ -1,0 +1,90 @@
+/* The control block and the helpers the compel files share; not part of the public API. */
+#ifndef BUNSHIN_COMPEL_INTERNAL_H
+#define BUNSHIN_COMPEL_INTERNAL_H
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/ptrace.h>
+
+#include "compel.h"
+#include "arch/x86_64.h"
+
+#define BX_SEIZE_OPTS (PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACECLONE)
+#define BX_MAX_HELD 64
+#define BX_MAX_PATCH 4
+#define BX_SCRATCH_SIZE 512
+
+struct bx_thread {
+	pid_t tid;
+	pid_t vtid;
+	int stopped;
+	bx_regs_t regs; /* as stopped, before anything was injected */
+};
+
+/* Bytes changed in the tracee that cure puts back. */
+struct bx_patch {
+	unsigned long addr;
+	size_t len;
+	int text; /* written with PTRACE_POKEDATA: the mapping may be read-only */
+	uint8_t orig[BX_SCRATCH_SIZE];
+};
+
+struct bx_ctl {
+	pid_t pid, vpid; /* thread group: tracer's pid namespace, its own */
+	int nthr, cap;
+	struct bx_thread *thr; /* thr[0] is the injection thread */
+	int step;
+	int dead;
+	int attached;
+	int prepared;
+	int injected; /* thr[0]'s registers were changed: cure must restore them */
+	int cured;
+	unsigned long sysaddr;
+	unsigned long scratch; /* 0 until first used */
+	bx_regs_t cur;         /* thr[0]'s registers now */
+	int npatch;
+	struct bx_patch patch[BX_MAX_PATCH];
+	int nheld;
+	siginfo_t held[BX_MAX_HELD];
+	pid_t last_child; /* from the latest fork/clone event during injection */
+	int child_of_clone; /* made by bx_clone3_seized: never stopped by an interrupt */
+};
+
+extern int bx_verbose;
+#define bx_log(fmt, ...)                                                                   \
+	do {                                                                               \
+		if (bx_verbose)                                                            \
+			fprintf(stderr, "compel: " LOG_PREFIX fmt "\n", ##__VA_ARGS__);    \
+	} while (0)
+
+static inline int bx_fail(struct bx_ctl *c, int step, int err)
+{
+	c->step = step;
+	if (err == -ESRCH || err == -ECHILD)
+		c->dead = 1;
+	return err;
+}
+
+/* seize.c */
+struct bx_ctl *bx_ctl_new(pid_t tid, int *err);
+int bx_add_thread(struct bx_ctl *c, pid_t tid);
+int bx_read_nspid(pid_t tid, pid_t *out, int max);
+int bx_status_field(pid_t tid, const char *key, char *out, size_t n);
+int bx_wait(struct bx_ctl *c, pid_t tid, int *status);
+
+/* syscall.c */
+int bx_scratch(struct bx_ctl *c, unsigned long *addr);
+int bx_patch_save(struct bx_ctl *c, unsigned long addr, size_t len, int text);
+int bx_patch_restore(struct bx_ctl *c);
+
+/* signals.c */
+int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig);
+int bx_requeue_signals(struct bx_ctl *c);
+void bx_send_held(struct bx_ctl *c);
+
+/* state.c */
+unsigned long bx_find_tid_addr(struct bx_ctl *c, const struct bx_thread *t);
+
+#endif

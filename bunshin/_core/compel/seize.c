@@ -1,0 +1,337 @@
+/* Attaching to threads, stopping them, waiting for their stops, letting them go. */
+#include <dirent.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include "internal.h"
+
+#define LOG_PREFIX "seize: "
+
+int bx_verbose;
+
+void bx_set_verbose(int on) { bx_verbose = on; }
+
+static const char *const step_names[] = {
+	[BX_STEP_NONE] = "none",	 [BX_STEP_SEIZE] = "seize",
+	[BX_STEP_INTERRUPT] = "interrupt", [BX_STEP_WAIT] = "wait",
+	[BX_STEP_STOP_ALL] = "stop_all", [BX_STEP_GETREGS] = "getregs",
+	[BX_STEP_PREPARE] = "prepare",	 [BX_STEP_SETREGS] = "setregs",
+	[BX_STEP_SYSCALL] = "syscall",	 [BX_STEP_PEEK] = "peek",
+	[BX_STEP_POKE] = "poke",	 [BX_STEP_STATE] = "thread_state",
+	[BX_STEP_PIDNS] = "pidns",	 [BX_STEP_CLONE] = "clone3",
+	[BX_STEP_CHILD] = "child",	 [BX_STEP_SIGNALS] = "signals",
+	[BX_STEP_CURE] = "cure",	 [BX_STEP_DETACH] = "detach",
+};
+
+const char *bx_step_name(int step)
+{
+	if (step < 0 || step >= (int)(sizeof step_names / sizeof step_names[0]))
+		return "unknown";
+	return step_names[step];
+}
+
+int bx_status_field(pid_t tid, const char *key, char *out, size_t n)
+{
+	char path[64], line[512];
+	size_t klen = strlen(key);
+	snprintf(path, sizeof path, "/proc/%d/status", tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return errno == ENOENT ? -ESRCH : -errno;
+	int ret = -ENOENT;
+	while (fgets(line, sizeof line, f)) {
+		if (strncmp(line, key, klen) || line[klen] != ':')
+			continue;
+		char *v = line + klen + 1;
+		v += strspn(v, " \t");
+		v[strcspn(v, "\n")] = 0;
+		snprintf(out, n, "%s", v);
+		ret = 0;
+		break;
+	}
+	fclose(f);
+	return ret;
+}
+
+/* NSpid lists the pid from the tracer's namespace inwards; returns how many levels. */
+int bx_read_nspid(pid_t tid, pid_t *out, int max)
+{
+	char buf[256];
+	int ret = bx_status_field(tid, "NSpid", buf, sizeof buf);
+	if (ret)
+		return ret;
+	int n = 0;
+	for (char *p = buf, *end; n < max; p = end) {
+		long v = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		out[n++] = (pid_t)v;
+	}
+	return n ? n : -EINVAL;
+}
+
+static pid_t own_ns_pid(pid_t tid)
+{
+	pid_t ns[32];
+	int n = bx_read_nspid(tid, ns, 32);
+	return n > 0 ? ns[n - 1] : n;
+}
+
+int bx_add_thread(struct bx_ctl *c, pid_t tid)
+{
+	for (int i = 0; i < c->nthr; i++)
+		if (c->thr[i].tid == tid)
+			return i;
+	if (c->nthr == c->cap) {
+		int cap = c->cap ? c->cap * 2 : 8;
+		struct bx_thread *t = realloc(c->thr, cap * sizeof *t);
+		if (!t)
+			return -ENOMEM;
+		c->thr = t;
+		c->cap = cap;
+	}
+	struct bx_thread *t = &c->thr[c->nthr];
+	memset(t, 0, sizeof *t);
+	t->tid = tid;
+	t->vtid = own_ns_pid(tid);
+	return c->nthr++;
+}
+
+/* A traced zombie thread is reaped only by its tracer, and a thread-group leader is not
+ * reported until every other thread is reaped: so a blocking wait for the leader of a
+ * multi-threaded tracee that is dying would never return. Poll, reaping the others. */
+static int wait_polling(struct bx_ctl *c, pid_t tid, int *status)
+{
+	long ns = 2000;
+	for (;;) {
+		pid_t r = waitpid(tid, status, __WALL | WNOHANG);
+		if (r == tid)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		int reaped = 0;
+		for (int i = 0; i < c->nthr; i++) {
+			int st;
+			if (c->thr[i].tid != tid && waitpid(c->thr[i].tid, &st, __WALL | WNOHANG) ==
+							    c->thr[i].tid &&
+			    (WIFEXITED(st) || WIFSIGNALED(st))) {
+				c->thr[i].stopped = 0;
+				reaped = 1;
+			}
+		}
+		if (reaped)
+			continue;
+		struct timespec ts = {0, ns};
+		nanosleep(&ts, NULL);
+		if (ns < 1000000)
+			ns *= 2;
+	}
+}
+
+/* Returns 0 for a stop, -ESRCH if the thread exited or was killed. */
+int bx_wait(struct bx_ctl *c, pid_t tid, int *status)
+{
+	int ret = 0;
+	if (c->nthr > 1 && tid == c->pid) {
+		ret = wait_polling(c, tid, status);
+	} else {
+		for (;;) {
+			pid_t r = waitpid(tid, status, __WALL);
+			if (r == tid)
+				break;
+			if (r < 0 && errno != EINTR) {
+				ret = -errno;
+				break;
+			}
+		}
+	}
+	if (ret == -ECHILD)
+		ret = -ESRCH;
+	if (!ret && (WIFEXITED(*status) || WIFSIGNALED(*status))) {
+		bx_log("%d is gone (status 0x%x)", tid, *status);
+		ret = -ESRCH;
+	}
+	return ret;
+}
+
+/* Until thread i reports the stop PTRACE_INTERRUPT asked for. A signal that arrives first is
+ * delivered as it would have been without us; new threads are recorded (TRACECLONE attached
+ * them, they start stopped). */
+static int wait_interrupt_stop(struct bx_ctl *c, int i)
+{
+	pid_t tid = c->thr[i].tid;
+	for (;;) {
+		int st, ret = bx_wait(c, tid, &st);
+		if (ret)
+			return ret;
+		int event = st >> 16, sig = WSTOPSIG(st);
+		if (event == PTRACE_EVENT_STOP)
+			break;
+		int deliver = 0;
+		if (event == PTRACE_EVENT_CLONE) {
+			unsigned long msg = 0;
+			if (!ptrace(PTRACE_GETEVENTMSG, tid, 0, &msg) && bx_add_thread(c, msg) < 0)
+				return -ENOMEM;
+		} else if (!event && sig != (SIGTRAP | 0x80)) {
+			deliver = sig;
+		}
+		if (ptrace(PTRACE_CONT, tid, 0, deliver))
+			return -errno;
+	}
+	c->thr[i].stopped = 1;
+	return bx_arch_get_regs(tid, &c->thr[i].regs);
+}
+
+static int seize_thread(struct bx_ctl *c, pid_t tid)
+{
+	/* No PTRACE_O_EXITKILL: if the tracer dies, the kernel detaches and the victim lives. */
+	if (ptrace(PTRACE_SEIZE, tid, 0, BX_SEIZE_OPTS)) {
+		/* a thread made by one we seized is attached to us already (TRACECLONE) */
+		char tracer[32];
+		if (errno != EPERM || bx_status_field(tid, "TracerPid", tracer, sizeof tracer) ||
+		    atoi(tracer) != getpid())
+			return errno == EPERM ? -EPERM : -errno;
+	}
+	if (ptrace(PTRACE_INTERRUPT, tid, 0, 0))
+		return -errno;
+	return 0;
+}
+
+struct bx_ctl *bx_seize(pid_t tid, int *err)
+{
+	char buf[64];
+	int ret = bx_status_field(tid, "Tgid", buf, sizeof buf);
+	struct bx_ctl *c = NULL;
+	if (ret)
+		goto fail;
+	ret = -ENOMEM;
+	c = calloc(1, sizeof *c);
+	if (!c)
+		goto fail;
+	c->pid = atoi(buf);
+	c->vpid = own_ns_pid(c->pid);
+	c->step = BX_STEP_SEIZE;
+	if ((ret = bx_add_thread(c, tid)) < 0)
+		goto fail;
+	if ((ret = seize_thread(c, tid)))
+		goto fail;
+	c->attached = 1;
+	c->step = BX_STEP_WAIT;
+	if ((ret = wait_interrupt_stop(c, 0)))
+		goto fail;
+	c->cur = c->thr[0].regs;
+	c->step = BX_STEP_NONE;
+	bx_log("seized %d (pid %d), ip %#lx, in syscall %d", tid, c->pid, bx_arch_ip(&c->cur),
+	       bx_arch_in_syscall(&c->cur));
+	return c;
+fail:
+	if (c && c->attached)
+		ptrace(PTRACE_DETACH, tid, 0, 0);
+	free(c ? c->thr : NULL);
+	free(c);
+	*err = ret == -ENOENT ? -ESRCH : ret;
+	return NULL;
+}
+
+/* Seize every thread listed in /proc/PID/task until a pass finds none new: a thread not yet
+ * stopped may create another; threads made by an already seized one arrive through TRACECLONE. */
+int bx_stop_all_seized(struct bx_ctl *c)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/task", c->pid);
+	for (int pass = 0;; pass++) {
+		int found = 0;
+		DIR *d = opendir(path);
+		if (!d)
+			return bx_fail(c, BX_STEP_STOP_ALL, errno == ENOENT ? -ESRCH : -errno);
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			pid_t tid = atoi(e->d_name);
+			if (tid <= 0)
+				continue;
+			int known = 0;
+			for (int i = 0; i < c->nthr; i++)
+				known |= c->thr[i].tid == tid;
+			if (known)
+				continue;
+			int i = bx_add_thread(c, tid);
+			if (i < 0) {
+				closedir(d);
+				return bx_fail(c, BX_STEP_STOP_ALL, i);
+			}
+			int ret = seize_thread(c, tid);
+			if (ret == -ESRCH) { /* exited meanwhile */
+				c->thr[i] = c->thr[--c->nthr];
+				continue;
+			}
+			if (ret) {
+				closedir(d);
+				return bx_fail(c, BX_STEP_STOP_ALL, ret);
+			}
+			found++;
+		}
+		closedir(d);
+		/* threads seized (or auto-attached) but not yet seen stopped */
+		for (int i = 1; i < c->nthr; i++) {
+			if (c->thr[i].stopped)
+				continue;
+			int ret = wait_interrupt_stop(c, i);
+			if (ret == -ESRCH && c->thr[i].tid != c->pid) {
+				c->thr[i--] = c->thr[--c->nthr];
+				continue;
+			}
+			if (ret)
+				return bx_fail(c, BX_STEP_STOP_ALL, ret);
+			found++;
+		}
+		if (!found)
+			break;
+	}
+	bx_log("%d threads stopped", c->nthr);
+	return 0;
+}
+
+int bx_detach(struct bx_ctl *c)
+{
+	int ret = 0;
+	if (!c->attached)
+		return 0;
+	if (!c->cured && !c->dead && (ret = bx_cure_seized(c)))
+		bx_log("cure failed (%d), detaching anyway", ret);
+	for (int i = 0; i < c->nthr; i++) {
+		if (ptrace(PTRACE_DETACH, c->thr[i].tid, 0, 0) && errno != ESRCH && !ret)
+			ret = bx_fail(c, BX_STEP_DETACH, -errno);
+		c->thr[i].stopped = 0;
+	}
+	c->attached = 0;
+	bx_send_held(c);
+	if (c->dead) { /* reap traced zombies so none are left waiting for us */
+		int st;
+		for (int i = 0; i < c->nthr; i++)
+			waitpid(c->thr[i].tid, &st, __WALL | WNOHANG);
+	}
+	return ret;
+}
+
+void bx_free(struct bx_ctl *c)
+{
+	if (!c)
+		return;
+	bx_detach(c);
+	free(c->thr);
+	free(c);
+}
+
+pid_t bx_pid(const struct bx_ctl *c) { return c->pid; }
+pid_t bx_tid(const struct bx_ctl *c) { return c->thr[0].tid; }
+int bx_last_step(const struct bx_ctl *c) { return c->step; }
+int bx_alive(const struct bx_ctl *c) { return !c->dead; }
+
+int bx_threads(const struct bx_ctl *c, pid_t *out, int max)
+{
+	for (int i = 0; i < c->nthr && i < max; i++)
+		out[i] = c->thr[i].tid;
+	return c->nthr;
+}

@@ -1,0 +1,68 @@
+/* Signals that arrive while we run injected code are held back, then queued again with their
+ * original siginfo, so the victim sees them after cure exactly as if we had never been there. */
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+#include "internal.h"
+
+#define LOG_PREFIX "signals: "
+
+int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig)
+{
+	if (c->nheld == BX_MAX_HELD)
+		return -EAGAIN; /* a signal storm: give up rather than lose one */
+	siginfo_t *si = &c->held[c->nheld];
+	if (ptrace(PTRACE_GETSIGINFO, tid, 0, si)) {
+		memset(si, 0, sizeof *si);
+		si->si_signo = sig;
+		si->si_code = SI_KERNEL;
+	}
+	c->nheld++;
+	bx_log("%d: held back signal %d", tid, sig);
+	return 0;
+}
+
+int bx_held_signals(const struct bx_ctl *c, int *sigs, int max)
+{
+	for (int i = 0; i < c->nheld && i < max; i++)
+		sigs[i] = c->held[i].si_signo;
+	return c->nheld;
+}
+
+/* rt_tgsigqueueinfo keeps the sender's siginfo, but the kernel accepts a kill()-style si_code
+ * only from the target thread itself: so the injection thread queues its own signals. Those it
+ * cannot queue are left in c->held for bx_detach to send with tgkill. */
+int bx_requeue_signals(struct bx_ctl *c)
+{
+	unsigned long scratch;
+	int ret = bx_scratch(c, &scratch);
+	int done = 0;
+	while (!ret && done < c->nheld) {
+		siginfo_t *si = &c->held[done];
+		if ((ret = bx_poke(c, scratch, si, sizeof *si)))
+			break;
+		unsigned long a[6] = {(unsigned long)c->vpid, (unsigned long)c->thr[0].vtid,
+				      (unsigned long)si->si_signo, scratch};
+		long rv;
+		if ((ret = bx_syscall_seized(c, SYS_rt_tgsigqueueinfo, a, &rv)))
+			break;
+		if (rv) {
+			ret = (int)rv;
+			break;
+		}
+		done++;
+	}
+	memmove(c->held, c->held + done, (c->nheld - done) * sizeof c->held[0]);
+	c->nheld -= done;
+	bx_log("%d: %d signals queued again, %d left", c->pid, done, c->nheld);
+	return ret;
+}
+
+/* After detach: what could not be queued from inside goes by tgkill (sender info is lost). */
+void bx_send_held(struct bx_ctl *c)
+{
+	for (int i = 0; i < c->nheld; i++)
+		syscall(SYS_tgkill, c->pid, c->thr[0].tid, c->held[i].si_signo);
+	c->nheld = 0;
+}

@@ -1,0 +1,225 @@
+"""The trainer's end of a workspace's control socket (protocol in _core/init/proto.h).
+
+One reader thread per workspace demultiplexes answers (matched by request id) and exit
+reports (matched by pid); callers block on their own request only.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from .._core import PROTO
+from ..errors import ProtocolError, SpawnError, WorkspaceDied
+
+log = logging.getLogger("bunshin.channel")
+
+_HDR = struct.Struct("=IIQII")
+_SPAWN = struct.Struct("=IIII")
+_SPAWNED = struct.Struct("=iiii")
+_KILL = struct.Struct("=iiii")
+_EXITED = struct.Struct("=ii")
+_READY = struct.Struct("=Ii")
+_ACK = struct.Struct("=i")
+assert _HDR.size == PROTO["SIZEOF_MSG"] and _SPAWN.size == PROTO["SIZEOF_SPAWN"]
+
+_STEPS = {
+    PROTO["STEP_FORK"]: "fork",
+    PROTO["STEP_CHDIR"]: "chdir",
+    PROTO["STEP_EXEC"]: "exec",
+    PROTO["STEP_FDS"]: "set up descriptors for",
+    PROTO["STEP_CTTY"]: "attach the terminal of",
+}
+
+
+@dataclass
+class _Pending:
+    event: threading.Event
+    reply: tuple[int, bytes] | None = None
+
+
+class Channel:
+    """Requests to one workspace init; thread-safe."""
+
+    def __init__(self, sock: socket.socket, name: str) -> None:
+        self._sock = sock
+        self._name = name
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._exits: dict[int, int] = {}
+        self._exit_cond = threading.Condition(self._lock)
+        self._dead: str | None = None
+        self._reader: threading.Thread | None = None
+
+    # -- start-up ---------------------------------------------------------------------
+    def wait_ready(self, timeout: float) -> int:
+        """Wait for init's READY (or FATAL) and start the reader thread. Returns init's pid."""
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(PROTO["MAX_INLINE"] + 4096)
+        except socket.timeout:
+            raise WorkspaceDied(f"{self._name}: init did not report ready within {timeout}s") from None
+        finally:
+            self._sock.settimeout(None)
+        if not data:
+            raise WorkspaceDied(f"{self._name}: init exited during setup (see its init.log)")
+        typ, _flags, _id, length, _nfds = _HDR.unpack_from(data)
+        payload = data[_HDR.size : _HDR.size + length]
+        if typ == PROTO["REP_FATAL"]:
+            raise WorkspaceDied(f"{self._name}: setup failed: {payload.decode(errors='replace')}")
+        if typ != PROTO["REP_READY"]:
+            raise ProtocolError(f"{self._name}: expected READY from init, got message type {typ}")
+        version, pid = _READY.unpack_from(payload)
+        if version != PROTO["VERSION"]:
+            raise ProtocolError(f"{self._name}: init speaks protocol {version}, expected {PROTO['VERSION']}")
+        self._reader = threading.Thread(target=self._read_loop, name=f"bunshin-{self._name}", daemon=True)
+        self._reader.start()
+        return pid
+
+    # -- reader -----------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        why = "init closed the control socket"
+        try:
+            while True:
+                data = self._sock.recv(PROTO["MAX_INLINE"] + 4096)
+                if not data:
+                    break
+                typ, _flags, rid, length, _nfds = _HDR.unpack_from(data)
+                payload = data[_HDR.size : _HDR.size + length]
+                if typ == PROTO["REP_EXITED"]:
+                    pid, status = _EXITED.unpack_from(payload)
+                    with self._lock:
+                        self._exits[pid] = status
+                        self._exit_cond.notify_all()
+                    continue
+                with self._lock:
+                    p = self._pending.pop(rid, None)
+                if p is None:
+                    log.warning("%s: unexpected message type %d id %d", self._name, typ, rid)
+                    continue
+                p.reply = (typ, payload)
+                p.event.set()
+        except OSError as e:
+            why = f"control socket error: {e}"
+        with self._lock:
+            self._dead = why
+            pending, self._pending = self._pending, {}
+            self._exit_cond.notify_all()
+        for p in pending.values():
+            p.event.set()
+
+    # -- requests ---------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def request(self, typ: int, payload: bytes = b"", fds: Sequence[int] = (), flags: int = 0,
+                timeout: float | None = 30.0) -> tuple[int, bytes]:
+        """Send one request and wait for its answer."""
+        rid = next(self._ids)
+        pend = _Pending(threading.Event())
+        memfd = -1
+        if len(payload) > PROTO["MAX_INLINE"]:
+            memfd = os.memfd_create("bunshin-payload", os.MFD_CLOEXEC)
+            os.write(memfd, payload)
+            fds = [*fds, memfd]
+            flags |= PROTO["F_PAYLOAD_FD"]
+            wire = _HDR.pack(typ, flags, rid, len(payload), len(fds))
+        else:
+            wire = _HDR.pack(typ, flags, rid, len(payload), len(fds)) + payload
+        with self._lock:
+            if self._dead:
+                raise WorkspaceDied(f"{self._name}: {self._dead}")
+            self._pending[rid] = pend
+        try:
+            if fds:
+                socket.send_fds(self._sock, [wire], list(fds))
+            else:
+                self._sock.sendall(wire)
+        except OSError as e:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise WorkspaceDied(f"{self._name}: cannot reach init: {e}") from None
+        finally:
+            if memfd >= 0:
+                os.close(memfd)
+        if not pend.event.wait(timeout):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise ProtocolError(f"{self._name}: init did not answer request {typ} within {timeout}s")
+        if pend.reply is None:
+            raise WorkspaceDied(f"{self._name}: {self._dead}")
+        return pend.reply
+
+    def spawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int], *,
+              setsid: bool = True, ctty: bool = False, track: bool = True, umask: int = 0o022) -> int:
+        """Start ``argv`` inside the workspace; returns its pid in the workspace."""
+        flags = PROTO["SPAWN_TRACK"] if track else 0
+        flags |= PROTO["SPAWN_SETSID"] if setsid else 0
+        flags |= PROTO["SPAWN_CTTY"] if ctty else 0
+        strings = b"".join(os.fsencode(s) + b"\0" for s in [cwd, *argv, *env])
+        payload = _SPAWN.pack(len(argv), len(env), umask, 0) + strings
+        typ, rep = self.request(PROTO["REQ_SPAWN"], payload, fds, flags)
+        if typ != PROTO["REP_SPAWNED"]:
+            raise ProtocolError(f"{self._name}: expected SPAWNED, got message type {typ}")
+        pid, err, step, _ = _SPAWNED.unpack_from(rep)
+        if err:
+            what = _STEPS.get(step, "start")
+            target = cwd if step == PROTO["STEP_CHDIR"] else argv[0]
+            hint = " (not found on PATH inside the workspace)" if err == _errno.ENOENT and step == PROTO["STEP_EXEC"] else ""
+            raise SpawnError(f"{self._name}: cannot {what} {target!r}: {os.strerror(err)}{hint}")
+        return pid
+
+    def kill(self, pid: int, sig: int, scope: str = "pid") -> int:
+        """Signal a process, its process group, or every process but init. Returns errno."""
+        code = {"pid": PROTO["KILL_PID"], "pgrp": PROTO["KILL_PGRP"], "all": PROTO["KILL_ALL"]}[scope]
+        _typ, rep = self.request(PROTO["REQ_KILL"], _KILL.pack(pid, sig, code, 0))
+        return _ACK.unpack_from(rep)[0]
+
+    def ping(self, timeout: float = 5.0) -> None:
+        self.request(PROTO["REQ_PING"], timeout=timeout)
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        """Raw wait status of a tracked pid, or None on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while pid not in self._exits:
+                if self._dead:
+                    raise WorkspaceDied(f"{self._name}: {self._dead}")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._exit_cond.wait(left)
+            return self._exits.pop(pid)
+
+    def poll_exit(self, pid: int) -> int | None:
+        """Wait status if the pid already exited (consumes it), else None."""
+        with self._lock:
+            return self._exits.pop(pid, None)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Ask init to kill everything and exit; tolerant of an already dead init."""
+        if self._dead is None:
+            try:
+                self.request(PROTO["REQ_SHUTDOWN"], timeout=timeout)
+            except (WorkspaceDied, ProtocolError):
+                pass
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)

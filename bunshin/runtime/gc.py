@@ -1,0 +1,55 @@
+"""``bunshin gc``: remove what crashed trainers left behind (state dirs, cgroups, inits)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+from . import cgroup, state
+
+log = logging.getLogger("bunshin.gc")
+
+
+def collect(*, dry_run: bool = False) -> list[str]:
+    """Remove every workspace whose owning process is gone. Returns the ids removed."""
+    removed = []
+    live_cgroups = set()
+    for d in state.all_dirs():
+        meta = d.read_meta()
+        if meta is not None and state.owner_alive(meta):
+            live_cgroups.add(meta.cgroup)
+            continue
+        removed.append(d.id)
+        if dry_run:
+            continue
+        if meta is not None and meta.init_pid and state.proc_start_time(meta.init_pid) is not None:
+            _kill_if_ours(meta.init_pid)
+        d.remove()
+    backend = cgroup.backend()
+    for name in backend.list():
+        if name in live_cgroups:
+            continue
+        if not dry_run:
+            backend.open(name).destroy()
+        removed.append(f"cgroup:{name}")
+    return removed
+
+
+def _kill_if_ours(pid: int) -> None:
+    # Only an init started from our binary; a recycled pid must not be shot.
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return
+    if os.path.basename(exe).startswith("bunshin-init"):
+        os.kill(pid, signal.SIGKILL)
+
+
+def main(args: argparse.Namespace | None = None) -> int:
+    dry = bool(getattr(args, "dry_run", False))
+    removed = collect(dry_run=dry)
+    verb = "would remove" if dry else "removed"
+    print(f"{verb} {len(removed)} leftover(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0

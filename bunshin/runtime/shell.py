@@ -1,0 +1,256 @@
+"""Persistent bash sessions on a pseudo-terminal inside a workspace.
+
+Each :meth:`Shell.run` hands bash the command through a quoted here-document and ``eval``,
+so any text (several lines, quotes, a syntax error) is exactly one command; bash's
+PROMPT_COMMAND then prints a marker carrying ``$?`` and a per-session nonce, which ends the
+call. The terminal is in raw mode without echo, so the output is what the command wrote.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import secrets
+import selectors
+import signal
+import struct
+import termios
+import threading
+import time
+from typing import TYPE_CHECKING, Mapping
+
+from ..errors import BunshinError, ShellExited, ToolCallError, WorkspaceClosed
+from .capture import Capture
+from .result import Result, exit_code_from_status
+
+if TYPE_CHECKING:
+    from .workspace import Workspace
+
+__all__ = ["Shell"]
+
+_TIOCGPTPEER = 0x5441
+_TIOCSPTLCK = 0x40045431
+
+
+class Shell:
+    """A bash session that keeps its state (cwd, variables, functions, history, jobs)."""
+
+    def _init(self, ws: "Workspace", master: int, pid: int, nonce: str) -> None:
+        self._ws = ws
+        self._master = master
+        self.pid = pid
+        self._nonce = nonce
+        self._marker = re.compile(rb"\x1e" + nonce.encode() + rb":(\d+)\x1f\n")
+        self._lock = threading.Lock()
+        self._pending = bytearray()
+        self._exited = False
+        self._exit_status: int | None = None
+
+    @classmethod
+    def _open(cls, ws: "Workspace", *, env: Mapping[str, str] | None, cwd: str | None) -> "Shell":
+        master = ws._open_in_root("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+        sh = None
+        try:
+            fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
+            slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            try:
+                _raw_noecho(slave)
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+                envd = {"TERM": "dumb", "PS1": "", "PS2": "", "HISTFILE": "/dev/null"}
+                envd.update(env or {})
+                envl = ws._call_env(envd)
+                argv = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
+                pid = ws._live_chan().spawn(argv, envl, cwd or ws._workdir, [slave, slave, slave],
+                                            setsid=True, ctty=True)
+            finally:
+                os.close(slave)
+            sh = cls.__new__(cls)
+            sh._init(ws, master, pid, secrets.token_hex(8))
+            # One line, so that the marker it installs fires exactly once for it.
+            setup = (
+                "set +H +o history; unset HISTFILE; "
+                f"PROMPT_COMMAND='printf \"\\036{sh._nonce}:%d\\037\\n\" $?'; "
+                "PS1=''; PS2=''; bind 'set enable-bracketed-paste off' 2>/dev/null; true\n"
+            )
+            sh._write(setup.encode())
+            r = sh._collect(time.monotonic() + 30, 1 << 16)
+            if r is None or r[0] != 0:
+                sh.close()
+                raise BunshinError(f"workspace {ws.id}: bash did not start on a terminal: {r!r}")
+            return sh
+        except BaseException:
+            if sh is None:
+                os.close(master)
+            raise
+
+    # -- I/O ----------------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._master, view):]
+            except BlockingIOError:
+                self._drain_some(0.01)
+
+    def _drain_some(self, wait: float) -> None:
+        # While a large command is being written, bash may print; keep reading so neither
+        # side blocks on a full terminal buffer.
+        sel = selectors.DefaultSelector()
+        sel.register(self._master, selectors.EVENT_READ)
+        try:
+            if sel.select(wait):
+                try:
+                    self._pending += os.read(self._master, 1 << 16)
+                except OSError:
+                    pass
+        finally:
+            sel.close()
+
+    def _collect(self, deadline: float, cap: int) -> tuple[int, Capture] | None:
+        """Read until the marker; returns (exit status, output) or None at the deadline."""
+        out = Capture(cap)
+        buf = self._pending
+        self._pending = bytearray()
+        sel = selectors.DefaultSelector()
+        sel.register(self._master, selectors.EVENT_READ)
+        try:
+            while True:
+                m = self._marker.search(buf)
+                if m:
+                    out.feed(bytes(buf[: m.start()]))
+                    self._pending = bytearray(buf[m.end() :])
+                    return int(m.group(1)), out
+                # Keep a tail that could be the start of a marker split across reads.
+                keep = 64
+                if len(buf) > keep:
+                    out.feed(bytes(buf[:-keep]))
+                    del buf[:-keep]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._pending = buf
+                    return None
+                if not sel.select(min(left, 0.05)):
+                    # bash may be gone while a background job still holds the terminal open,
+                    # so the terminal alone cannot tell us it exited.
+                    if self._exit_status is None:
+                        self._exit_status = self._ws._live_chan().poll_exit(self.pid)
+                    if self._exit_status is not None:
+                        out.feed(bytes(buf))
+                        self._exited = True
+                        raise _Eof(out)
+                    continue
+                try:
+                    data = os.read(self._master, 1 << 16)
+                except OSError:  # EIO: every slave closed, bash is gone
+                    data = b""
+                if not data:
+                    out.feed(bytes(buf))
+                    self._exited = True
+                    raise _Eof(out)
+                buf += data
+        finally:
+            sel.close()
+
+    # -- public -------------------------------------------------------------------------
+    def run(self, cmd: str, *, timeout: float | None = 30.0, max_output: int | None = None) -> Result:
+        """Run ``cmd`` in the session. stderr is merged into stdout, as on a terminal.
+
+        On timeout the foreground job gets SIGINT (then SIGKILL) and the session stays usable.
+        """
+        if not isinstance(cmd, str):
+            raise ToolCallError(f"cmd must be a str, got {type(cmd).__name__}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ToolCallError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        cap = self._ws._max_output if max_output is None else max_output
+        with self._lock:
+            if self._exited:
+                raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} has exited; open a new one with ws.shell()")
+            if self._ws.closed:
+                raise WorkspaceClosed(f"workspace {self._ws.id} is closed")
+            delim = f"__BUNSHIN_EOF_{self._nonce}__"
+            text = cmd if cmd.endswith("\n") else cmd + "\n"
+            wrapped = (f"IFS= read -r -d '' __bx_cmd <<'{delim}'; history -s -- \"${{__bx_cmd%$'\\n'}}\"; "
+                       f"eval \"$__bx_cmd\"\n{text}{delim}\n")
+            start = time.monotonic()
+            deadline = start + timeout if timeout is not None else float("inf")
+            try:
+                self._write(wrapped.encode())
+                r = self._collect(deadline, cap)
+                timed_out = r is None
+                if timed_out:
+                    r = self._interrupt(cap)
+            except _Eof as eof:
+                st = self._exit_status
+                if st is None:
+                    st = self._exit_status = self._ws._live_chan().wait_exit(self.pid, 5)
+                code = exit_code_from_status(st)[0] if st is not None else 0
+                return Result(bytes(eof.out.buf), b"", code, time.monotonic() - start,
+                              truncated=bool(eof.out.dropped))
+            code, out = r
+            return Result(bytes(out.buf), b"", code, time.monotonic() - start, timed_out=timed_out,
+                          truncated=bool(out.dropped))
+
+    def _interrupt(self, cap: int) -> tuple[int, Capture]:
+        os.write(self._master, b"\x03")  # ^C: SIGINT to the foreground job, as a user would
+        r = self._collect(time.monotonic() + 2, cap)
+        if r is not None:
+            return r
+        try:
+            pgrp = os.tcgetpgrp(self._master)  # a host pid: we are in the parent namespace
+        except OSError:
+            pgrp = 0
+        # 0 means no foreground job; never let that become killpg(0), our own group.
+        if pgrp > 0 and pgrp != os.getpgrp():
+            try:
+                os.killpg(pgrp, signal.SIGKILL)
+            except OSError:
+                pass
+        r = self._collect(time.monotonic() + 5, cap)
+        if r is None:
+            raise BunshinError(f"shell {self.pid} in workspace {self._ws.id} is stuck after SIGKILL of its foreground job")
+        return r
+
+    @property
+    def alive(self) -> bool:
+        return not self._exited and not self._ws.closed
+
+    def close(self) -> None:
+        """End the session (SIGHUP then SIGKILL to its process group)."""
+        if not self._exited and not self._ws.closed:
+            try:
+                self._ws._live_chan().kill(self.pid, signal.SIGKILL, "pgrp")
+            except BunshinError:
+                pass
+        self._exited = True
+        self._detach()
+        with self._ws._shell_lock:
+            if self in self._ws._shells:
+                self._ws._shells.remove(self)
+
+    def _detach(self) -> None:
+        if self._master >= 0:
+            os.close(self._master)
+            self._master = -1
+        self._exited = True
+
+    def __enter__(self) -> "Shell":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Eof(Exception):
+    def __init__(self, out: Capture) -> None:
+        self.out = out
+
+
+def _raw_noecho(fd: int) -> None:
+    attrs = termios.tcgetattr(fd)
+    attrs[0] &= ~(termios.ICRNL | termios.IXON)  # iflag
+    attrs[1] &= ~termios.OPOST  # oflag: no \n -> \r\n
+    attrs[3] &= ~(termios.ECHO | termios.ECHONL | termios.ICANON | termios.IEXTEN)  # lflag, ISIG kept
+    attrs[6][termios.VMIN] = 1
+    attrs[6][termios.VTIME] = 0
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)

@@ -1,0 +1,103 @@
+"""On-disk state of live workspaces: ``<state_dir>/ws/<id>/{upper,work,root,meta.json,init.log}``.
+
+``meta.json`` names the owning process (pid + start time, so a recycled pid is not mistaken
+for the owner); ``bunshin gc`` removes what an owner that died without closing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import config
+
+log = logging.getLogger("bunshin.state")
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+@dataclass
+class Meta:
+    id: str
+    owner_pid: int
+    owner_start: int
+    init_pid: int = 0
+    cgroup: str = ""
+    rootfs: str = ""
+    lowers: list[str] = field(default_factory=list)
+    parent: str | None = None
+
+
+class WorkspaceDir:
+    """The directory of one workspace."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.upper = path / "upper"
+        self.work = path / "work"
+        self.root = path / "root"
+        self.meta_file = path / "meta.json"
+        self.log_file = path / "init.log"
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(cls) -> "WorkspaceDir":
+        base = config.state_dir() / "ws"
+        base.mkdir(parents=True, exist_ok=True)
+        while True:
+            path = base / secrets.token_hex(6)
+            try:
+                path.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                continue
+        d = cls(path)
+        for p in (d.upper, d.work, d.root):
+            p.mkdir()
+        os.chmod(d.upper, 0o755)
+        return d
+
+    def write_meta(self, meta: Meta) -> None:
+        tmp = self.meta_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(meta)))
+        os.replace(tmp, self.meta_file)
+
+    def read_meta(self) -> Meta | None:
+        try:
+            return Meta(**json.loads(self.meta_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def remove(self) -> None:
+        # overlay's workdir holds root-owned 000-mode dirs; rmtree copes as root.
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self.path.exists():
+            log.warning("could not remove %s completely", self.path)
+
+
+def all_dirs() -> list[WorkspaceDir]:
+    base = config.state_dir() / "ws"
+    try:
+        return [WorkspaceDir(p) for p in sorted(base.iterdir()) if p.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def owner_alive(meta: Meta) -> bool:
+    return proc_start_time(meta.owner_pid) == meta.owner_start
