@@ -176,7 +176,9 @@ class Channel:
             what = _STEPS.get(step, "start")
             target = cwd if step == PROTO["STEP_CHDIR"] else argv[0]
             hint = " (not found on PATH inside the workspace)" if err == _errno.ENOENT and step == PROTO["STEP_EXEC"] else ""
-            raise SpawnError(f"{self._name}: cannot {what} {target!r}: {os.strerror(err)}{hint}")
+            e = SpawnError(f"{self._name}: cannot {what} {target!r}: {os.strerror(err)}{hint}")
+            e.step, e.errno = what, err  # type: ignore[attr-defined]
+            raise e
         return pid
 
     def kill(self, pid: int, sig: int, scope: str = "pid") -> int:

@@ -53,3 +53,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     verb = "would remove" if dry else "removed"
     print(f"{verb} {len(removed)} leftover(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="list what would be removed")

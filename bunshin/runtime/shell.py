@@ -184,9 +184,9 @@ class Shell:
                 st = self._exit_status
                 if st is None:
                     st = self._exit_status = self._ws._live_chan().wait_exit(self.pid, 5)
-                code = exit_code_from_status(st)[0] if st is not None else 0
+                code, sig = exit_code_from_status(st) if st is not None else (0, None)
                 return Result(bytes(eof.out.buf), b"", code, time.monotonic() - start,
-                              truncated=bool(eof.out.dropped))
+                              truncated=bool(eof.out.dropped), signal=sig)
             code, out = r
             return Result(bytes(out.buf), b"", code, time.monotonic() - start, timed_out=timed_out,
                           truncated=bool(out.dropped))

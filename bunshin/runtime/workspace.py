@@ -219,6 +219,14 @@ class Workspace:
         self._meta.init_pid = pid
         self._dir.write_meta(self._meta)
         self._root_fd = os.open(f"/proc/{pid}/root", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._run_shell = "/bin/bash" if self._exists("/bin/bash") else "/bin/sh"
+
+    def _exists(self, path: str) -> bool:
+        try:
+            os.close(self._open_in_root(path, _O_PATH))
+            return True
+        except ToolCallError:
+            return False
 
     # -- lifetime -----------------------------------------------------------------------
     def __enter__(self) -> "Workspace":
@@ -297,14 +305,15 @@ class Workspace:
         stdin: bytes | None = None,
         max_output: int | None = None,
     ) -> Result:
-        """Run ``cmd`` with ``/bin/sh -c`` in a fresh process group and wait for it.
+        """Run ``cmd`` with ``bash -c`` (``/bin/sh -c`` where the rootfs has no bash) in a
+        fresh process group and wait for it.
 
         On timeout the whole process group is killed and the result says ``timed_out``; the
         workspace stays usable. A command that is not found gives exit code 127, as in a shell.
         """
         if not isinstance(cmd, str):
             raise ToolCallError(f"cmd must be a str, got {type(cmd).__name__}")
-        return self.exec(["/bin/sh", "-c", cmd], timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+        return self.exec([self._run_shell, "-c", cmd], timeout=timeout, env=env, cwd=cwd, stdin=stdin,
                          max_output=max_output)
 
     def exec(
@@ -340,7 +349,7 @@ class Workspace:
         except SpawnError as e:
             os.close(out_r)
             os.close(err_r)
-            if "not found" in str(e) or "No such file" in str(e):
+            if getattr(e, "step", "") == "exec" and getattr(e, "errno", 0) == errno.ENOENT:
                 return Result(b"", f"bunshin: {argv[0]}: command not found\n".encode(), 127,
                               time.monotonic() - start)
             raise

@@ -1,0 +1,266 @@
+"""Finding a CRIU that works on this kernel, and provisioning a private one.
+
+Search order: ``$BUNSHIN_CRIU`` (a path; if set, nothing else is tried), then the private install
+at ``config.cache_dir()/criu/bin/criu``, then ``criu`` on ``PATH``. CRIU 3.x is refused: it cannot
+dump on kernels >= 6.13 because of the vdso layout. :func:`provision_criu` installs Debian 13's
+CRIU 4 (with its own loader and libraries, so the host's glibc does not matter) into a private
+prefix without touching apt's system configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import config
+from .errors import UnsupportedKernel
+
+__all__ = ["CriuInfo", "find_criu", "require_criu", "provision_criu", "MIN_VERSION",
+           "add_arguments", "main"]
+
+log = logging.getLogger("bunshin.criu")
+
+MIN_VERSION = (4, 0, 0)
+_REFUSED_3X = (
+    "CRIU 3.x fails on kernels ≥ 6.13 (vdso layout); "
+    "provision a private CRIU 4: `bunshin criu provision`"
+)
+_VERSION_RE = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
+_DEBIAN_MIRROR = "http://deb.debian.org/debian"
+_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+_LIBDIRS = ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriuInfo:
+    """A CRIU binary found on this machine and whether Bunshin may use it.
+
+    ``check_ok`` is the verdict of ``criu check`` (None when it was not run, e.g. the binary was
+    refused); ``check_output`` is its last lines. ``pycriu`` is the directory to put on
+    ``sys.path`` for ``import pycriu`` (it also needs ``protobuf`` from PyPI), or None.
+    """
+
+    path: str
+    version: tuple[int, int, int]
+    usable: bool
+    reason: str
+    source: str = "PATH"
+    check_ok: bool | None = None
+    check_output: str = ""
+    pycriu: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CriuInfo:
+        """Rebuild from :func:`dataclasses.asdict` output (as stored in JSON)."""
+        return cls(**{**d, "version": tuple(d["version"])})
+
+
+def private_prefix() -> Path:
+    """Where :func:`provision_criu` installs by default."""
+    return config.cache_dir() / "criu"
+
+
+def candidate() -> tuple[Path, str] | None:
+    """The CRIU that :func:`find_criu` would examine, and where it came from; runs nothing.
+
+    Raises :class:`UnsupportedKernel` when ``$BUNSHIN_CRIU`` names something not executable.
+    """
+    env = os.environ.get("BUNSHIN_CRIU")
+    if env:
+        p = Path(env)
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise UnsupportedKernel(
+                f"BUNSHIN_CRIU={env!r} is not an executable file; point it at a CRIU >= 4 "
+                "binary, or unset it and run `bunshin criu provision`"
+            )
+        return p, "BUNSHIN_CRIU"
+    private = private_prefix() / "bin" / "criu"
+    if private.is_file() and os.access(private, os.X_OK):
+        return private, "private"
+    found = shutil.which("criu")
+    return (Path(found), "PATH") if found else None
+
+
+def _pycriu_dir(criu: Path) -> str | None:
+    # A private install keeps pycriu in its sysroot next to bin/.
+    d = criu.parent.parent / "sysroot" / "usr" / "lib" / "python3" / "dist-packages"
+    if (d / "pycriu").is_dir():
+        return str(d)
+    system = Path("/usr/lib/python3/dist-packages")
+    return str(system) if (system / "pycriu").is_dir() else None
+
+
+def _run(argv: list[str], timeout: float) -> tuple[int, str]:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return -1, str(e)
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuInfo:
+    """Ask the CRIU at ``path`` for its version; if new enough and ``check``, run ``criu check``."""
+    rc, out = _run([str(path), "--version"], timeout=10)
+    m = _VERSION_RE.search(out)
+    pycriu = _pycriu_dir(path)
+    if rc != 0 or not m:
+        reason = f"`{path} --version` did not report a version (exit {rc}): {out[-200:]!r}"
+        return CriuInfo(str(path), (0, 0, 0), False, reason, source, pycriu=pycriu)
+    version = (int(m[1]), int(m[2]), int(m[3] or 0))
+    if version < MIN_VERSION:
+        return CriuInfo(str(path), version, False, _REFUSED_3X, source, pycriu=pycriu)
+    if not check:
+        return CriuInfo(str(path), version, True, "version ok; `criu check` not run", source,
+                        pycriu=pycriu)
+    rc, out = _run([str(path), "check"], timeout=30)
+    tail = "\n".join(out.splitlines()[-5:])
+    ok = rc == 0
+    reason = "criu check: looks good" if ok else f"criu check failed (exit {rc}): {tail}"
+    return CriuInfo(str(path), version, ok, reason, source, ok, tail, pycriu)
+
+
+def find_criu(check: bool = True) -> CriuInfo | None:
+    """Locate CRIU (``$BUNSHIN_CRIU``, private install, ``PATH``) and judge it; None if none exists.
+
+    A found but refused CRIU (3.x, or ``criu check`` fails) comes back with ``usable=False`` and
+    the reason. Raises :class:`UnsupportedKernel` when ``$BUNSHIN_CRIU`` is set but not executable.
+    """
+    cand = candidate()
+    if cand is None:
+        return None
+    return inspect_criu(cand[0], cand[1], check=check)
+
+
+def require_criu() -> CriuInfo:
+    """Like :func:`find_criu` but raises :class:`UnsupportedKernel` unless CRIU is usable."""
+    info = find_criu()
+    if info is None:
+        raise UnsupportedKernel("no CRIU found; run `bunshin criu provision` for a private CRIU 4")
+    if not info.usable:
+        raise UnsupportedKernel(f"CRIU {'.'.join(map(str, info.version))} at {info.path} "
+                                f"refused: {info.reason}")
+    return info
+
+
+def _apt_options(root: Path) -> list[str]:
+    # Every path apt would read or write is redirected under root; nothing in /etc or /var changes.
+    return [
+        "-o", f"Dir::Etc::SourceList={root / 'sources.list'}",
+        "-o", "Dir::Etc::SourceParts=/dev/null",
+        "-o", f"Dir::State::Lists={root / 'lists'}",
+        "-o", f"Dir::Cache={root / 'cache'}",
+        "-o", "Dir::State::status=/dev/null",
+        "-o", "APT::Architecture=amd64",
+        "-o", "Debug::NoLocking=1",
+    ]
+
+
+def _sh(argv: list[str], cwd: Path | None = None) -> str:
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    if p.returncode != 0:
+        shown = " ".join(a for a in argv if not a.startswith(("-o", "Dir::", "APT::", "Debug::")))
+        raise UnsupportedKernel(
+            f"CRIU provisioning: `{shown[:120]}` failed (exit {p.returncode}): "
+            f"{p.stderr.strip()[-400:]}; check the suite name and that deb.debian.org is reachable"
+        )
+    return p.stdout
+
+
+def _stage_install(stage: Path, prefix: Path, suite: str) -> None:
+    apt_root, debs, sysroot = stage / "apt", stage / "debs", stage / "sysroot"
+    for d in (apt_root / "lists/partial", apt_root / "cache/archives/partial", debs, sysroot,
+              stage / "bin"):
+        d.mkdir(parents=True)
+    (apt_root / "sources.list").write_text(
+        f"deb [signed-by={_KEYRING}] {_DEBIAN_MIRROR} {suite} main\n")
+    opts = _apt_options(apt_root)
+    _sh(["apt-get", *opts, "-qq", "update"])
+    # Let apt resolve criu's shared-library closure against the private lists; virtual
+    # packages come out as <name> and are skipped.
+    out = _sh(["apt-cache", *opts, "depends", "--recurse", "--no-recommends", "--no-suggests",
+               "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", "criu"])
+    pkgs = sorted({ln for ln in out.splitlines() if re.match(r"^[a-z0-9]", ln)})
+    # pycriu without its dependencies: python3-protobuf there targets Debian's own Python.
+    _sh(["apt-get", *opts, "-qq", "download", *pkgs, "python3-pycriu"], cwd=debs)
+    for deb in sorted(debs.glob("*.deb")):
+        _sh(["dpkg-deb", "-x", str(deb), str(sysroot)])
+    final = prefix / "sysroot"  # paths in the wrapper must name where it will live
+    libpath = ":".join(str(final / d) for d in _LIBDIRS)
+    wrapper = stage / "bin" / "criu"
+    wrapper.write_text(
+        "#!/bin/sh\n# Debian's CRIU with its own loader and libraries (written by Bunshin).\n"
+        f'exec "{final / _LIBDIRS[0]}/ld-linux-x86-64.so.2" --library-path "{libpath}" '
+        f'"{final}/usr/sbin/criu" "$@"\n')
+    wrapper.chmod(0o755)
+    shutil.rmtree(debs)
+    shutil.rmtree(apt_root / "cache", ignore_errors=True)
+
+
+def provision_criu(prefix: Path | None = None, suite: str = "trixie") -> CriuInfo:
+    """Install Debian ``suite``'s CRIU (and python3-pycriu) privately into ``prefix``.
+
+    ``prefix`` defaults to ``config.cache_dir()/criu``; the result is ``prefix/bin/criu``, a
+    wrapper that runs the packaged binary with the packaged loader and libraries. The install is
+    built next to ``prefix`` and swapped in only when complete. Needs ``apt-get``, ``dpkg-deb``
+    and Debian's archive keyring; downloads from deb.debian.org.
+    """
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb") and _KEYRING.is_file()):
+        raise UnsupportedKernel(
+            f"CRIU provisioning needs apt-get, dpkg-deb and {_KEYRING} (Debian or Ubuntu host); "
+            "elsewhere install CRIU >= 4 yourself and set BUNSHIN_CRIU to its path"
+        )
+    prefix = Path(prefix) if prefix is not None else private_prefix()
+    stage = prefix.with_name(prefix.name + ".new")
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        _stage_install(stage, prefix, suite)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    old = prefix.with_name(prefix.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if prefix.exists():
+        prefix.rename(old)
+    stage.rename(prefix)
+    shutil.rmtree(old, ignore_errors=True)
+    info = inspect_criu(prefix / "bin" / "criu", "private")
+    log.info("provisioned %s: %s", info.path, info.reason)
+    return info
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Subcommands of ``bunshin criu``."""
+    sub = parser.add_subparsers(dest="criu_cmd", metavar="{which,provision}", required=True)
+    sub.add_parser("which", help="show the CRIU Bunshin would use and whether it is usable")
+    prov = sub.add_parser("provision", help="install Debian's CRIU 4 privately (no apt changes)")
+    prov.add_argument("--prefix", type=Path, default=None,
+                      help=f"install here (default {private_prefix()})")
+    prov.add_argument("--suite", default="trixie", help="Debian suite to take CRIU from")
+
+
+def _describe(info: CriuInfo) -> str:
+    lines = [f"path:    {info.path} ({info.source})",
+             f"version: {'.'.join(map(str, info.version))}",
+             f"usable:  {'yes' if info.usable else 'no'} — {info.reason}"]
+    if info.pycriu:
+        lines.append(f"pycriu:  {info.pycriu}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``bunshin criu which|provision``; 0 when a usable CRIU results, else 1."""
+    if args.criu_cmd == "provision":
+        info: CriuInfo | None = provision_criu(args.prefix, suite=args.suite)
+    else:
+        info = find_criu()
+    if info is None:
+        print("no CRIU found; run `bunshin criu provision` for a private CRIU 4")
+        return 1
+    print(_describe(info))
+    return 0 if info.usable else 1

@@ -1,0 +1,97 @@
+"""Shared fixtures. Every test session runs in its own state dir and cgroup prefix, and ends
+with a leak check: no workspace dirs, cgroups, init processes or mounts may survive it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="bunshin-test-"))
+os.environ.setdefault("BUNSHIN_STATE_DIR", str(_SESSION_TMP / "state"))
+os.environ.setdefault("BUNSHIN_CGROUP_PREFIX", f"bunshin-test-{os.getpid()}")
+
+
+def init_processes() -> list[int]:
+    """Host pids of every bunshin-init on the machine started by this test session."""
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            exe = os.readlink(f"/proc/{name}/exe")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                st = f.read()
+        except OSError:
+            continue
+        ppid = int(st[st.rindex(b")") + 2 :].split()[1])
+        if os.path.basename(exe).startswith("bunshin-init") and ppid == me:
+            found.append(int(name))
+    return found
+
+
+def leaks() -> dict[str, list]:
+    """What of ours is still around: state dirs, cgroup dirs, inits, host mounts."""
+    from bunshin import config
+
+    out: dict[str, list] = {}
+    ws_dir = config.state_dir() / "ws"
+    out["state_dirs"] = sorted(p.name for p in ws_dir.iterdir()) if ws_dir.exists() else []
+    cg = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        if fstype in ("cgroup", "cgroup2"):
+            top = Path(fields[4]) / config.cgroup_prefix()
+            if top.exists():
+                cg += [str(p) for p in top.iterdir() if p.is_dir()]
+    out["cgroups"] = cg
+    out["inits"] = init_processes()
+    mounts = Path("/proc/self/mountinfo").read_text()
+    out["mounts"] = [l for l in mounts.splitlines() if str(config.state_dir()) in l]
+    return {k: v for k, v in out.items() if v}
+
+
+def wait_no_leaks(timeout: float = 5.0) -> dict[str, list]:
+    deadline = time.monotonic() + timeout
+    while (found := leaks()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_leak_check():
+    yield
+    found = wait_no_leaks()
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+    assert not found, f"the test session leaked: {found}"
+
+
+@pytest.fixture
+def no_leaks():
+    """Asserts that the test left nothing behind (use in tests that create workspaces)."""
+    yield
+    found = wait_no_leaks()
+    assert not found, f"test leaked: {found}"
+
+
+@pytest.fixture
+def ws(no_leaks):
+    import bunshin
+
+    w = bunshin.Workspace.create()
+    yield w
+    w.close()
+
+
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a Python snippet in a fresh interpreter that sees this checkout."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=env)
