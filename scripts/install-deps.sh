@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building, testing and benchmarking Bunshin need: Debian packages, then the
+# Python build requirements. Idempotent; safe to run on every `make`.
+set -euo pipefail
+APT_PKGS=(
+  build-essential cmake pkg-config        # the compiled core and C test victims
+  bash coreutils procps util-linux iproute2
+  python3                                 # Debian's python3: the default rootfs runs it
+  busybox-static                          # tiny runnable roots for rootfs tests
+  xz-utils zstd                           # compressed rootfs archives
+  mmdebstrap debootstrap                  # `bunshin rootfs debian`
+)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: apt-get install ${missing[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+PY=${PY:-python3}
+"$PY" -m pip install -q --disable-pip-version-check \
+  "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" 2>&1 | grep -v "^WARNING: Running pip as" || true
