@@ -69,7 +69,15 @@ class CgroupError(BunshinError):
 
 
 class ForkError(BunshinError):
-    """A workspace could not be forked; the source is left running and intact."""
+    """A workspace could not be forked; the source is left running and intact.
+
+    ``pid`` (host pid), ``step`` (what was being done) and ``errno`` say where, when known.
+    """
+
+    def __init__(self, msg: str, *, pid: int | None = None, step: str | None = None,
+                 errno: int | None = None) -> None:
+        super().__init__(msg)
+        self.pid, self.step, self.errno = pid, step, errno
 
 
 class ShellExited(BunshinError):

@@ -124,6 +124,7 @@ struct bx_ctl *bx_clone3_seized(struct bx_ctl *c, const struct bx_clone_req *req
 		goto home;
 	}
 	c->last_child = 0;
+	bx_log("%d: clone3 begins", c->pid);
 	rv = inject(c, SYS_clone3, scratch, sizeof blk.args, 0, &e);
 	ptrace(PTRACE_SETOPTIONS, c->thr[0].tid, 0, BX_SEIZE_OPTS);
 	if (!e && rv < 0)
@@ -147,6 +148,7 @@ out:
 	if (child > 0) {
 		int e2 = 0;
 		k = adopt_child(c, child, &e2);
+		bx_log("%d: child %d stopped", c->pid, child);
 		if (k) {
 			/* the child inherited our fds; fork() also dropped its robust list */
 			if (fd_target >= 0)

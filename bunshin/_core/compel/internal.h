@@ -38,6 +38,7 @@ struct bx_ctl {
 	int step;
 	int dead;
 	int attached;
+	int parent_is_us; /* the tracer is also the real parent of the thread group */
 	int prepared;
 	int injected; /* thr[0]'s registers were changed: cure must restore them */
 	int cured;
@@ -49,14 +50,17 @@ struct bx_ctl {
 	int nheld;
 	siginfo_t held[BX_MAX_HELD];
 	pid_t last_child; /* from the latest fork/clone event during injection */
+	long tid_off; /* cached tid's offset from the thread pointer, once learned */
 	int child_of_clone; /* made by bx_clone3_seized: never stopped by an interrupt */
 };
 
 extern int bx_verbose;
+double bx_now(void); /* seconds, CLOCK_MONOTONIC */
 #define bx_log(fmt, ...)                                                                   \
 	do {                                                                               \
 		if (bx_verbose)                                                            \
-			fprintf(stderr, "compel: " LOG_PREFIX fmt "\n", ##__VA_ARGS__);    \
+			fprintf(stderr, "compel %.6f: " LOG_PREFIX fmt "\n", bx_now(),    \
+				##__VA_ARGS__);                                            \
 	} while (0)
 
 static inline int bx_fail(struct bx_ctl *c, int step, int err)

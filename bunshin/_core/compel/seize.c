@@ -13,6 +13,13 @@ int bx_verbose;
 
 void bx_set_verbose(int on) { bx_verbose = on; }
 
+double bx_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static const char *const step_names[] = {
 	[BX_STEP_NONE] = "none",	 [BX_STEP_SEIZE] = "seize",
 	[BX_STEP_INTERRUPT] = "interrupt", [BX_STEP_WAIT] = "wait",
@@ -99,61 +106,65 @@ int bx_add_thread(struct bx_ctl *c, pid_t tid)
 	return c->nthr++;
 }
 
-/* A traced zombie thread is reaped only by its tracer, and a thread-group leader is not
- * reported until every other thread is reaped: so a blocking wait for the leader of a
- * multi-threaded tracee that is dying would never return. Poll, reaping the others. */
-static int wait_polling(struct bx_ctl *c, pid_t tid, int *status)
+/* Reap threads (never the leader) that have exited; returns how many. */
+static int reap_exited_threads(struct bx_ctl *c)
 {
-	long ns = 2000;
-	for (;;) {
-		pid_t r = waitpid(tid, status, __WALL | WNOHANG);
-		if (r == tid)
-			return 0;
-		if (r < 0 && errno != EINTR)
-			return -errno;
-		int reaped = 0;
-		for (int i = 0; i < c->nthr; i++) {
-			int st;
-			if (c->thr[i].tid != tid && waitpid(c->thr[i].tid, &st, __WALL | WNOHANG) ==
-							    c->thr[i].tid &&
-			    (WIFEXITED(st) || WIFSIGNALED(st))) {
-				c->thr[i].stopped = 0;
-				reaped = 1;
-			}
+	int n = 0;
+	for (int i = 0; i < c->nthr; i++) {
+		siginfo_t si = {0};
+		pid_t tid = c->thr[i].tid;
+		if (tid != c->pid && !waitid(P_PID, tid, &si, WEXITED | __WALL | WNOHANG) &&
+		    si.si_pid == tid) {
+			c->thr[i].stopped = 0;
+			n++;
 		}
-		if (reaped)
-			continue;
-		struct timespec ts = {0, ns};
-		nanosleep(&ts, NULL);
-		if (ns < 1000000)
-			ns *= 2;
 	}
+	return n;
 }
 
-/* Returns 0 for a stop, -ESRCH if the thread exited or was killed. */
+/* Waits for the next report of thread tid: 0 and *status for a stop, -ESRCH once it is gone.
+ *
+ * Peek first (WNOWAIT), because an exit is not always ours to consume: reaping the leader
+ * when we are also its real parent would steal the exit status from the code that started
+ * it. Reaping a leader we merely trace hands it on to its parent, status intact.
+ *
+ * And a traced zombie thread waits for its tracer to reap it, while a leader is not reported
+ * before all other threads are reaped: so for the leader of a multi-threaded tracee we poll,
+ * reaping the others, or a dying tracee would block us forever. */
 int bx_wait(struct bx_ctl *c, pid_t tid, int *status)
 {
-	int ret = 0;
-	if (c->nthr > 1 && tid == c->pid) {
-		ret = wait_polling(c, tid, status);
-	} else {
-		for (;;) {
-			pid_t r = waitpid(tid, status, __WALL);
-			if (r == tid)
-				break;
-			if (r < 0 && errno != EINTR) {
-				ret = -errno;
-				break;
-			}
+	int poll = c->nthr > 1 && tid == c->pid;
+	long ns = 2000;
+	for (;;) {
+		siginfo_t si = {0};
+		if (waitid(P_PID, tid, &si, WEXITED | WSTOPPED | __WALL | WNOWAIT | (poll ? WNOHANG : 0))) {
+			if (errno == EINTR)
+				continue;
+			return errno == ECHILD ? -ESRCH : -errno;
 		}
+		if (si.si_pid == 0) {
+			if (reap_exited_threads(c))
+				continue;
+			struct timespec ts = {0, ns};
+			nanosleep(&ts, NULL);
+			ns = ns < 1000000 ? ns * 2 : ns;
+			continue;
+		}
+		int exited = si.si_code == CLD_EXITED || si.si_code == CLD_KILLED ||
+			     si.si_code == CLD_DUMPED;
+		if (exited && tid == c->pid && c->parent_is_us) {
+			bx_log("%d is gone, left for its parent to reap", tid);
+			return -ESRCH;
+		}
+		while (waitpid(tid, status, __WALL) < 0)
+			if (errno != EINTR)
+				return errno == ECHILD ? -ESRCH : -errno;
+		if (exited) {
+			bx_log("%d is gone (status 0x%x)", tid, *status);
+			return -ESRCH;
+		}
+		return 0;
 	}
-	if (ret == -ECHILD)
-		ret = -ESRCH;
-	if (!ret && (WIFEXITED(*status) || WIFSIGNALED(*status))) {
-		bx_log("%d is gone (status 0x%x)", tid, *status);
-		ret = -ESRCH;
-	}
-	return ret;
 }
 
 /* Until thread i reports the stop PTRACE_INTERRUPT asked for. A signal that arrives first is
@@ -177,7 +188,8 @@ static int wait_interrupt_stop(struct bx_ctl *c, int i)
 		} else if (!event && sig != (SIGTRAP | 0x80)) {
 			deliver = sig;
 		}
-		if (ptrace(PTRACE_CONT, tid, 0, deliver))
+		/* any ptrace stop consumes a pending PTRACE_INTERRUPT: ask again */
+		if (ptrace(PTRACE_CONT, tid, 0, deliver) || ptrace(PTRACE_INTERRUPT, tid, 0, 0))
 			return -errno;
 	}
 	c->thr[i].stopped = 1;
@@ -212,6 +224,7 @@ struct bx_ctl *bx_seize(pid_t tid, int *err)
 		goto fail;
 	c->pid = atoi(buf);
 	c->vpid = own_ns_pid(c->pid);
+	c->parent_is_us = !bx_status_field(c->pid, "PPid", buf, sizeof buf) && atoi(buf) == getpid();
 	c->step = BX_STEP_SEIZE;
 	if ((ret = bx_add_thread(c, tid)) < 0)
 		goto fail;
@@ -308,9 +321,10 @@ int bx_detach(struct bx_ctl *c)
 	c->attached = 0;
 	bx_send_held(c);
 	if (c->dead) { /* reap traced zombies so none are left waiting for us */
-		int st;
-		for (int i = 0; i < c->nthr; i++)
-			waitpid(c->thr[i].tid, &st, __WALL | WNOHANG);
+		reap_exited_threads(c);
+		siginfo_t si;
+		if (!c->parent_is_us) /* hands the leader on to its parent */
+			waitid(P_PID, c->pid, &si, WEXITED | __WALL | WNOHANG);
 	}
 	return ret;
 }

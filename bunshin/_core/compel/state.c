@@ -44,12 +44,19 @@ unsigned long bx_find_tid_addr(struct bx_ctl *c, const struct bx_thread *t)
 	int32_t v;
 	if (!get_robust(t->tid, &head, &len) && head > GLIBC_TID_BEFORE_ROBUST_HEAD) {
 		unsigned long at = head - GLIBC_TID_BEFORE_ROBUST_HEAD;
-		if (!bx_peek(c, at, &v, sizeof v) && v == t->vtid)
+		if (!bx_peek(c, at, &v, sizeof v) && v == t->vtid) {
+			if (bx_arch_tls(&t->regs))
+				c->tid_off = at - bx_arch_tls(&t->regs);
 			return at;
+		}
 	}
+	/* A thread caught at birth has not registered its robust list yet: same libc, same
+	 * layout, so the offset learned from its siblings holds. */
+	unsigned long tcb = bx_arch_tls(&t->regs), found = 0;
+	if (c->tid_off && tcb && !bx_peek(c, tcb + c->tid_off, &v, sizeof v) && v == t->vtid)
+		return tcb + c->tid_off;
 	/* Other libcs: the tid somewhere in the TCB after its self pointers; accepted only if it
 	 * occurs once (a small tid such as 1 inside a namespace could match anything). */
-	unsigned long tcb = bx_arch_tls(&t->regs), found = 0;
 	static int32_t buf[TCB_SCAN_BYTES / 4];
 	if (!tcb || bx_peek(c, tcb, buf, sizeof buf)) {
 		c->step = BX_STEP_NONE;

@@ -80,6 +80,30 @@ static void ack(uint64_t id, int32_t err)
 	send_msg(BX_REP_ACK, id, &err, sizeof(err));
 }
 
+/* A forked init reads this from the control socket it still shares with its template (which
+ * is frozen and cannot compete for it), then moves to its own root and its own socket. */
+static void reroot(const struct bx_msg *m, const char *payload, size_t plen, int *fds, int nfds)
+{
+	char err[1024] = "", host[256] = "";
+	if (nfds != 2) {
+		ack(m->id, EINVAL);
+		return;
+	}
+	if (plen && plen < sizeof(host)) {
+		memcpy(host, payload, plen);
+		host[plen] = 0;
+	}
+	int r = reroot_after_fork(fds[0], host, err, sizeof(err));
+	if (dup3(fds[1], ctl, O_CLOEXEC) < 0)
+		exit(1);
+	if (r) {
+		send_msg(BX_REP_FATAL, m->id, err, strlen(err));
+		exit(1);
+	}
+	struct bx_ready ready = {.version = BX_PROTO_VERSION, .pid = getpid()};
+	send_msg(BX_REP_READY, m->id, &ready, sizeof(ready));
+}
+
 static void handle(const struct bx_msg *m, const char *payload, size_t plen, int *fds, int nfds)
 {
 	switch (m->type) {
@@ -111,6 +135,9 @@ static void handle(const struct bx_msg *m, const char *payload, size_t plen, int
 	}
 	case BX_REQ_PING:
 		ack(m->id, 0);
+		break;
+	case BX_REQ_REROOT:
+		reroot(m, payload, plen, fds, nfds);
 		break;
 	case BX_REQ_SHUTDOWN:
 		ack(m->id, 0);

@@ -19,6 +19,10 @@ struct setup_cfg {
 
 /* setup.c */
 int setup_workspace(const struct setup_cfg *cfg, char *err, size_t errlen);
+int mount_submounts(const char *root, char *err, size_t errlen);
+int pivot_into(const char *root, char *err, size_t errlen);
+int loopback_up(char *err, size_t errlen);
+int reroot_after_fork(int mfd, const char *hostname, char *err, size_t errlen);
 
 /* spawn.c */
 struct spawned_info {

@@ -98,7 +98,7 @@ static int mount_dev(const char *root, char *err, size_t errlen)
 	return 0;
 }
 
-static int loopback_up(char *err, size_t errlen)
+int loopback_up(char *err, size_t errlen)
 {
 	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s < 0)
@@ -131,34 +131,64 @@ int setup_workspace(const struct setup_cfg *c, char *err, size_t errlen)
 		return 0;
 	if (mount_overlay(c, err, errlen))
 		return -1;
-
-	snprintf(p, sizeof(p), "%s/proc", c->root);
-	mkdir(p, 0555);
-	if (mount("proc", p, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
-		FAIL("mount proc on %s", p);
-	snprintf(p, sizeof(p), "%s/sys", c->root);
-	mkdir(p, 0555);
-	if (mount("sysfs", p, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
-		FAIL("mount sysfs on %s", p);
-	if (mount_dev(c->root, err, errlen))
+	if (mount_submounts(c->root, err, errlen))
 		return -1;
-	snprintf(p, sizeof(p), "%s/tmp", c->root);
-	mkdir(p, 01777);
-
 	if (c->hostname && sethostname(c->hostname, strlen(c->hostname)))
 		FAIL("sethostname %s", c->hostname);
 	if (loopback_up(err, errlen))
 		return -1;
+	return pivot_into(c->root, err, errlen);
+}
 
-	/* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves the
-	 * host's tree unreachable from inside. */
-	if (chdir(c->root))
-		FAIL("chdir %s", c->root);
+/* The file systems every workspace root gets fresh: they belong to its pid, net and ipc
+ * namespaces, so they are mounted from inside, never inherited. */
+int mount_submounts(const char *root, char *err, size_t errlen)
+{
+	char p[4096];
+	snprintf(p, sizeof(p), "%s/proc", root);
+	mkdir(p, 0555);
+	if (mount("proc", p, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+		FAIL("mount proc on %s", p);
+	snprintf(p, sizeof(p), "%s/sys", root);
+	mkdir(p, 0555);
+	if (mount("sysfs", p, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL))
+		FAIL("mount sysfs on %s", p);
+	if (mount_dev(root, err, errlen))
+		return -1;
+	snprintf(p, sizeof(p), "%s/tmp", root);
+	mkdir(p, 01777);
+	return 0;
+}
+
+/* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves the
+ * previous tree (the host's, or a template's) unreachable from inside. */
+int pivot_into(const char *root, char *err, size_t errlen)
+{
+	if (chdir(root))
+		FAIL("chdir %s", root);
 	if (syscall(SYS_pivot_root, ".", "."))
-		FAIL("pivot_root %s", c->root);
+		FAIL("pivot_root %s", root);
 	if (umount2(".", MNT_DETACH))
 		FAIL("detach old root");
 	if (chdir("/"))
 		FAIL("chdir /");
 	return 0;
+}
+
+/* A forked init starts in a copy of its template's mount namespace, whose root is the
+ * template's overlay. The trainer built the child's overlay as a detached mount (mfd): attach
+ * it, give it fresh /proc, /sys and /dev from the child's namespaces, and pivot into it. */
+int reroot_after_fork(int mfd, const char *hostname, char *err, size_t errlen)
+{
+	if (syscall(SYS_move_mount, mfd, "", AT_FDCWD, "/proc", 0x4 /* MOVE_MOUNT_F_EMPTY_PATH */))
+		FAIL("attach the child's root");
+	if (fchdir(mfd))
+		FAIL("enter the child's root");
+	if (mount_submounts(".", err, errlen))
+		return -1;
+	if (hostname && *hostname && sethostname(hostname, strlen(hostname)))
+		FAIL("sethostname %s", hostname);
+	if (loopback_up(err, errlen))
+		return -1;
+	return pivot_into(".", err, errlen);
 }

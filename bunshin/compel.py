@@ -1,0 +1,158 @@
+"""Syscall injection into live processes: the base the fork engine stands on.
+
+A :class:`Tracee` is one process seized with ptrace. Everything it does happens inside the
+victim, which is stopped meanwhile and afterwards continues as if nothing had happened:
+registers, patched bytes and interrupted system calls are restored (*cured*), and signals
+that arrived meanwhile are queued again with their original sender information.
+
+>>> with Tracee.seize(pid) as t:           # doctest: +SKIP
+...     t.stop_all()
+...     t.syscall(SYS_getpid) == pid
+True
+
+All calls on one Tracee must come from the thread that seized it (ptrace attaches to a
+thread). Failures raise :class:`bunshin.errors.ForkError` with ``.pid``, ``.step`` and
+``.errno`` set; the victim is left running and intact whenever it still exists.
+"""
+
+from __future__ import annotations
+
+import mmap as _mmap
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .errors import ForkError
+
+__all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group"]
+
+SYS_getpid = 39
+SYS_exit_group = 231
+
+_core: Any = None
+
+
+def _compel() -> Any:
+    global _core
+    if _core is None:
+        from ._core import _compel as mod
+
+        _core = mod
+    return _core
+
+
+def _translate(exc: OSError, pid: int) -> ForkError:
+    step = getattr(exc, "step", "seize")
+    pid = getattr(exc, "pid", pid)
+    return ForkError(f"pid {pid}: {exc.strerror} at step {step!r}", pid=pid, step=step, errno=exc.errno)
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """What a thread needs to be recreated in a child (see compel.h: struct bx_thread_state)."""
+
+    tid: int
+    vtid: int
+    in_syscall: bool
+    regs: dict[str, int]
+    resume: dict[str, int]
+    sigmask: int
+    sigpending: int
+    shdpending: int
+    rseq: tuple[int, int, int, int]
+    robust_list: tuple[int, int]
+    tid_addr: int
+
+
+class Tracee:
+    """One seized thread group. Use :meth:`seize`, preferably as a context manager: leaving
+    the block cures and detaches, also on exception."""
+
+    def __init__(self, ctl: Any) -> None:
+        self._ctl = ctl
+        self.pid: int = ctl.pid
+
+    @classmethod
+    def seize(cls, pid: int) -> "Tracee":
+        """Attach to ``pid`` and stop that thread; it becomes the one syscalls run in."""
+        try:
+            return cls(_compel().Ctl(pid))
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+
+    def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+        try:
+            return getattr(self._ctl, name)(*args, **kw)
+        except OSError as exc:
+            raise _translate(exc, self.pid) from None
+
+    def __enter__(self) -> "Tracee":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def stop_all(self) -> list[int]:
+        """Seize and stop every thread of the process, including threads born meanwhile."""
+        self._call("stop_all")
+        return self.threads()
+
+    def threads(self) -> list[int]:
+        """Tids of the seized threads; the injection thread first."""
+        return self._call("threads")
+
+    def syscall(self, nr: int, *args: int) -> int:
+        """Run system call ``nr`` in the victim; returns its raw result (``-errno`` on failure)."""
+        return self._call("syscall", nr, *args)
+
+    def mmap(self, length: int, prot: int = _mmap.PROT_READ | _mmap.PROT_WRITE,
+             flags: int = _mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS, addr: int = 0, fd: int = -1,
+             offset: int = 0) -> int:
+        """Map memory in the victim; returns the address. Raises ForkError if mmap fails."""
+        return self._call("mmap", length, prot, flags, addr, fd, offset)
+
+    def munmap(self, addr: int, length: int) -> None:
+        self._call("munmap", addr, length)
+
+    def read(self, addr: int, n: int) -> bytes:
+        """Read ``n`` bytes of the victim's memory."""
+        return self._call("read", addr, n)
+
+    def write(self, addr: int, data: bytes) -> None:
+        """Write into the victim's memory (writable mappings only)."""
+        self._call("write", addr, bytes(data))
+
+    def held_signals(self) -> list[int]:
+        """Signals that arrived during injection and will be delivered after cure."""
+        return self._call("held_signals")
+
+    def thread_state(self, tid: int | None = None) -> ThreadState:
+        """Registers, signal mask, rseq, robust list, cached tid address of a stopped thread."""
+        return ThreadState(**self._call("thread_state", self.pid if tid is None else tid))
+
+    def xstate(self, tid: int | None = None) -> bytes:
+        """The thread's extended FPU/SSE/AVX state as the kernel's XSAVE image."""
+        return self._call("xstate", self.pid if tid is None else tid)
+
+    def clone(self, pidns_owner: int | None = None, set_tid: int | None = None,
+              flags: int = 0) -> "Tracee":
+        """Fork the victim from inside (clone3). ``pidns_owner``: a host pid whose pid
+        namespace the child is created in; ``set_tid``: the child's pid there. The child
+        comes back seized and stopped, as a Tracee of its own: use it as a context manager
+        (or call :meth:`detach`) to let it run."""
+        ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0)
+        return Tracee(ctl)
+
+    def cure(self) -> None:
+        """Restore registers and patched bytes and re-queue held signals; stay attached."""
+        self._call("cure")
+
+    def detach(self) -> None:
+        """Cure if needed and let every thread run, untraced. Safe to call twice."""
+        self._call("detach")
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._ctl.alive)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.threads())
