@@ -22,12 +22,15 @@ _LAZY = {
     "Workspace": "bunshin.runtime.workspace",
     "Result": "bunshin.runtime.result",
     "Shell": "bunshin.runtime.shell",
+    "Template": "bunshin.fork.template",
 }
 
 __all__ = ["__version__", *_errors_all, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "memory":
+        return importlib.import_module("bunshin.memory")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'bunshin' has no attribute {name!r}")

@@ -18,7 +18,8 @@ thread). Failures raise :class:`bunshin.errors.ForkError` with ``.pid``, ``.step
 from __future__ import annotations
 
 import mmap as _mmap
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator
 
 from .errors import ForkError
@@ -27,6 +28,7 @@ __all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group"]
 
 SYS_getpid = 39
 SYS_exit_group = 231
+_SYS_set_tid_address = 218
 
 _core: Any = None
 
@@ -61,6 +63,10 @@ class ThreadState:
     rseq: tuple[int, int, int, int]
     robust_list: tuple[int, int]
     tid_addr: int
+    # read only on request (:meth:`Tracee.thread_altstack`, :meth:`Tracee.xstate`): each costs
+    # an injection or 1-16 KiB, and only recreating the thread needs them
+    altstack: tuple[int, int, int] | None = None  # (sp, flags, size)
+    xstate: bytes | None = field(default=None, repr=False)
 
 
 class Tracee:
@@ -78,6 +84,19 @@ class Tracee:
             return cls(_compel().Ctl(pid))
         except OSError as exc:
             raise _translate(exc, pid) from None
+
+    @classmethod
+    def seize_frozen(cls, pid: int) -> "Tracee":
+        """Attach to a task frozen by the cgroup freezer and ask it to stop, without waiting:
+        it stops when thawed. Call :meth:`wait_stopped` after thawing."""
+        try:
+            return cls(_compel().Ctl(pid, False))
+        except OSError as exc:
+            raise _translate(exc, pid) from None
+
+    def wait_stopped(self) -> None:
+        """Second half of :meth:`seize_frozen`."""
+        self._call("seize_finish")
 
     def _call(self, name: str, *args: Any, **kw: Any) -> Any:
         try:
@@ -134,13 +153,58 @@ class Tracee:
         return self._call("xstate", self.pid if tid is None else tid)
 
     def clone(self, pidns_owner: int | None = None, set_tid: int | None = None,
-              flags: int = 0) -> "Tracee":
+              flags: int = 0, quiet_exit: bool = False) -> "Tracee":
         """Fork the victim from inside (clone3). ``pidns_owner``: a host pid whose pid
         namespace the child is created in; ``set_tid``: the child's pid there. The child
         comes back seized and stopped, as a Tracee of its own: use it as a context manager
-        (or call :meth:`detach`) to let it run."""
-        ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0)
+        (or call :meth:`detach`) to let it run. ``quiet_exit``: the child's death sends no
+        signal to its parent (it must then be reaped with ``__WALL``)."""
+        ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0, quiet_exit)
         return Tracee(ctl)
+
+    def thread_altstack(self, tid: int | None = None) -> tuple[int, int, int]:
+        """The thread's alternate signal stack as ``(sp, flags, size)``, read by running
+        sigaltstack in that thread (its registers are put back)."""
+        return self._call("thread_altstack", self.pid if tid is None else tid)
+
+    def clone_thread(self, state: ThreadState, set_tid: int = 0) -> int:
+        """Recreate the thread ``state`` describes (read from the process this one was cloned
+        from) in this process; returns its tid in our pid namespace. ``set_tid``: its tid in
+        this process's own pid namespace (0: any). It stays stopped until :meth:`detach`."""
+        spec = {f.name: getattr(state, f.name) for f in fields(ThreadState)}
+        alt, xstate = spec.pop("altstack"), spec.pop("xstate")
+        try:
+            return self._ctl.clone_thread(spec, set_tid, alt, xstate)
+        except OSError as exc:
+            step = getattr(exc, "step", "clone_thread")
+            want = f"tid {set_tid}" if set_tid else "a new tid"
+            raise ForkError(f"pid {self.pid}: recreating thread {state.tid} as {want}: "
+                            f"{exc.strerror} at step {step!r}", pid=self.pid, step=step,
+                            errno=exc.errno) from None
+
+    def clone_threads(self, source: "Tracee") -> list[int]:
+        """Recreate in this clone every thread of ``source`` (the seized process it was cloned
+        from, all threads stopped) but the one it was cloned by; returns the new tids in
+        ``source.threads()`` order. When this process has a pid namespace of its own each
+        thread gets its source's tid there."""
+        tids = source.threads()
+        alive = set(int(t) for t in os.listdir(f"/proc/{source.pid}/task"))
+        if not alive <= set(tids):
+            raise ForkError(f"pid {source.pid}: threads {sorted(alive - set(tids))} are not "
+                            "stopped (call stop_all() before clone())", pid=source.pid,
+                            step="clone_threads")
+        own_ns = _pidns(self.pid) != _pidns(source.pid)
+        main = source.thread_state(tids[0])
+        if main.tid_addr:  # fork() leaves clear_child_tid unset; glibc's main thread has one
+            self.syscall(_SYS_set_tid_address, main.tid_addr)
+        out = []
+        for tid in tids[1:]:
+            if tid not in alive:  # exited while being stopped
+                continue
+            st = replace(source.thread_state(tid), altstack=source.thread_altstack(tid),
+                         xstate=source.xstate(tid))
+            out.append(self.clone_thread(st, st.vtid if own_ns else 0))
+        return out
 
     def cure(self) -> None:
         """Restore registers and patched bytes and re-queue held signals; stay attached."""
@@ -156,3 +220,7 @@ class Tracee:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.threads())
+
+
+def _pidns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")

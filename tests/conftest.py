@@ -54,7 +54,9 @@ def leaks() -> dict[str, list]:
     out["cgroups"] = cg
     out["inits"] = init_processes()
     mounts = Path("/proc/self/mountinfo").read_text()
-    out["mounts"] = [l for l in mounts.splitlines() if str(config.state_dir()) in l]
+    # the state file system itself stays mounted until the session ends
+    out["mounts"] = [l for l in mounts.splitlines()
+                     if str(config.state_dir()) + "/" in l.split()[4] + "/" and l.split()[4] != str(config.state_dir())]
     return {k: v for k, v in out.items() if v}
 
 
@@ -68,9 +70,14 @@ def wait_no_leaks(timeout: float = 5.0) -> dict[str, list]:
 @pytest.fixture(scope="session", autouse=True)
 def _session_leak_check():
     yield
+    from bunshin.runtime import statefs
+
     found = wait_no_leaks()
+    statefs.release()
+    mounts = [l for l in Path("/proc/self/mountinfo").read_text().splitlines() if str(_SESSION_TMP) in l]
     shutil.rmtree(_SESSION_TMP, ignore_errors=True)
     assert not found, f"the test session leaked: {found}"
+    assert not mounts, f"the test session left mounts: {mounts}"
 
 
 @pytest.fixture

@@ -36,8 +36,11 @@ cdef extern from "compel.h" nogil:
         uint64_t flags
         pid_t pidns_pid
         pid_t set_tid
+        int quiet_exit
 
     bx_ctl *bx_seize(pid_t tid, int *err)
+    bx_ctl *bx_seize_begin(pid_t tid, int *err)
+    int bx_seize_finish(bx_ctl *c)
     int bx_stop_all_seized(bx_ctl *c)
     int bx_detach(bx_ctl *c)
     void bx_free(bx_ctl *c)
@@ -61,6 +64,20 @@ cdef extern from "compel.h" nogil:
     int bx_cure_seized(bx_ctl *c)
 
     void bx_set_verbose(int on)
+
+    struct bx_altstack:
+        uint64_t sp
+        uint64_t size
+        int flags
+
+    struct bx_thread_extra:
+        bx_altstack altstack
+        const void *xstate
+        size_t xstate_len
+
+    int bx_thread_altstack_seized(bx_ctl *c, pid_t tid, bx_altstack *out)
+    int bx_clone_thread_seized(bx_ctl *child, const bx_thread_state *src,
+                               const bx_thread_extra *extra, pid_t set_tid, pid_t *out_tid)
 
 
 cdef class Ctl:

@@ -33,16 +33,51 @@ cdef dict _regs(user_regs_struct *r):
     return {name: w[i] for i, name in enumerate(_REGS)}
 
 
+cdef void _regs_in(dict d, user_regs_struct *r) except *:
+    cdef unsigned long long *w = <unsigned long long *>r
+    for i, name in enumerate(_REGS):
+        w[i] = <unsigned long long>(d[name] & 0xffffffffffffffff)
+
+
+cdef void _state_in(dict s, bx_thread_state *st) except *:
+    """The inverse of Ctl.thread_state(): a state read from one process, for another."""
+    memset(st, 0, sizeof(bx_thread_state))
+    st.tid = s["tid"]
+    st.vtid = s["vtid"]
+    st.in_syscall = bool(s["in_syscall"])
+    _regs_in(s["regs"], &st.regs)
+    _regs_in(s["resume"], &st.resume)
+    st.sigmask = s["sigmask"]
+    st.sigpending = s["sigpending"]
+    st.shdpending = s["shdpending"]
+    st.rseq.addr, st.rseq.len, st.rseq.sig, st.rseq.flags = s["rseq"]
+    st.robust_list, st.robust_len = s["robust_list"]
+    st.tid_addr = s["tid_addr"]
+
+
 cdef class Ctl:
-    def __cinit__(self, int tid=0):
+    def __cinit__(self, int tid=0, bint wait=True):
         cdef int err = 0
         if tid == 0:  # filled in by clone()
             return
         with nogil:
-            self.c = bx_seize(tid, &err)
+            if wait:
+                self.c = bx_seize(tid, &err)
+            else:
+                self.c = bx_seize_begin(tid, &err)
         if self.c == NULL:
             raise CompelError(-err, "seize", tid)
         self.pid = bx_pid(self.c)
+
+    def seize_finish(self):
+        """Wait for the stop a ``wait=False`` seize asked for (after thawing a frozen task)."""
+        cdef int err
+        cdef bx_ctl *c = self._live()
+        with nogil:
+            err = bx_seize_finish(c)
+        if err:
+            self.c = NULL  # bx_seize_finish freed it
+            raise CompelError(-err, "wait", self.pid)
 
     def __dealloc__(self):
         if self.c != NULL:
@@ -164,7 +199,8 @@ cdef class Ctl:
         self._check(<int>n if n < 0 else 0)
         return bytes(buf[:n])
 
-    def clone(self, unsigned long long flags=0, pid_t pidns_pid=0, pid_t set_tid=0):
+    def clone(self, unsigned long long flags=0, pid_t pidns_pid=0, pid_t set_tid=0,
+              bint quiet_exit=False):
         cdef bx_clone_req req
         cdef int err = 0
         cdef bx_ctl *k
@@ -172,6 +208,7 @@ cdef class Ctl:
         req.flags = flags
         req.pidns_pid = pidns_pid
         req.set_tid = set_tid
+        req.quiet_exit = quiet_exit
         with nogil:
             k = bx_clone3_seized(c, &req, &err)
         self._check(err)
@@ -181,6 +218,37 @@ cdef class Ctl:
         child.c = k
         child.pid = bx_pid(k)
         return child
+
+    def thread_altstack(self, pid_t tid):
+        """(sp, flags, size) of the thread's sigaltstack, read by injection in that thread."""
+        cdef bx_altstack alt
+        cdef bx_ctl *c = self._live()
+        cdef int err
+        with nogil:
+            err = bx_thread_altstack_seized(c, tid, &alt)
+        self._check(err)
+        return (alt.sp, alt.flags, alt.size)
+
+    def clone_thread(self, dict state, pid_t set_tid=0, altstack=None, const unsigned char[::1] xstate=None):
+        """Recreate a thread described by thread_state() in this (forked) process; returns
+        the new thread's tid in the tracer's pid namespace. It stays stopped until detach."""
+        cdef bx_thread_state st
+        cdef bx_thread_extra extra
+        cdef pid_t tid = 0
+        cdef int err
+        cdef bx_ctl *c = self._live()
+        _state_in(state, &st)
+        memset(&extra, 0, sizeof(extra))
+        extra.altstack.flags = 2  # SS_DISABLE: unknown is none
+        if altstack is not None:
+            extra.altstack.sp, extra.altstack.flags, extra.altstack.size = altstack
+        if xstate is not None and xstate.shape[0]:
+            extra.xstate = &xstate[0]
+            extra.xstate_len = xstate.shape[0]
+        with nogil:
+            err = bx_clone_thread_seized(c, &st, &extra, set_tid, &tid)
+        self._check(err)
+        return tid
 
     def cure(self):
         cdef bx_ctl *c = self._live()

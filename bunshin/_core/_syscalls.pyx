@@ -17,7 +17,7 @@ cdef extern from "clone_exec.h":
 
 cdef extern from "init/proto.h":
     int BX_PROTO_VERSION, BX_MAX_INLINE, BX_MAX_FDS, BX_CTL_FD
-    int BX_REQ_SPAWN, BX_REQ_KILL, BX_REQ_PING, BX_REQ_SHUTDOWN
+    int BX_REQ_SPAWN, BX_REQ_KILL, BX_REQ_PING, BX_REQ_SHUTDOWN, BX_REQ_REROOT
     int BX_REP_READY, BX_REP_SPAWNED, BX_REP_EXITED, BX_REP_ACK, BX_REP_FATAL
     int BX_F_PAYLOAD_FD, BX_SPAWN_SETSID, BX_SPAWN_CTTY, BX_SPAWN_TRACK
     int BX_STEP_NONE, BX_STEP_FORK, BX_STEP_CHDIR, BX_STEP_EXEC, BX_STEP_FDS, BX_STEP_CTTY
@@ -31,7 +31,7 @@ PROTO = {
     "VERSION": BX_PROTO_VERSION, "MAX_INLINE": BX_MAX_INLINE, "MAX_FDS": BX_MAX_FDS,
     "CTL_FD": BX_CTL_FD,
     "REQ_SPAWN": BX_REQ_SPAWN, "REQ_KILL": BX_REQ_KILL, "REQ_PING": BX_REQ_PING,
-    "REQ_SHUTDOWN": BX_REQ_SHUTDOWN,
+    "REQ_SHUTDOWN": BX_REQ_SHUTDOWN, "REQ_REROOT": BX_REQ_REROOT,
     "REP_READY": BX_REP_READY, "REP_SPAWNED": BX_REP_SPAWNED, "REP_EXITED": BX_REP_EXITED,
     "REP_ACK": BX_REP_ACK, "REP_FATAL": BX_REP_FATAL,
     "F_PAYLOAD_FD": BX_F_PAYLOAD_FD, "SPAWN_SETSID": BX_SPAWN_SETSID,
@@ -100,3 +100,45 @@ def openat2(int dirfd, path, unsigned long long flags, unsigned long long mode=0
     if fd < 0:
         raise OSError(errno, os.strerror(errno), os.fsdecode(bpath))
     return fd
+
+
+cdef extern from "mount_api.h":
+    int bx_overlay_mount_fd(const char **lowers, int nlowers, const char *upper, const char *work) nogil
+
+cdef extern from "unistd.h":
+    long syscall(long nr, ...) nogil
+
+
+def overlay_mount_fd(list lowers, upper, work):
+    """A detached overlay mount (``lowers`` topmost first) as an fd, for move_mount(2)."""
+    cdef list keep = [os.fsencode(p) for p in lowers]
+    cdef const char **arr = <const char **>malloc(max(len(keep), 1) * sizeof(char *))
+    cdef bytes bu = os.fsencode(upper), bw = os.fsencode(work)
+    cdef const char *cu = bu
+    cdef const char *cw = bw
+    cdef int n = len(keep), fd
+    if arr == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            arr[i] = <const char *>keep[i]
+        with nogil:
+            fd = bx_overlay_mount_fd(arr, n, cu, cw)
+        if fd < 0:
+            raise OSError(-fd, f"overlay mount: {os.strerror(-fd)}")
+        return fd
+    finally:
+        free(arr)
+
+
+KCMP_FILE = 0
+
+
+def kcmp(int pid1, int pid2, int typ, unsigned long idx1, unsigned long idx2):
+    """kcmp(2): 0 when both refer to the same kernel object (e.g. one open file description)."""
+    cdef long r
+    with nogil:
+        r = syscall(312, pid1, pid2, typ, idx1, idx2)
+    if r < 0:
+        raise OSError(errno, os.strerror(errno))
+    return r

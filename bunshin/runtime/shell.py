@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Shell"]
 
 _TIOCGPTPEER = 0x5441
+_TIOCGPTN = 0x80045430
 _TIOCSPTLCK = 0x40045431
 
 
@@ -83,6 +84,26 @@ class Shell:
             if sh is None:
                 os.close(master)
             raise
+
+    def _identity(self) -> tuple[int, int, str]:
+        """(pty index, bash pid, nonce): what a fork needs to give a child this session."""
+        index = struct.unpack("I", fcntl.ioctl(self._master, _TIOCGPTN, b"\0" * 4))[0]
+        return index, self.pid, self._nonce
+
+    @classmethod
+    def _forked(cls, ws: "Workspace", master: int, pid: int, nonce: str) -> "Shell":
+        sh = cls.__new__(cls)
+        sh._init(ws, master, pid, nonce)
+        return sh
+
+    def _rebind(self, other: "Shell") -> None:
+        """Continue on ``other``'s terminal (after our workspace became a fork of a template)."""
+        with self._lock:
+            if self._master >= 0:
+                os.close(self._master)
+            self._master, other._master = other._master, -1
+            self._pending = bytearray()
+            self._exited, self._exit_status = False, None
 
     # -- I/O ----------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:

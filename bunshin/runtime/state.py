@@ -58,7 +58,9 @@ class WorkspaceDir:
 
     @classmethod
     def create(cls) -> "WorkspaceDir":
-        base = config.state_dir() / "ws"
+        from . import statefs
+
+        base = statefs.ensure() / "ws"
         base.mkdir(parents=True, exist_ok=True)
         while True:
             path = base / secrets.token_hex(6)

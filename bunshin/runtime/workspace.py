@@ -15,7 +15,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .. import _core
 from .._core import _syscalls
@@ -35,6 +35,10 @@ from .capture import DEFAULT_MAX_OUTPUT, Capture, pump
 from .channel import Channel
 from .result import Result, exit_code_from_status
 from .state import Meta, WorkspaceDir, proc_start_time
+
+if TYPE_CHECKING:
+    from ..fork.template import Template
+    from .shell import Shell
 
 __all__ = ["Workspace", "ProcessInfo"]
 
@@ -156,6 +160,10 @@ class Workspace:
 
         self = cls()
         self._closed = False
+        self._template = None
+        self._init_is_child = True
+        self._limits = {"memory_limit": memory_limit, "pids_limit": pids_limit}
+        self._hostname = hostname or ""
         self._env = {**DEFAULT_ENV, **env}
         self._workdir = workdir
         self._max_output = max_output
@@ -177,7 +185,8 @@ class Workspace:
             rfs.prepare_upper(self._dir.upper)
             self._cg = _cgroup.backend().create(self._meta.cgroup, memory_limit=memory_limit,
                                                 pids_limit=pids_limit)
-            self._start_init(hostname or f"bunshin-{self.id[:6]}", ready_timeout)
+            self._hostname = hostname or f"bunshin-{self.id[:6]}"
+            self._start_init(self._hostname, ready_timeout)
         except BaseException:
             self._teardown()
             raise
@@ -271,9 +280,23 @@ class Workspace:
         if self._cg is not None:
             self._cg.destroy()
         self._dir.remove()
+        if self._template is not None:
+            self._template.release()
+            self._template = None
 
     def _reap_init(self) -> None:
         # Init's exit tears down the pid namespace: the kernel kills and reaps every member.
+        if not self._init_is_child:
+            # A forked init is the child of its template's init, which reaps it at the next
+            # fork or when the template goes; we can only watch it exit.
+            from ..fork.engine import wait_exit_pidfd
+
+            if not wait_exit_pidfd(self._pidfd, 5):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                wait_exit_pidfd(self._pidfd, 10)
+            os.close(self._pidfd)
+            self._pidfd = -1
+            return
         deadline = time.monotonic() + 5
         while True:
             try:
@@ -457,6 +480,109 @@ class Workspace:
         with self._shell_lock:
             self._shells.append(sh)
         return sh
+
+    # -- forks --------------------------------------------------------------------------
+    def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
+        """``n`` live copies of this workspace: every process (same PIDs), file and terminal,
+        memory shared copy-on-write. This workspace keeps running, unchanged for the agent.
+        ``on_fork(child)`` runs once per child before its processes resume."""
+        from ..fork.template import _check_n
+
+        _check_n(n)
+        tpl = self.snapshot()
+        try:
+            return tpl.fork(n, on_fork)
+        finally:
+            tpl.close()
+
+    def snapshot(self) -> "Template":
+        """Freeze this workspace's current state as a :class:`bunshin.Template` (forkable many
+        times). The workspace continues, as a fresh fork of the template."""
+        from ..fork.template import Template, snapshot_parts
+
+        with self._close_lock:
+            self._live_chan()
+            shells = [sh._identity() for sh in list(self._shells) if sh.alive]
+            config = {"env": self._env, "workdir": self._workdir, "max_output": self._max_output,
+                      "limits": self._limits, "hostname": self._hostname,
+                      "run_shell": self._run_shell}
+            parts = self._parts()
+            core = snapshot_parts(parts, config, shells)  # freezes; raises with parts untouched
+            try:
+                kid = core.fork(1)[0]
+            except BaseException:
+                core.closed = True  # the parts go back to this workspace, alive
+                parts["cg"].thaw()
+                raise
+            self._adopt(kid)
+            return Template(core)
+
+    def restore(self, tpl: "Template") -> None:
+        """Roll back: this workspace becomes a fresh fork of ``tpl`` (the same object; shell
+        sessions that existed in the template continue in their template state)."""
+        kid = tpl.fork(1)[0]
+        with self._close_lock:
+            if self._closed:
+                kid.close()
+                raise WorkspaceClosed(f"workspace {self.id} is closed")
+            old = Workspace()
+            old.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_close_lock", "_closed")})
+            old._closed = False
+            old._shells = []
+            self._adopt(kid)
+        old._teardown()
+
+    def _parts(self) -> dict:
+        return {"dir": self._dir, "cg": self._cg, "init_pid": self.init_pid, "pidfd": self._pidfd,
+                "init_is_child": self._init_is_child, "chan": self._chan, "root_fd": self._root_fd,
+                "rootfs": self.rootfs, "template": self._template}
+
+    def _adopt(self, kid: "Workspace") -> None:
+        """Take over ``kid``'s live parts (it is a fork of our own template); ``kid`` is spent."""
+        _live.discard(kid)
+        mine = {sh.pid: sh for sh in self._shells}
+        self._shells = []
+        for ksh in kid._shells:
+            sh = mine.pop(ksh.pid, None)
+            if sh is None:
+                sh = ksh
+            else:
+                sh._rebind(ksh)
+            sh._ws = self
+            self._shells.append(sh)
+        for sh in mine.values():
+            sh._detach()
+        for k in ("_dir", "id", "rootfs", "_cg", "init_pid", "_pidfd", "_init_is_child", "_chan",
+                  "_root_fd", "_template", "_meta", "_run_shell"):
+            setattr(self, k, getattr(kid, k))
+        kid._closed = True
+        kid._shells = []
+
+    @classmethod
+    def _from_fork(cls, core, d, cg, init_pid: int, pidfd: int, chan: Channel, masters: dict,
+                   hostname: str) -> "Workspace":
+        from ..runtime.rootfs.model import Rootfs
+        from .shell import Shell
+
+        cfg = core.config
+        self = cls()
+        self._closed = False
+        self._env, self._workdir, self._max_output = cfg["env"], cfg["workdir"], cfg["max_output"]
+        self._limits, self._hostname, self._run_shell = cfg["limits"], hostname, cfg["run_shell"]
+        self._shell_lock = threading.Lock()
+        self._dir, self.id, self._cg = d, d.id, cg
+        self.rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork", source=f"fork of {core.id}")
+        self.init_pid, self._pidfd, self._init_is_child, self._chan = init_pid, pidfd, False, chan
+        self._template = core
+        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=proc_start_time(os.getpid()) or 0,
+                          init_pid=init_pid, cgroup=cg.name, rootfs=self.rootfs.source,
+                          lowers=[str(p) for p in core.lowers], parent=core.id)
+        self._dir.write_meta(self._meta)
+        self._root_fd = os.open(f"/proc/{init_pid}/root", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._shells = [Shell._forked(self, masters[idx], pid, nonce)
+                        for idx, pid, nonce in core.shells if idx in masters]
+        _live.add(self)
+        return self
 
     # -- files --------------------------------------------------------------------------
     def _open_in_root(self, path: str, flags: int, mode: int = 0o644) -> int:

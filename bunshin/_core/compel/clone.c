@@ -107,9 +107,13 @@ struct bx_ctl *bx_clone3_seized(struct bx_ctl *c, const struct bx_clone_req *req
 		int32_t set_tid;
 	} blk;
 	memset(&blk, 0, sizeof blk);
+	/* With CLONE_VM the child's "TCB" is the victim's own: writing its tid there would
+	 * corrupt the victim's cached tid. */
+	if (req->flags & CLONE_VM)
+		tid_addr = 0;
 	blk.args.flags = req->flags | (tid_addr ? CLONE_CHILD_SETTID : 0);
 	blk.args.child_tid = tid_addr;
-	blk.args.exit_signal = SIGCHLD;
+	blk.args.exit_signal = req->quiet_exit ? 0 : SIGCHLD;
 	if (req->set_tid > 0) {
 		blk.set_tid = req->set_tid;
 		blk.args.set_tid = scratch + offsetof(__typeof__(blk), set_tid);

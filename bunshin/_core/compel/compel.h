@@ -73,10 +73,14 @@ struct bx_clone_req {
 	pid_t pidns_pid;   /* >0: create the child in the pid namespace whose init (or any member)
 			      has this pid in the tracer's namespace */
 	pid_t set_tid;     /* >0: the pid the child gets in its own pid namespace */
+	int quiet_exit;    /* 1: exit_signal 0, the child's death signals nobody (reap with __WALL) */
 };
 
 /* seize.c */
 struct bx_ctl *bx_seize(pid_t tid, int *err);
+/* bx_seize in two halves, for frozen tasks: begin on every task, thaw, then finish each. */
+struct bx_ctl *bx_seize_begin(pid_t tid, int *err);
+int bx_seize_finish(struct bx_ctl *c);
 int bx_stop_all_seized(struct bx_ctl *c);
 int bx_detach(struct bx_ctl *c);
 void bx_free(struct bx_ctl *c);
@@ -110,5 +114,31 @@ struct bx_ctl *bx_clone3_seized(struct bx_ctl *c, const struct bx_clone_req *req
 
 /* cure.c */
 int bx_cure_seized(struct bx_ctl *c);
+
+/* threads.c: fork copies only the calling thread; these recreate the others in the child. */
+struct bx_altstack {
+	uint64_t sp;
+	uint64_t size;
+	int32_t flags; /* SS_DISABLE when the thread has none */
+	int32_t pad;
+};
+
+/* What bx_thread_state leaves out, because reading it costs an injection or a large buffer. */
+struct bx_thread_extra {
+	struct bx_altstack altstack; /* from bx_thread_altstack_seized */
+	const void *xstate;          /* from bx_xstate_seized; NULL: the cloning thread's stays */
+	size_t xstate_len;
+};
+
+/* The alternate signal stack of thread tid (seized and stopped), read by running sigaltstack
+ * in that very thread; its registers are put back as cure would. */
+int bx_thread_altstack_seized(struct bx_ctl *c, pid_t tid, struct bx_altstack *out);
+/* Clone a thread into the child's thread group (made by the child's injection thread): same
+ * TLS, cached tid address (set and cleared by the kernel), robust list, rseq, signal mask,
+ * registers as src resumes, and what extra gives (may be NULL). set_tid > 0: its tid in the
+ * child's own pid namespace. The thread stays seized and stopped; bx_detach(child) lets it run
+ * with the rest. On failure no thread is left behind. */
+int bx_clone_thread_seized(struct bx_ctl *child, const struct bx_thread_state *src,
+			   const struct bx_thread_extra *extra, pid_t set_tid, pid_t *out_tid);
 
 #endif

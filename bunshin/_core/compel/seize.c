@@ -211,7 +211,9 @@ static int seize_thread(struct bx_ctl *c, pid_t tid)
 	return 0;
 }
 
-struct bx_ctl *bx_seize(pid_t tid, int *err)
+/* Attach and ask for a stop, without waiting for it: a task frozen by the cgroup freezer stops
+ * only once thawed, so the engine seizes the whole frozen tree first, then thaws, then waits. */
+struct bx_ctl *bx_seize_begin(pid_t tid, int *err)
 {
 	char buf[64];
 	int ret = bx_status_field(tid, "Tgid", buf, sizeof buf);
@@ -231,13 +233,6 @@ struct bx_ctl *bx_seize(pid_t tid, int *err)
 	if ((ret = seize_thread(c, tid)))
 		goto fail;
 	c->attached = 1;
-	c->step = BX_STEP_WAIT;
-	if ((ret = wait_interrupt_stop(c, 0)))
-		goto fail;
-	c->cur = c->thr[0].regs;
-	c->step = BX_STEP_NONE;
-	bx_log("seized %d (pid %d), ip %#lx, in syscall %d", tid, c->pid, bx_arch_ip(&c->cur),
-	       bx_arch_in_syscall(&c->cur));
 	return c;
 fail:
 	if (c && c->attached)
@@ -246,6 +241,30 @@ fail:
 	free(c);
 	*err = ret == -ENOENT ? -ESRCH : ret;
 	return NULL;
+}
+
+/* Wait for the stop bx_seize_begin asked for; on failure the block is freed (detached). */
+int bx_seize_finish(struct bx_ctl *c)
+{
+	int ret;
+	c->step = BX_STEP_WAIT;
+	if ((ret = wait_interrupt_stop(c, 0))) {
+		bx_free(c);
+		return ret;
+	}
+	c->cur = c->thr[0].regs;
+	c->step = BX_STEP_NONE;
+	bx_log("seized %d (pid %d), ip %#lx, in syscall %d", c->thr[0].tid, c->pid, bx_arch_ip(&c->cur),
+	       bx_arch_in_syscall(&c->cur));
+	return 0;
+}
+
+struct bx_ctl *bx_seize(pid_t tid, int *err)
+{
+	struct bx_ctl *c = bx_seize_begin(tid, err);
+	if (c && (*err = bx_seize_finish(c)))
+		return NULL;
+	return c;
 }
 
 /* Seize every thread listed in /proc/PID/task until a pass finds none new: a thread not yet

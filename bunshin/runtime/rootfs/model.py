@@ -13,7 +13,7 @@ from ...errors import RootfsError
 
 __all__ = ["KINDS", "Rootfs"]
 
-KINDS = ("default", "directory", "tar", "oci", "docker-archive", "debian")
+KINDS = ("default", "directory", "tar", "oci", "docker-archive", "debian", "fork")
 
 # ':' separates lowerdir entries and ',' separates mount options; the init joins lowers
 # verbatim, so a path holding either would be split in the wrong place.

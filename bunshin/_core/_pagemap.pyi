@@ -1,0 +1,6 @@
+import numpy as np
+
+def present_pfns(fd: int, ranges: np.ndarray, zero_pfn: int, hz_lo: int, hz_hi: int,
+                 scan_from: int) -> tuple[np.ndarray, int]: ...
+def count_family(parts: list[np.ndarray], gids: np.ndarray, ngroups: int,
+                 max_pfn: int) -> tuple[np.ndarray, np.ndarray, int, int]: ...

@@ -1,0 +1,192 @@
+"""The fixup half of a fork, and the loop over it.
+
+Per child: a detached overlay root is built from the template's layers; the template's init
+is cloned into new pid/mnt/net/ipc/uts namespaces and told (REROOT) to move into that root;
+every other process is cloned into the child's pid namespace with its own PID (clone3 +
+set_tid) through a short-lived intermediate, so that its parent becomes the child's init; then
+each clone joins the child's namespaces and every descriptor is recreated by its resource's
+fixup. All ptrace work for one fork happens in the calling thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from .._core import PROTO, _syscalls
+from ..compel import Tracee
+from ..errors import BunshinError, ForkError
+from .plan import ProcPlan
+from .remote import Remote, enter_namespaces
+
+log = logging.getLogger("bunshin.fork")
+
+CLONE_VM = 0x00000100
+CLONE_NS_ALL = 0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000  # pid mnt net ipc uts
+_WALL = 0x40000000
+_WNOHANG = 1
+_HDR = struct.Struct("=IIQII")
+
+
+def pid_max() -> int:
+    with open("/proc/sys/kernel/pid_max") as f:
+        return int(f.read())
+
+
+def _nspid(hostpid: int) -> list[int]:
+    with open(f"/proc/{hostpid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    raise ForkError(f"pid {hostpid} has no NSpid line", pid=hostpid)
+
+
+def ctty_index(hostpid: int) -> int | None:
+    """Index of the process's controlling pty (/dev/pts/N), from tty_nr in /proc/PID/stat."""
+    with open(f"/proc/{hostpid}/stat", "rb") as f:
+        raw = f.read()
+    tty_nr = int(raw[raw.rindex(b")") + 2 :].split()[4])
+    major, minor = (tty_nr >> 8) & 0xFFF, (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00)
+    if 136 <= major <= 143:
+        return (major - 136) * 256 + minor
+    return None
+
+
+@dataclass
+class ForkCtx:
+    """What the fixups of one child share."""
+
+    init_hostpid: int
+    plans: dict[int, ProcPlan]
+    shared: dict = field(default_factory=dict)
+    _ctty: dict = field(default_factory=dict)
+
+    def ctty(self, proc: ProcPlan) -> int | None:
+        if proc.hostpid not in self._ctty:
+            self._ctty[proc.hostpid] = ctty_index(proc.hostpid)
+        return self._ctty[proc.hostpid]
+
+
+def seize_all(cg, hostpids: list[int]) -> dict[int, Tracee]:
+    """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
+    before it can run user code again. On failure the group is left frozen, nothing seized."""
+    tracees: dict[int, Tracee] = {}
+    try:
+        for pid in hostpids:
+            tracees[pid] = Tracee.seize_frozen(pid)
+        cg.thaw()
+        for t in tracees.values():
+            t.wait_stopped()
+        for t in tracees.values():
+            t.stop_all()
+    except BaseException:
+        release_all(cg, tracees)
+        raise
+    return tracees
+
+
+def release_all(cg, tracees: dict[int, Tracee]) -> None:
+    """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen."""
+    cg.freeze()
+    for t in tracees.values():
+        try:
+            t.detach()
+        except BunshinError as e:
+            log.warning("detaching template process %d: %s", t.pid, e)
+
+
+def reap_children(init: Tracee) -> int:
+    """Reap, inside the template's init, the inits of children that have exited: they are its
+    children (the clone3 that made them ran there) and it is frozen, so it never would."""
+    n = 0
+    while init.syscall(61, -1, 0, _WNOHANG | _WALL, 0) > 0:  # wait4
+        n += 1
+    return n
+
+
+def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: str,
+               cgroup) -> tuple[Tracee, socket.socket]:
+    """Clone the template's init into fresh namespaces and have it move into the child's root;
+    returns the (running) child init and the trainer's end of its new control socket."""
+    ci = tinit.clone(flags=CLONE_NS_ALL)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        cgroup.add(ci.pid)
+        payload = hostname.encode()
+        msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), 2) + payload
+        # The template's init shares this socket but is frozen: only the clone reads it.
+        socket.send_fds(tpl_sock, [msg], [mount_fd, theirs.fileno()])
+        ci.detach()
+    except BaseException:
+        os.kill(ci.pid, signal.SIGKILL)
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ci, ours
+
+
+def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
+    """Clone ``proc`` into the child's pid namespace with its own PID, parented to the child's
+    init: an intermediate sharing the template's memory (CLONE_VM: nothing copied) is made in
+    the child's namespace, the real clone is made from it, and the intermediate is killed, so
+    its orphan is adopted by the child's init. The template reaps the intermediate."""
+    mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
+    try:
+        mid_levels = _nspid(mid.pid)
+        child = mid.clone(set_tid=proc.vpid)
+    finally:
+        # Killing it while stopped: it never runs the template's code in shared memory.
+        os.kill(mid.pid, signal.SIGKILL)
+        os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
+        mid._ctl = None  # dead: nothing to cure or detach
+        level = len(_nspid(tp.pid)) - 1
+        tp.syscall(61, mid_levels[level], 0, _WALL, 0)  # wait4 in the template process
+    return child
+
+
+def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
+    """Everything after the clone: namespaces, cwd, session, descriptors, threads."""
+    r = Remote(child, f"process {proc.vpid} ({proc.name})")
+    try:
+        enter_namespaces(r, proc.cwd)
+        if proc.sid == proc.vpid:
+            r.call("setsid")
+        elif proc.pgid == proc.vpid:
+            r.call("setpgid", 0, 0)
+        for f in proc.fds:
+            f.handler.fixup(ctx, proc, r, f)
+        if len(proc.threads) > 1:
+            clone_threads = getattr(child, "clone_threads", None)
+            if clone_threads is None:
+                raise ForkError(f"process {proc.vpid} ({proc.name}) has {len(proc.threads)} threads; "
+                                "this build cannot recreate threads", pid=proc.hostpid, step="threads")
+            clone_threads(ctx.shared["tracees"][proc.hostpid])
+    finally:
+        r.release()
+
+
+def wait_exit_pidfd(pidfd: int, timeout: float) -> bool:
+    """True once the process behind ``pidfd`` has exited (works for non-children too)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        r, _, _ = select.select([pidfd], [], [], left)
+        if r:
+            return True
+
+
+def overlay_fd(lowers, upper, work) -> int:
+    try:
+        return _syscalls.overlay_mount_fd([str(p) for p in lowers], str(upper), str(work))
+    except OSError as e:
+        raise ForkError(f"cannot build the child's root from {len(lowers)} layers: {e}") from None

@@ -1,0 +1,136 @@
+"""The plan half of a fork: read a frozen workspace's process tree from /proc and decide, for
+every process and descriptor, which resource handler recreates it in a child.
+
+Nothing here touches the processes; a plan is made once per template and reused by every fork.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+from ..errors import ForkError
+
+
+@dataclass
+class FdInfo:
+    """One open descriptor of a template process."""
+
+    fd: int
+    target: str  # readlink of /proc/PID/fd/N: a path inside the workspace, or "pipe:[ino]"...
+    mode: int  # st_mode of what it refers to
+    flags: int  # from fdinfo: open flags, O_CLOEXEC included
+    pos: int
+    ino: int
+    dev: int
+    handler: object = None  # the resource ops that own it (set by plan_tree)
+    dup_of: int | None = None  # an earlier fd of the same process sharing the open file
+
+
+@dataclass
+class ProcPlan:
+    """One process of the template, as the child must get it."""
+
+    hostpid: int
+    vpid: int
+    ppid: int  # in the workspace's namespace
+    pgid: int
+    sid: int
+    threads: list[int]  # host tids, main thread first
+    cwd: str
+    fds: list[FdInfo] = field(default_factory=list)
+    is_init: bool = False
+
+    @property
+    def name(self) -> str:
+        try:
+            with open(f"/proc/{self.hostpid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return "?"
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def _fdinfo(pid: int, fd: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        return dict(line.split(":", 1) for line in f if ":" in line)
+
+
+def read_proc(hostpid: int) -> ProcPlan:
+    """Everything the engine needs to know about one (stopped) process."""
+    st = _status(hostpid)
+    with open(f"/proc/{hostpid}/stat", "rb") as f:
+        raw = f.read()
+    rest = raw[raw.rindex(b")") + 2 :].split()
+    nspid = [int(x) for x in st["NSpid"].split()]
+    vpid = nspid[-1]
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{hostpid}/task"))
+    tids.remove(hostpid)
+    plan = ProcPlan(
+        hostpid=hostpid,
+        vpid=vpid,
+        ppid=int(st["PPid"]),  # 0 when the parent is outside the workspace's namespace
+        pgid=int(st["NSpgid"].split()[-1]),
+        sid=int(st["NSsid"].split()[-1]),
+        threads=[hostpid, *tids],
+        cwd=os.readlink(f"/proc/{hostpid}/cwd"),
+        is_init=vpid == 1,
+    )
+    del rest
+    for name in os.listdir(f"/proc/{hostpid}/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/{hostpid}/fd/{fd}")
+            s = os.stat(f"/proc/{hostpid}/fd/{fd}")
+            info = _fdinfo(hostpid, fd)
+        except FileNotFoundError:
+            continue
+        plan.fds.append(FdInfo(fd=fd, target=target, mode=s.st_mode, flags=int(info["flags"], 8),
+                               pos=int(info["pos"]), ino=s.st_ino, dev=s.st_dev))
+    plan.fds.sort(key=lambda f: f.fd)
+    return plan
+
+
+def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
+    """Plans for every process, init first; raises ForkError for what no handler supports."""
+    from . import resources
+    from .._core._syscalls import KCMP_FILE, kcmp
+
+    procs = sorted((read_proc(p) for p in hostpids), key=lambda p: p.vpid)
+    if not procs or not procs[0].is_init:
+        raise ForkError("the workspace has no init process; it cannot be forked")
+    for p in procs:
+        for i, f in enumerate(p.fds):
+            # Descriptors dup()ed inside one process share one open file: keep that.
+            for g in p.fds[:i]:
+                if g.dup_of is None and g.ino == f.ino and g.dev == f.dev:
+                    try:
+                        if kcmp(p.hostpid, p.hostpid, KCMP_FILE, g.fd, f.fd) == 0:
+                            f.dup_of = g.fd
+                            break
+                    except OSError:
+                        pass
+            f.handler = resources.handler_for(p, f)
+    resources.check_tree(procs)
+    return procs
+
+
+def kind_of(f: FdInfo) -> str:
+    """A short human name for a descriptor's kind, for error messages."""
+    if f.target.startswith("socket:"):
+        return "socket"
+    if f.target.startswith("anon_inode:"):
+        return f.target.split(":", 1)[1].strip("[]")
+    if f.target.startswith("pipe:"):
+        return "pipe"
+    m = f.mode
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"), (stat.S_ISCHR, "char device"),
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISBLK, "block device")):
+        if test(m):
+            return name
+    return "unknown"

@@ -1,0 +1,91 @@
+"""System calls the fork engine runs inside a stopped clone, with a scratch page for the
+strings and structures they take. Every failure is a ForkError naming the process and step."""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import struct
+
+from ..compel import Tracee
+from ..errors import ForkError
+
+# x86_64 system call numbers
+SYS = {
+    "close": 3, "lseek": 8, "ioctl": 16, "dup3": 292, "fcntl": 72, "chdir": 80, "setsid": 112,
+    "setpgid": 109, "openat": 257, "pipe2": 293, "setns": 308, "pidfd_open": 434, "wait4": 61,
+    "getpid": 39, "set_tid_address": 218, "tee": 276,
+}
+AT_FDCWD = -100
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
+TIOCSCTTY = 0x540E
+F_SETFL, F_GETFL = 4, 3
+
+
+class Remote:
+    """Syscalls in one stopped process (a :class:`Tracee`), raising on failure."""
+
+    PAGE = 4096
+
+    def __init__(self, t: Tracee, what: str) -> None:
+        self.t = t
+        self.what = what
+        self._page = 0
+
+    def _scratch(self) -> int:
+        if not self._page:
+            self._page = self.t.mmap(self.PAGE)
+        return self._page
+
+    def call(self, name: str, *args: int, ok_errnos: tuple[int, ...] = ()) -> int:
+        r = self.t.syscall(SYS[name], *args)
+        if -4096 < r < 0 and -r not in ok_errnos:
+            raise ForkError(f"{self.what}: {name}{args}: {os.strerror(-r)}", pid=self.t.pid, step=name,
+                            errno=-r)
+        return r
+
+    def put(self, data: bytes, offset: int = 0) -> int:
+        """Copy ``data`` to the scratch page; returns its address in the process."""
+        if offset + len(data) > self.PAGE:
+            raise ForkError(f"{self.what}: argument of {len(data)} bytes is too long for the scratch page")
+        addr = self._scratch() + offset
+        self.t.write(addr, data)
+        return addr
+
+    def path(self, p: str, offset: int = 0) -> int:
+        return self.put(os.fsencode(p) + b"\0", offset)
+
+    def openat(self, path: str, flags: int, mode: int = 0) -> int:
+        return self.call("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, self.path(path), flags, mode)
+
+    def install(self, newfd: int, fd: int, cloexec: bool) -> None:
+        """Move ``newfd`` to number ``fd`` (replacing what is there)."""
+        if newfd != fd:
+            self.call("dup3", newfd, fd, os.O_CLOEXEC if cloexec else 0)
+            self.call("close", newfd)
+        elif not cloexec:
+            self.call("fcntl", fd, 2, 0)  # F_SETFD 0
+
+    def pipe(self) -> tuple[int, int]:
+        addr = self.put(bytes(8))
+        self.call("pipe2", addr, os.O_CLOEXEC)
+        return struct.unpack("ii", self.t.read(addr, 8))
+
+    def release(self) -> None:
+        if self._page:
+            try:
+                self.t.munmap(self._page, self.PAGE)
+            except ForkError:
+                pass
+            self._page = 0
+
+
+def enter_namespaces(r: Remote, cwd: str) -> None:
+    """Join the namespaces of the child's init (pid 1 of the clone's own pid namespace) and
+    return to the working directory: setns(mnt) resets it to the new root."""
+    pfd = r.call("pidfd_open", 1, 0)
+    try:
+        r.call("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+    finally:
+        r.call("close", pfd)
+    r.call("chdir", r.path(cwd), ok_errnos=(_errno.ENOENT,))

@@ -1,0 +1,32 @@
+"""One module per kind of resource a fork must recreate, each registering a small ops table;
+the engine loops over the table and never switches on the kind itself (CRIU's way).
+
+Each ops table has ``claims(proc, fd) -> bool`` (plan: is this descriptor mine?), optional
+``check_tree(procs)`` (plan: refuse what cannot be carried, before anything is touched) and
+``fixup(ctx, proc, remote, fd)`` (act in the child's clone, stopped, inside the child's
+namespaces).
+"""
+
+from __future__ import annotations
+
+from ...errors import ForkError
+from ..plan import FdInfo, ProcPlan, kind_of
+from . import control, devices, files_reg, pipes, ptys, unsupported
+
+# Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
+REGISTRY = [control.OPS, ptys.OPS, pipes.OPS, devices.OPS, files_reg.OPS, unsupported.OPS]
+
+
+def handler_for(proc: ProcPlan, f: FdInfo):
+    for ops in REGISTRY:
+        if ops.claims(proc, f):
+            return ops
+    raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: a {kind_of(f)} no handler knows",
+                    pid=proc.hostpid, step="plan")
+
+
+def check_tree(procs: list[ProcPlan]) -> None:
+    for ops in REGISTRY:
+        check = getattr(ops, "check_tree", None)
+        if check is not None:
+            check(procs)

@@ -1,0 +1,25 @@
+"""Character devices every root has (/dev/null, /dev/zero, /dev/urandom, /dev/tty, ...):
+reopened by path in the child's own /dev with the same flags."""
+
+from __future__ import annotations
+
+import os
+import stat
+from types import SimpleNamespace
+
+_SAFE = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
+
+
+def claims(proc, f) -> bool:
+    return stat.S_ISCHR(f.mode) and f.target in _SAFE
+
+
+def fixup(ctx, proc, r, f) -> None:
+    if f.dup_of is not None:
+        r.install(r.call("fcntl", f.dup_of, 1030, 0), f.fd, bool(f.flags & os.O_CLOEXEC))  # F_DUPFD_CLOEXEC
+        return
+    flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
+    r.install(r.openat(f.target, flags), f.fd, bool(f.flags & os.O_CLOEXEC))
+
+
+OPS = SimpleNamespace(kind="device", claims=claims, fixup=fixup)

@@ -1,0 +1,235 @@
+"""Templates: a workspace frozen at one moment, forkable many times.
+
+Snapshotting a workspace freezes its processes in place (cgroup freezer); they become the
+template and its upper layer becomes a read-only lower layer of every child. The workspace
+itself continues as a fresh fork of the template (same PIDs, so the agent notices nothing).
+Fork cost therefore does not grow with the files the workspace wrote. A template lives while
+its handle or any child created from it does (its layer is under them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ..errors import BunshinError, ForkError, WorkspaceClosed
+from . import engine
+from .plan import plan_tree
+
+if TYPE_CHECKING:
+    from ..runtime.workspace import Workspace
+
+log = logging.getLogger("bunshin.fork")
+
+__all__ = ["Template"]
+
+
+class TemplateCore:
+    """The frozen processes, cgroup and layers behind a Template; reference counted."""
+
+    def __init__(self, parts: dict, plans, shells: list[tuple[int, int, str]], config: dict) -> None:
+        self.parts = parts  # dir, cg, init_pid, pidfd, init_is_child, chan, root_fd, rootfs, template
+        self.plans = plans
+        self.shells = shells  # (pty index, bash pid, nonce) of the source's shell sessions
+        self.config = config  # env, workdir, max_output, limits, run_shell
+        self.lowers = (parts["dir"].upper, *parts["rootfs"].lowers)
+        self.id = parts["dir"].id
+        self.lock = threading.Lock()
+        self.refs = 1
+        self.closed = False
+        self._tmp_pid = engine.pid_max() - 1
+        used = {p.vpid for p in plans}
+        while self._tmp_pid in used:
+            self._tmp_pid -= 1
+
+    def acquire(self) -> None:
+        with self.lock:
+            if self.closed:
+                raise WorkspaceClosed(f"template {self.id} is closed")
+            self.refs += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.refs -= 1
+            if self.refs > 0 or self.closed:
+                return
+            self.closed = True
+        self._destroy()
+
+    def _destroy(self) -> None:
+        p = self.parts
+        p["chan"].close()
+        try:
+            p["cg"].kill_all()
+        except BunshinError as e:
+            log.warning("template %s: %s", self.id, e)
+        _reap(p["pidfd"], p["init_is_child"])
+        if p["root_fd"] >= 0:
+            os.close(p["root_fd"])
+        p["cg"].destroy()
+        p["dir"].remove()
+        parent = p.get("template")
+        if parent is not None:
+            parent.release()
+
+    # -- forking --------------------------------------------------------------------------
+    def fork(self, n: int, on_fork: Callable[["Workspace"], None] | None = None,
+             hostnames: Sequence[str] | None = None) -> list["Workspace"]:
+        """``n`` new workspaces, each a copy-on-write clone of the template."""
+        from ..runtime.workspace import Workspace
+
+        kids: list[Workspace] = []
+        with self.lock:
+            if self.closed:
+                raise WorkspaceClosed(f"template {self.id} is closed")
+            p = self.parts
+            tracees = engine.seize_all(p["cg"], [pl.hostpid for pl in self.plans])
+            try:
+                engine.reap_children(tracees[p["init_pid"]])
+                for i in range(n):
+                    kids.append(self._fork_one(tracees, on_fork, hostnames[i] if hostnames else None))
+            except BaseException:
+                for k in kids:
+                    k.close()
+                raise
+            finally:
+                engine.release_all(p["cg"], tracees)
+        return kids
+
+    def _fork_one(self, tracees, on_fork, hostname: str | None) -> "Workspace":
+        from ..runtime import cgroup as _cgroup
+        from ..runtime.state import WorkspaceDir
+        from ..runtime.workspace import Workspace
+
+        start = time.perf_counter()
+        d = WorkspaceDir.create()
+        cg = ci = chan = None
+        clones = []
+        mfd = -1
+        pidfd = -1
+        try:
+            cg = _cgroup.backend().create(f"ws-{d.id}", **self.config["limits"])
+            mfd = engine.overlay_fd(self.lowers, d.upper, d.work)
+            host = hostname or self.config["hostname"]
+            ci, sock = engine.clone_init(tracees[self.parts["init_pid"]], self.parts["chan"]._sock,
+                                         mfd, host, cg)
+            pidfd = os.pidfd_open(ci.pid)
+            from ..runtime.channel import Channel
+
+            chan = Channel(sock, f"workspace {d.id}")
+            chan.wait_ready(10)
+            ctx = engine.ForkCtx(init_hostpid=ci.pid, plans={pl.vpid: pl for pl in self.plans},
+                                 shared={"tracees": tracees})
+            for pl in self.plans[1:]:
+                c = engine.clone_process(tracees[pl.hostpid], pl, ci.pid, self._tmp_pid)
+                clones.append(c)
+                engine.fix_process(ctx, pl, c)
+                cg.add(c.pid)
+            masters = ctx.shared.get("pty_masters", {})
+            ws = Workspace._from_fork(self, d, cg, ci.pid, pidfd, chan, masters, host)
+            self.refs += 1  # self.lock is held by fork()
+            pidfd, chan, cg = -1, None, None  # owned by ws now
+        except BaseException:
+            for c in clones:
+                try:
+                    os.kill(c.pid, 9)
+                except ProcessLookupError:
+                    pass
+            if chan is not None:
+                chan.close()  # the child's init sees EOF and takes its namespace down
+            if ci is not None:
+                os.kill(ci.pid, 9)
+                engine.wait_exit_pidfd(pidfd, 5) if pidfd >= 0 else None
+            if pidfd >= 0:
+                os.close(pidfd)
+            if cg is not None:
+                cg.destroy()
+            d.remove()
+            raise
+        finally:
+            if mfd >= 0:
+                os.close(mfd)
+        try:
+            if on_fork is not None:
+                on_fork(ws)
+        except BaseException:
+            for c in clones:
+                c.detach()
+            ws.close()
+            raise
+        for c in clones:
+            c.detach()
+        log.info("forked %s from template %s in %.2f ms (%d processes)", ws.id, self.id,
+                 (time.perf_counter() - start) * 1e3, len(self.plans))
+        return ws
+
+
+def _reap(pidfd: int, is_child: bool) -> None:
+    if pidfd < 0:
+        return
+    if is_child:
+        try:
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        except ChildProcessError:
+            pass
+    else:
+        engine.wait_exit_pidfd(pidfd, 10)
+    os.close(pidfd)
+
+
+def snapshot_parts(parts: dict, config: dict, shells: list[tuple[int, int, str]]) -> TemplateCore:
+    """Freeze a workspace's processes and plan their fork; on failure thaw and raise."""
+    cg = parts["cg"]
+    cg.freeze()
+    try:
+        plans = plan_tree(cg.pids())
+    except BaseException:
+        cg.thaw()
+        raise
+    return TemplateCore(parts, plans, shells, config)
+
+
+class Template:
+    """A frozen workspace state. ``fork(n)`` makes live copies; ``close()`` when done.
+
+    Children outlive the handle: the frozen state is kept until the last child closes.
+    """
+
+    def __init__(self, core: TemplateCore) -> None:
+        self._core = core
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self._core.id
+
+    def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
+        """``n`` live workspaces in the template's state (memory shared copy-on-write).
+        ``on_fork(child)`` runs once per child before its processes resume."""
+        if self._closed:
+            raise WorkspaceClosed(f"template {self.id} is closed")
+        _check_n(n)
+        return self._core.fork(n, on_fork)
+
+    def close(self) -> None:
+        """Drop this handle; the frozen processes go when no child needs them."""
+        if not self._closed:
+            self._closed = True
+            self._core.release()
+
+    def __enter__(self) -> "Template":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Template {self.id} {len(self._core.plans)} processes{' closed' if self._closed else ''}>"
+
+
+def _check_n(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ForkError(f"n must be an int ≥ 1 (how many children), got {n!r}")

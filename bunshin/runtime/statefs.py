@@ -1,0 +1,86 @@
+"""The state directory is a file system of its own.
+
+overlayfs refuses layers nested inside one another: a forked workspace's lower layers are its
+template's upper directory *and* the host's root (the default rootfs), so upper directories
+must not live on the root file system. Unless the state directory already is a separate mount,
+Bunshin loop-mounts a sparse ext4 image (``<state_dir>.img``, ``BUNSHIN_STATE_SIZE``, default
+256G — only what is written takes disk space) there, once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from .. import config
+from ..errors import BunshinError
+
+log = logging.getLogger("bunshin.statefs")
+_lock = threading.Lock()
+_ready: set[str] = set()
+
+
+def _separate(path: Path) -> bool:
+    return os.path.ismount(path) and os.stat(path).st_dev != os.stat("/").st_dev
+
+
+def image_path(state: Path) -> Path:
+    return state.with_name(state.name + ".img")
+
+
+def ensure() -> Path:
+    """The state directory, mounted on its own file system; idempotent and process-safe."""
+    state = config.state_dir()
+    key = str(state)
+    if key in _ready:
+        return state
+    with _lock:
+        state.mkdir(parents=True, exist_ok=True)
+        with open(state.with_name(state.name + ".lock"), "w") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            if not _separate(state):
+                _mount_image(state)
+        _ready.add(key)
+    return state
+
+
+def _mount_image(state: Path) -> None:
+    img = image_path(state)
+    size = os.environ.get("BUNSHIN_STATE_SIZE", "256G")
+    try:
+        if not img.exists():
+            tmp = img.with_suffix(".img.tmp")
+            subprocess.run(["truncate", "-s", size, str(tmp)], check=True, capture_output=True)
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E",
+                            "nodiscard,lazy_itable_init=1", str(tmp)], check=True, capture_output=True)
+            os.replace(tmp, img)
+        subprocess.run(["mount", "-o", "loop", str(img), str(state)], check=True, capture_output=True)
+    except FileNotFoundError as e:
+        raise BunshinError(f"cannot set up the state file system: {e.filename} is missing "
+                           "(apt-get install e2fsprogs util-linux), or mount a file system of your "
+                           f"own at {state}") from None
+    except subprocess.CalledProcessError as e:
+        raise BunshinError(f"cannot set up the state file system at {state}: "
+                           f"{e.stderr.decode(errors='replace').strip()}; mount a file system of your "
+                           f"own there (tmpfs, xfs, ext4) or set BUNSHIN_STATE_DIR") from None
+    log.info("state directory %s is a loop-mounted image %s (%s sparse)", state, img, size)
+
+
+def release() -> bool:
+    """Unmount the image and delete it when no workspace is left in it. True if it did."""
+    state = config.state_dir()
+    img = image_path(state)
+    with _lock:
+        if not img.exists() or not os.path.ismount(state):
+            return False
+        ws = state / "ws"
+        if ws.exists() and any(ws.iterdir()):
+            return False
+        subprocess.run(["umount", str(state)], check=True, capture_output=True)
+        img.unlink()
+        _ready.discard(str(state))
+    return True
