@@ -91,7 +91,13 @@ def seize_all(cg, hostpids: list[int]) -> dict[int, Tracee]:
 
 
 def release_all(cg, tracees: dict[int, Tracee]) -> None:
-    """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen."""
+    """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen.
+    Curing comes first: it may inject (re-queue held signals), which a frozen task cannot run."""
+    for t in tracees.values():
+        try:
+            t.cure()
+        except BunshinError as e:
+            log.warning("curing template process %d: %s", t.pid, e)
     cg.freeze()
     for t in tracees.values():
         try:

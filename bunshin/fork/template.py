@@ -34,6 +34,7 @@ class TemplateCore:
         self.parts = parts  # dir, cg, init_pid, pidfd, init_is_child, chan, root_fd, rootfs, template
         self.plans = plans
         self.shells = shells  # (pty index, bash pid, nonce) of the source's shell sessions
+        self.masters: list[int] = []  # the source's pty masters: the frozen shells' terminals
         self.config = config  # env, workdir, max_output, limits, run_shell
         self.lowers = (parts["dir"].upper, *parts["rootfs"].lowers)
         self.id = parts["dir"].id
@@ -62,6 +63,8 @@ class TemplateCore:
     def _destroy(self) -> None:
         p = self.parts
         p["chan"].close()
+        for m in self.masters:
+            os.close(m)
         try:
             p["cg"].kill_all()
         except BunshinError as e:
@@ -170,13 +173,19 @@ class TemplateCore:
 def _reap(pidfd: int, is_child: bool) -> None:
     if pidfd < 0:
         return
-    if is_child:
+    import signal
+
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if not engine.wait_exit_pidfd(pidfd, 10):
+        log.warning("a template's init did not exit within 10 s of SIGKILL")
+    elif is_child:
         try:
             os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
         except ChildProcessError:
             pass
-    else:
-        engine.wait_exit_pidfd(pidfd, 10)
     os.close(pidfd)
 
 

@@ -96,14 +96,14 @@ class Shell:
         sh._init(ws, master, pid, nonce)
         return sh
 
-    def _rebind(self, other: "Shell") -> None:
-        """Continue on ``other``'s terminal (after our workspace became a fork of a template)."""
+    def _rebind(self, other: "Shell") -> int:
+        """Continue on ``other``'s terminal (after our workspace became a fork of a template).
+        Returns our previous master, which the caller keeps (a template's) or closes."""
         with self._lock:
-            if self._master >= 0:
-                os.close(self._master)
-            self._master, other._master = other._master, -1
+            old, self._master, other._master = self._master, other._master, -1
             self._pending = bytearray()
             self._exited, self._exit_status = False, None
+            return old
 
     # -- I/O ----------------------------------------------------------------------------
     def _write(self, data: bytes) -> None:

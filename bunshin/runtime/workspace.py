@@ -514,7 +514,7 @@ class Workspace:
                 core.closed = True  # the parts go back to this workspace, alive
                 parts["cg"].thaw()
                 raise
-            self._adopt(kid)
+            core.masters = self._adopt(kid)
             return Template(core)
 
     def restore(self, tpl: "Template") -> None:
@@ -529,7 +529,9 @@ class Workspace:
             old.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_close_lock", "_closed")})
             old._closed = False
             old._shells = []
-            self._adopt(kid)
+            masters = self._adopt(kid)
+        for m in masters:
+            os.close(m)
         old._teardown()
 
     def _parts(self) -> dict:
@@ -537,26 +539,32 @@ class Workspace:
                 "init_is_child": self._init_is_child, "chan": self._chan, "root_fd": self._root_fd,
                 "rootfs": self.rootfs, "template": self._template}
 
-    def _adopt(self, kid: "Workspace") -> None:
-        """Take over ``kid``'s live parts (it is a fork of our own template); ``kid`` is spent."""
+    def _adopt(self, kid: "Workspace") -> list[int]:
+        """Take over ``kid``'s live parts (it is a fork of our own template); ``kid`` is spent.
+        Returns the pty masters of our previous shells, for the caller to keep or close."""
         _live.discard(kid)
         mine = {sh.pid: sh for sh in self._shells}
+        old_masters = []
         self._shells = []
         for ksh in kid._shells:
             sh = mine.pop(ksh.pid, None)
             if sh is None:
                 sh = ksh
             else:
-                sh._rebind(ksh)
+                old_masters.append(sh._rebind(ksh))
             sh._ws = self
             self._shells.append(sh)
         for sh in mine.values():
-            sh._detach()
+            if sh._master >= 0:
+                old_masters.append(sh._master)
+                sh._master = -1
+            sh._exited = True
         for k in ("_dir", "id", "rootfs", "_cg", "init_pid", "_pidfd", "_init_is_child", "_chan",
                   "_root_fd", "_template", "_meta", "_run_shell"):
             setattr(self, k, getattr(kid, k))
         kid._closed = True
         kid._shells = []
+        return old_masters
 
     @classmethod
     def _from_fork(cls, core, d, cg, init_pid: int, pidfd: int, chan: Channel, masters: dict,
