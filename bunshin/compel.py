@@ -188,7 +188,7 @@ class Tracee:
         ``source.threads()`` order. When this process has a pid namespace of its own each
         thread gets its source's tid there."""
         tids = source.threads()
-        alive = set(int(t) for t in os.listdir(f"/proc/{source.pid}/task"))
+        alive = {int(t) for t in os.listdir(f"/proc/{source.pid}/task")}
         if not alive <= set(tids):
             raise ForkError(f"pid {source.pid}: threads {sorted(alive - set(tids))} are not "
                             "stopped (call stop_all() before clone())", pid=source.pid,

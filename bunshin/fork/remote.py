@@ -58,13 +58,21 @@ class Remote:
     def openat(self, path: str, flags: int, mode: int = 0) -> int:
         return self.call("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, self.path(path), flags, mode)
 
-    def install(self, newfd: int, fd: int, cloexec: bool) -> None:
-        """Move ``newfd`` to number ``fd`` (replacing what is there)."""
+    def install(self, newfd: int, fd: int) -> None:
+        """Move ``newfd`` to number ``fd``, replacing the inherited descriptor there and keeping
+        its close-on-exec flag (read here: /proc's fdinfo shows O_CLOEXEC from open(), which
+        dup2 does not carry, so it cannot be trusted)."""
+        fdflags = self.call("fcntl", fd, 1, 0, ok_errnos=(9,))  # F_GETFD; EBADF: none there
+        cloexec = fdflags > 0 and fdflags & 1
         if newfd != fd:
             self.call("dup3", newfd, fd, os.O_CLOEXEC if cloexec else 0)
             self.call("close", newfd)
         elif not cloexec:
             self.call("fcntl", fd, 2, 0)  # F_SETFD 0
+
+    def dup_same(self, src: int, fd: int) -> None:
+        """``fd`` shares ``src``'s open file, as in the template (dup)."""
+        self.install(self.call("fcntl", src, 1030, 0), fd)  # F_DUPFD_CLOEXEC
 
     def pipe(self) -> tuple[int, int]:
         addr = self.put(bytes(8))

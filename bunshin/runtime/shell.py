@@ -42,7 +42,7 @@ class Shell:
         self._master = master
         self.pid = pid
         self._nonce = nonce
-        self._marker = re.compile(rb"\x1e" + nonce.encode() + rb":(\d+)\x1f\n")
+        self._marker = re.compile(rb"\x1e" + nonce.encode() + rb":(-?\d+)\x1f\n")
         self._lock = threading.Lock()
         self._pending = bytearray()
         self._exited = False

@@ -21,6 +21,7 @@ from .. import _core
 from .._core import _syscalls
 from ..errors import (
     BunshinError,
+    ForkError,
     LimitError,
     PermissionDenied,
     RootfsError,
@@ -169,6 +170,7 @@ class Workspace:
         self._max_output = max_output
         self._shell_lock = threading.Lock()
         self._shells: list = []
+        self._calls = 0  # exec() calls in flight: their pipes lead to us, a fork cannot carry them
         self._root_fd = -1
         self._pidfd = -1
         self._chan: Channel | None = None
@@ -362,6 +364,17 @@ class Workspace:
         in_fd = self._stdin_fd(stdin)
         oom_before = self._oom_kills()
         start = time.monotonic()
+        with self._shell_lock:
+            self._calls += 1
+        try:
+            return self._exec(chan, argv, envl, cwd, in_fd, out_r, out_w, err_r, err_w, cap, timeout,
+                              start, oom_before)
+        finally:
+            with self._shell_lock:
+                self._calls -= 1
+
+    def _exec(self, chan, argv, envl, cwd, in_fd, out_r, out_w, err_r, err_w, cap, timeout, start,
+              oom_before) -> Result:
         try:
             try:
                 pid = chan.spawn(list(argv), envl, cwd, [in_fd, out_w, err_w])
@@ -502,6 +515,9 @@ class Workspace:
 
         with self._close_lock:
             self._live_chan()
+            if self._calls:
+                raise ForkError(f"workspace {self.id}: {self._calls} tool call(s) running; their output "
+                                "pipes lead to this process and cannot be forked: wait for them")
             shells = [sh._identity() for sh in list(self._shells) if sh.alive]
             config = {"env": self._env, "workdir": self._workdir, "max_output": self._max_output,
                       "limits": self._limits, "hostname": self._hostname,
@@ -578,6 +594,7 @@ class Workspace:
         self._env, self._workdir, self._max_output = cfg["env"], cfg["workdir"], cfg["max_output"]
         self._limits, self._hostname, self._run_shell = cfg["limits"], hostname, cfg["run_shell"]
         self._shell_lock = threading.Lock()
+        self._calls = 0
         self._dir, self.id, self._cg = d, d.id, cg
         self.rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork", source=f"fork of {core.id}")
         self.init_pid, self._pidfd, self._init_is_child, self._chan = init_pid, pidfd, False, chan

@@ -16,10 +16,10 @@ def claims(proc, f) -> bool:
 
 def fixup(ctx, proc, r, f) -> None:
     if f.dup_of is not None:
-        r.install(r.call("fcntl", f.dup_of, 1030, 0), f.fd, bool(f.flags & os.O_CLOEXEC))  # F_DUPFD_CLOEXEC
+        r.dup_same(f.dup_of, f.fd)
         return
     flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
-    r.install(r.openat(f.target, flags), f.fd, bool(f.flags & os.O_CLOEXEC))
+    r.install(r.openat(f.target, flags), f.fd)
 
 
 OPS = SimpleNamespace(kind="device", claims=claims, fixup=fixup)

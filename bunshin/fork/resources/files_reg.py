@@ -19,9 +19,8 @@ def claims(proc, f) -> bool:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    cloexec = bool(f.flags & os.O_CLOEXEC)
     if f.dup_of is not None:
-        r.install(r.call("fcntl", f.dup_of, 1030, 0), f.fd, cloexec)  # F_DUPFD_CLOEXEC
+        r.dup_same(f.dup_of, f.fd)
         return
     flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
     if f.target.endswith(_DELETED):
@@ -33,7 +32,7 @@ def fixup(ctx, proc, r, f) -> None:
     elif f.pos:
         # a directory's position is an opaque cookie; replay it as getdents would
         r.call("lseek", newfd, f.pos, os.SEEK_SET)
-    r.install(newfd, f.fd, cloexec)
+    r.install(newfd, f.fd)
 
 
 def _copy_deleted(ctx, proc, r, f) -> int:

@@ -2,7 +2,9 @@
 bytes buffered in the template's, copied with tee(2), which leaves the template's untouched.
 
 A pipe is created in the first clone that holds it; later clones open it through that
-clone's /proc/PID/fd entry, which yields the same pipe.
+clone's /proc/PID/fd entry, which yields the same pipe. A pipe with only one end inside had its
+other end closed (the workspace refuses to fork while a tool call's pipes lead to the trainer),
+so the copy is closed on that side too: readers still get the bytes, then EOF.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import os
 import stat
 from types import SimpleNamespace
 
-from ...errors import ForkError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.tee.restype = ctypes.c_ssize_t
@@ -27,27 +28,6 @@ def claims(proc, f) -> bool:
 
 def _access(f) -> int:
     return f.flags & os.O_ACCMODE
-
-
-def check_tree(procs) -> None:
-    """An anonymous pipe with an end outside the workspace (a tool call's output being read by
-    the trainer right now) cannot be recreated: refuse."""
-    ends: dict[int, set[int]] = {}
-    where: dict[int, tuple] = {}
-    for p in procs:
-        if p.is_init:
-            continue
-        for f in p.fds:
-            if f.handler is OPS and f.target.startswith("pipe:"):
-                ends.setdefault(f.ino, set()).add(_access(f))
-                where.setdefault(f.ino, (p, f))
-    for ino, modes in ends.items():
-        if not ({os.O_RDONLY, os.O_WRONLY} <= modes or os.O_RDWR in modes):
-            p, f = where[ino]
-            raise ForkError(
-                f"process {p.vpid} ({p.name}) fd {f.fd} is a pipe whose other end is outside the "
-                "workspace (a tool call still running?); wait for it to finish, then fork",
-                pid=p.hostpid, step="plan")
 
 
 def _copy_buffer(src_path: str, dst_path: str) -> None:
@@ -66,9 +46,8 @@ def _copy_buffer(src_path: str, dst_path: str) -> None:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    cloexec = bool(f.flags & os.O_CLOEXEC)
     if f.dup_of is not None:
-        r.install(r.call("fcntl", f.dup_of, 1030, 0), f.fd, cloexec)
+        r.dup_same(f.dup_of, f.fd)
         return
     made = ctx.shared.setdefault("pipes", {})
     key = (f.dev, f.ino)
@@ -87,7 +66,7 @@ def fixup(ctx, proc, r, f) -> None:
         _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{newfd}")
         made[key] = (proc.vpid, f.fd)
     r.call("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
-    r.install(newfd, f.fd, cloexec)
+    r.install(newfd, f.fd)
 
 
-OPS = SimpleNamespace(kind="pipe", claims=claims, check_tree=check_tree, fixup=fixup)
+OPS = SimpleNamespace(kind="pipe", claims=claims, fixup=fixup)

@@ -57,16 +57,15 @@ def _master(ctx, index: int, template_slave: str) -> int:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    cloexec = bool(f.flags & os.O_CLOEXEC)
     if f.dup_of is not None:
-        r.install(r.call("fcntl", f.dup_of, 1030, 0), f.fd, cloexec)
+        r.dup_same(f.dup_of, f.fd)
         return
     index = int(f.target[9:])
     _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
     newfd = r.openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
     if proc.sid == proc.vpid and index == ctx.ctty(proc):
         r.call("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
-    r.install(newfd, f.fd, cloexec)
+    r.install(newfd, f.fd)
 
 
 OPS = SimpleNamespace(kind="pty", claims=claims, fixup=fixup)

@@ -1,0 +1,288 @@
+"""BunshinFork with real programs: process trees, PIDs, files, pipes, terminals, memory."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+import bunshin
+from bunshin.errors import ForkError
+
+
+def _status(w, pid: int, key: str) -> str:
+    for line in w.read_file(f"/proc/{pid}/status").decode().splitlines():
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+    raise KeyError(key)
+
+
+def _wait_file(w, path: str, want: bytes, timeout: float = 10) -> bytes:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while time.monotonic() < deadline:
+        try:
+            data = w.read_file(path)
+        except bunshin.ToolCallError:
+            data = b""
+        if want in data:
+            return data
+        time.sleep(0.02)
+    return data
+
+
+@pytest.fixture
+def family(no_leaks):
+    made: list = []
+    yield made
+    for w in reversed(made):
+        w.close()
+
+
+def test_fork_keeps_processes_pids_and_shell_state(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("cd /tmp && X=42 && greet() { echo hi $1; } && umask 027 && ulimit -n 777")
+    sh.run("sleep 1000 & echo $! > /tmp/bg.pid")
+    srv = ws.spawn(["python3", "-c", "import time\nwhile True: time.sleep(0.05)"])
+    before = {p.pid: p.cmdline for p in ws.processes()}
+    kids = ws.fork(2)
+    family.extend(kids)
+    for w in [ws, *kids]:
+        assert {p.pid: p.cmdline for p in w.processes()} == before
+        s = w._shells[0]
+        r = s.run("echo $X $PWD; greet you; umask; ulimit -n; jobs")
+        assert r.stdout.decode().splitlines()[:4] == ["42 /tmp", "hi you", "0027", "777"], r
+        assert b"Running" in r.stdout and b"sleep 1000" in r.stdout
+        assert int(_status(w, srv, "PPid")) == 1
+        assert w.run(f"kill -0 {srv} && echo alive").stdout == b"alive\n"
+    # the clones are distinct processes in distinct pid namespaces
+    inits = {os.readlink(f"/proc/{w.init_pid}/ns/pid") for w in [ws, *kids]}
+    assert len(inits) == 3
+
+
+def test_files_are_private_after_fork(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/work/shared.txt", "base\n")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    kid.write_file("/work/shared.txt", "child\n")
+    ws.run("echo parent-only > /work/p.txt")
+    kid.run("rm /work/shared.txt.nope 2>/dev/null; echo c > /work/c.txt")
+    assert ws.read_file("/work/shared.txt") == b"base\n"
+    assert kid.read_file("/work/shared.txt") == b"child\n"
+    assert ws.run("test -e /work/c.txt").exit_code == 1
+    assert kid.run("test -e /work/p.txt").exit_code == 1
+
+
+def test_fork_cost_does_not_copy_written_files(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.run("head -c 50000000 /dev/urandom > /big.bin")
+    digest = ws.run("sha256sum /big.bin").stdout.split()[0]
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    # Neither the child's nor the continuing workspace's own layer holds a copy:
+    # the bytes stay in the template's (now read-only) layer under both.
+    for w in (ws, kid):
+        assert not (w.state_path / "upper" / "big.bin").exists()
+        assert w.run("sha256sum /big.bin").stdout.split()[0] == digest
+
+
+def test_open_files_keep_offsets_flags_and_deleted_files(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("printf 'abcdefgh' > /tmp/r.txt; exec 5</tmp/r.txt; read -n 3 x <&5; echo $x")
+    sh.run("exec 6>>/tmp/app.log; echo first >&6")
+    sh.run("printf 'ghost data' > /tmp/ghost; exec 8</tmp/ghost; rm /tmp/ghost")
+    sh.run("exec 9</tmp")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w, tag in ((ws, "parent"), (kid, "child")):
+        s = w._shells[0]
+        assert s.run("read -n 2 y <&5; echo $y").stdout == b"de\n"  # offset 3 was kept
+        s.run(f"echo {tag} >&6")
+        assert s.run("cat <&8").stdout == b"ghost data"  # deleted but open
+        assert s.run("ls -l /proc/self/fd/9 | grep -o '/tmp$'").stdout == b"/tmp\n"
+    assert ws.read_file("/tmp/app.log") == b"first\nparent\n"
+    assert kid.read_file("/tmp/app.log") == b"first\nchild\n"
+    assert ws.run("test -e /tmp/ghost").exit_code == 1
+
+
+def test_pipes_keep_buffered_bytes(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    # a reader that waits for a signal before reading: the bytes sit in the pipe at fork time
+    ws.write_file("/reader.sh", "trap 'cat > /tmp/got; exit' USR1\nwhile :; do sleep 0.05; done\n")
+    pid = ws.spawn(["sh", "-c", "printf 'queued-bytes' | sh /reader.sh"])
+    time.sleep(0.5)
+    reader = max(p.pid for p in ws.processes() if p.cmdline[:2] == ["sh", "/reader.sh"])
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (ws, kid):
+        w.kill(reader, 10)
+        assert _wait_file(w, "/tmp/got", b"queued-bytes") == b"queued-bytes"
+    del pid
+
+
+def test_python_repl_on_a_fifo_keeps_its_variables(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.run("mkfifo /tmp/in")
+    ws.spawn(["sh", "-c", "exec python3 -i -q -u < /tmp/in > /tmp/out 2>&1"])
+    ws.spawn(["sh", "-c", "exec sleep 1000 > /tmp/in"])  # keeps a writer: no EOF
+    ws.run("echo 'x = 41' > /tmp/in")
+    _wait_file(ws, "/tmp/out", b">>> ")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    ws.run("echo 'print(\"parent\", x)' > /tmp/in")
+    kid.run("echo 'print(\"child\", x + 1)' > /tmp/in")
+    assert b"parent 41" in _wait_file(ws, "/tmp/out", b"parent 41")
+    out = _wait_file(kid, "/tmp/out", b"child 42")
+    assert b"child 42" in out and b"parent" not in out
+
+
+def test_memory_is_shared_copy_on_write(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    code = ("import signal, sys\nb = bytearray(128 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+            "def touch(*_):\n    for i in range(0, len(b), 4096): b[i] = 2\n"
+            "signal.signal(signal.SIGUSR1, touch)\nopen('/tmp/ready', 'w').close()\n"
+            "while True: signal.pause()\n")
+    ws.write_file("/hog.py", code)
+    pid = ws.spawn(["python3", "/hog.py"])
+    deadline = time.monotonic() + 20
+    while not ws.run("test -e /tmp/ready").ok and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ws.run("test -e /tmp/ready").ok
+    kids = ws.fork(2)
+    family.extend(kids)
+    u = bunshin.memory.family_usage([ws, *kids])
+    mib = 1 << 20
+    # one copy of the 128 MiB for the whole family, shared by all three
+    assert 128 * mib <= u.total_bytes < 200 * mib, u
+    assert u.shared_bytes >= 128 * mib
+    for w in (ws, *kids):
+        assert u.per_workspace[w.id].private_bytes < 40 * mib
+    kids[0].kill(pid, 10)  # the child rewrites every page: its copy becomes private
+    time.sleep(1.0)
+    u2 = bunshin.memory.family_usage([ws, *kids])
+    assert u2.per_workspace[kids[0].id].private_bytes >= 128 * mib
+    assert u2.total_bytes >= u.total_bytes + 120 * mib
+
+
+def test_snapshot_fork_many_and_restore(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("N=1; echo v1 > /state")
+    tpl = ws.snapshot()
+    try:
+        sh.run("N=2; echo v2 > /state; touch /extra")
+        kids = tpl.fork(3)
+        family.extend(kids)
+        for k in kids:
+            assert k._shells[0].run("echo $N; cat /state").stdout == b"1\nv1\n"
+        assert sh.run("echo $N; cat /state").stdout == b"2\nv2\n"
+        ws.restore(tpl)  # rollback, same object and shell session
+        assert sh.run("echo $N; cat /state; test -e /extra || echo no-extra").stdout == b"1\nv1\nno-extra\n"
+        assert ws.run("echo ok").stdout == b"ok\n"
+    finally:
+        tpl.close()
+    # children outlive the template handle
+    assert family[1].run("cat /state").stdout == b"v1\n"
+
+
+def test_on_fork_makes_clones_unique(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/etc/machine-id", "0" * 32 + "\n")
+    seen = []
+
+    def unique(child):
+        seen.append(child.id)
+        child.write_file("/etc/machine-id", child.id.ljust(32, "0") + "\n")
+
+    kids = ws.fork(3, on_fork=unique)
+    family.extend(kids)
+    assert seen == [k.id for k in kids]
+    ids = {k.run("cat /etc/machine-id").stdout for k in kids}
+    assert len(ids) == 3 and ws.read_file("/etc/machine-id") == b"0" * 32 + b"\n"
+
+
+def test_unsupported_descriptor_fails_cleanly_and_source_survives(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("X=still-here")
+    ws.spawn(["python3", "-c", "import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', 7777)); "
+                               "s.listen()\nwhile True: time.sleep(1)"])
+    time.sleep(0.5)
+    n_dirs = len(list((ws.state_path.parent).iterdir()))
+    with pytest.raises(ForkError, match=r"fd \d+ is a socket"):
+        ws.fork(1)
+    assert len(list((ws.state_path.parent).iterdir())) == n_dirs
+    assert sh.run("echo $X").stdout == b"still-here\n"
+    assert not ws.cgroup.frozen()
+
+
+def test_concurrent_forks_of_one_template(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.shell().run("V=shared")
+    tpl = ws.snapshot()
+    out: list = []
+    errors: list = []
+
+    def worker():
+        try:
+            out.extend(tpl.fork(2))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    try:
+        ts = [threading.Thread(target=worker) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        family.extend(out)
+        assert not errors and len(out) == 6
+        assert len({w.id for w in out}) == 6
+        for w in out:
+            assert w._shells[0].run("echo $V").stdout == b"shared\n"
+    finally:
+        tpl.close()
+
+
+def test_bad_fork_arguments(ws):
+    for n in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ForkError, match="n must be"):
+            ws.fork(n)
+    ws.close()
+    with pytest.raises(bunshin.WorkspaceClosed):
+        ws.fork(1)
+
+
+def test_parent_links_on_a_stock_kernel(family):
+    """Without the kernel module a clone cannot be created under the clone of its parent: every
+    process of a child workspace is a child of the child's init, so getppid() is 1 and a shell's
+    `wait` does not see its old background jobs (they still run and can be signalled)."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("sleep 1000 &")
+    bash = sh.pid
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    s = kid._shells[0]
+    job = int(s.run("jobs -p").stdout)
+    assert int(_status(kid, job, "PPid")) == 1 and int(_status(kid, bash, "PPid")) == 1
+    assert s.run("kill %1; echo $?").stdout.endswith(b"0\n")
+    r = s.run("wait %1", timeout=10)
+    assert not r.timed_out and r.exit_code != 0  # bash cannot wait for a job it did not fork
