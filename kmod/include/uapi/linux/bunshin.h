@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * /dev/bunshin user-space ABI.
+ *
+ * Rules that keep this header stable: every struct is passed by value to
+ * _IOWR() (never a pointer type), every field has a fixed width and says
+ * whether it is read (in), written (out) or both, padding is explicit and
+ * must be zero, and reserved fields must be zero on input and are zeroed on
+ * output.  New behaviour gets a new ioctl number and a feature bit; an
+ * existing ioctl never changes meaning.  User pointers travel as __u64.
+ */
+#ifndef _UAPI_LINUX_BUNSHIN_H
+#define _UAPI_LINUX_BUNSHIN_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define BUNSHIN_ABI_VERSION 1
+#define BUNSHIN_IOC_MAGIC 'B'
+
+/* module_version in struct bunshin_version */
+#define BUNSHIN_VERSION_CODE(major, minor, patch) \
+	(((major) << 16) | ((minor) << 8) | (patch))
+
+/* Feature bit n is set when the module serves ioctl number n. */
+#define BUNSHIN_FEATURE(nr) (1ULL << (nr))
+
+/*
+ * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS.
+ * Reserved, not yet defined: 2 REPARENT, 3 FORK.
+ */
+#define BUNSHIN_NR_GET_VERSION 0
+#define BUNSHIN_NR_SHARE_STATS 1
+
+struct bunshin_version {
+	__u32 abi_version;	/* out: BUNSHIN_ABI_VERSION of the module */
+	__u32 module_version;	/* out: BUNSHIN_VERSION_CODE() of the module */
+	__u64 features;		/* out: BUNSHIN_FEATURE(nr) for each verb served */
+	__u64 reserved[6];	/* in: must be 0; out: 0 */
+};
+
+#define BUNSHIN_IOC_GET_VERSION \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_GET_VERSION, struct bunshin_version)
+
+/*
+ * SHARE_STATS: how much physical memory a set of processes shares.
+ *
+ * pids are read in the caller's pid namespace.  Each pid's address space
+ * (mm) is walked in turn under its mmap read lock; pids that share an mm
+ * (threads, CLONE_VM) count as one member of the set.  The walks are not
+ * one atomic snapshot: stop the set (SIGSTOP, cgroup freezer) for an exact
+ * answer.
+ *
+ * What is counted: every present page-table entry of every VMA, in 4 KiB
+ * pages - anonymous and file-backed, private and shared; a PMD-mapped
+ * transparent huge page counts as 512 pages and a hugetlb page as its
+ * size / 4 KiB.  Not counted: the shared zero page and the huge zero page,
+ * entries that are not present (swapped out, migrating, never faulted),
+ * and VM_PFNMAP mappings such as [vvar], which have no struct page.  This
+ * is exactly the set of entries that /proc/PID/pagemap reports present,
+ * minus the PFNs /proc/kpageflags marks ZERO_PAGE.
+ *
+ * A physical page belongs to the set's members that map it; membership is
+ * restricted to the set (unlike /proc/kpagecount, which counts every
+ * mapper in the system).
+ *
+ * Permission: CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE in the initial user
+ * namespace, and PTRACE_MODE_READ_FSCREDS access to every pid.
+ *
+ * Errors: EINVAL nonzero flags/pad/reserved, wrong stats_size, npids 0, a
+ * pid <= 0; E2BIG npids > BUNSHIN_SHARE_STATS_MAX_PIDS; EFAULT bad
+ * pointers; ESRCH a pid that does not exist or has no mm (exited, zombie,
+ * kernel thread); EPERM capability or ptrace check failed; EINTR fatal
+ * signal; ENOMEM.
+ */
+#define BUNSHIN_SHARE_STATS_MAX_PIDS 4096
+
+struct bunshin_pid_stats {
+	__s32 pid;		/* out: pids[i] (a pid_t) */
+	__u32 mm_slot;		/* out: lowest j with pids[j] in the same mm */
+	__u64 mapped_pages;	/* out: counted page-table entries of the mm */
+	__u64 shared_pages;	/* out: distinct pages also mapped by another
+				 *	member of the set */
+	__u64 unique_pages;	/* out: distinct pages no other member maps */
+	__u64 reserved[4];	/* out: 0 */
+};
+
+/*
+ * mapped_pages counts entries, so a page the mm maps at two addresses counts
+ * twice there and once in shared_pages or unique_pages.
+ */
+struct bunshin_share_stats {
+	__u64 pids_ptr;		/* in: user address of __s32 pids[npids] */
+	__u64 stats_ptr;	/* in: user address of struct bunshin_pid_stats
+				 *	[npids]; the array is written */
+	__u32 npids;		/* in: 1..BUNSHIN_SHARE_STATS_MAX_PIDS */
+	__u32 stats_size;	/* in: sizeof(struct bunshin_pid_stats) */
+	__u32 flags;		/* in: must be 0 */
+	__u32 nmms;		/* out: distinct mms among the pids */
+	__u64 shared_pages;	/* out: distinct pages mapped by >= 2 members */
+	__u64 total_pages;	/* out: distinct pages mapped by >= 1 member */
+	__u64 reserved[4];	/* in: must be 0; out: 0 */
+};
+
+#define BUNSHIN_IOC_SHARE_STATS \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_SHARE_STATS, struct bunshin_share_stats)
+
+#endif /* _UAPI_LINUX_BUNSHIN_H */

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Resolve the unexported kernel symbols listed in struct bunshin_ksyms. */
+#define pr_fmt(fmt) "bunshin: ksyms: " fmt
+
+#include <linux/kprobes.h>
+#include <linux/kernel.h>
+
+#include "ksyms.h"
+
+struct bunshin_ksyms bunshin_ks;
+
+static const struct {
+	const char *name;
+	void **slot;
+} bunshin_ksym_table[] = {
+	{ "walk_page_range", (void **)&bunshin_ks.walk_page_range },
+	{ "mm_access", (void **)&bunshin_ks.mm_access },
+	{ "__pmd_trans_huge_lock", (void **)&bunshin_ks.__pmd_trans_huge_lock },
+	{ "huge_zero_pfn", (void **)&bunshin_ks.huge_zero_pfn },
+};
+
+/* kallsyms_lookup_name() itself is unexported since 5.7; a kprobe placed on
+ * it reports its address. */
+static unsigned long (*bunshin_find_lookup(void))(const char *)
+{
+	struct kprobe kp = { .symbol_name = "kallsyms_lookup_name" };
+	unsigned long (*lookup)(const char *);
+
+	if (register_kprobe(&kp) < 0)
+		return NULL;
+	lookup = (unsigned long (*)(const char *))kp.addr;
+	unregister_kprobe(&kp);
+	return lookup;
+}
+
+int bunshin_ksyms_init(void)
+{
+	unsigned long (*lookup)(const char *) = bunshin_find_lookup();
+	size_t i;
+
+	if (!lookup) {
+		pr_err("cannot locate kallsyms_lookup_name (CONFIG_KPROBES?)\n");
+		return -ENOENT;
+	}
+	for (i = 0; i < ARRAY_SIZE(bunshin_ksym_table); i++) {
+		unsigned long addr = lookup(bunshin_ksym_table[i].name);
+
+		if (!addr) {
+			pr_err("symbol %s not found\n", bunshin_ksym_table[i].name);
+			return -ENOENT;
+		}
+		*bunshin_ksym_table[i].slot = (void *)addr;
+	}
+	return 0;
+}

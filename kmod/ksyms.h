@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Kernel functions and data the verbs need that Debian's 6.1 kernel does not
+ * export to modules.  They are looked up once at load; the module refuses to
+ * load if one is missing, so a verb never runs half-resolved.
+ */
+#ifndef BUNSHIN_KSYMS_H
+#define BUNSHIN_KSYMS_H
+
+#include <linux/mm_types.h>
+#include <linux/pagewalk.h>
+#include <linux/sched.h>
+
+struct bunshin_ksyms {
+	int (*walk_page_range)(struct mm_struct *mm, unsigned long start,
+			       unsigned long end, const struct mm_walk_ops *ops,
+			       void *private);
+	/* mm_access() is ptrace_may_access() + get_task_mm() under the
+	 * exec lock, the check /proc/PID/pagemap itself makes. */
+	struct mm_struct *(*mm_access)(struct task_struct *task,
+				       unsigned int mode);
+	spinlock_t *(*__pmd_trans_huge_lock)(pmd_t *pmd,
+					     struct vm_area_struct *vma);
+	unsigned long *huge_zero_pfn;
+};
+
+extern struct bunshin_ksyms bunshin_ks;
+
+int bunshin_ksyms_init(void);
+
+#endif

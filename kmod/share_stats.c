@@ -1,0 +1,380 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * BUNSHIN_IOC_SHARE_STATS: walk the page tables of a set of mms and count
+ * the physical pages each maps, and how many of them the others map too.
+ * The counting rules are in include/uapi/linux/bunshin.h.
+ */
+#define pr_fmt(fmt) "bunshin: share_stats: " fmt
+
+#include <linux/capability.h>
+#include <linux/hugetlb.h>
+#include <linux/huge_mm.h>
+#include <linux/mm.h>
+#include <linux/pagewalk.h>
+#include <linux/ptrace.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+#include <linux/xarray.h>
+#include <linux/bunshin.h>
+
+#include "verbs.h"
+#include "ksyms.h"
+#include "refs.h"
+
+/* One distinct mm of the set. */
+struct share_member {
+	struct mm_struct *mm;
+	u64 mapped;	/* page-table entries counted */
+	u64 distinct;	/* distinct pfns */
+	u64 unique;	/* distinct pfns no other member maps */
+};
+
+/*
+ * pfns: pfn -> xa_mk_value(last_member << 2 | n), n = 1 for one member,
+ * 2 for two or more.  Members are walked one after another, so a pfn whose
+ * last member is the one being walked was already seen in this mm: that is
+ * how a page mapped twice by one mm stays one distinct page.  The map grows
+ * with the distinct pages of the set (a dense pfn range costs ~9 bytes per
+ * page), is charged to the caller's memcg and freed before returning.
+ */
+struct share_state {
+	struct xarray pfns;
+	struct share_member *members;
+	u32 nmembers;
+	u32 cur;
+	u32 *slot_of;		/* pids[i] -> member index */
+	u32 *first_pid_of;	/* member -> lowest i with that mm */
+	unsigned long buf[PTRS_PER_PTE];	/* pfns read under one pte lock */
+};
+
+#define SHARE_MULTI 2UL
+
+static int share_note(struct share_state *st, unsigned long pfn)
+{
+	struct share_member *m = &st->members[st->cur];
+	unsigned long v;
+	void *old;
+	int err;
+
+	m->mapped++;
+	old = xa_load(&st->pfns, pfn);
+	if (!old) {
+		v = (unsigned long)st->cur << 2 | 1;
+	} else {
+		if (xa_to_value(old) >> 2 == st->cur)
+			return 0;
+		v = (unsigned long)st->cur << 2 | SHARE_MULTI;
+	}
+	err = xa_err(xa_store(&st->pfns, pfn, xa_mk_value(v),
+			      GFP_KERNEL_ACCOUNT));
+	if (err)
+		return err;
+	m->distinct++;
+	return 0;
+}
+
+/* Between batches: a long walk must stay killable and let others run. */
+static int share_yield(void)
+{
+	if (fatal_signal_pending(current))
+		return -EINTR;
+	cond_resched();
+	return 0;
+}
+
+static int share_note_run(struct share_state *st, unsigned long pfn,
+			  unsigned long n)
+{
+	unsigned long i;
+	int err;
+
+	for (i = 0; i < n; i++) {
+		err = share_note(st, pfn + i);
+		if (err)
+			return err;
+	}
+	return share_yield();
+}
+
+static int share_note_buf(struct share_state *st, unsigned int n)
+{
+	unsigned int i;
+	int err;
+
+	for (i = 0; i < n; i++) {
+		err = share_note(st, st->buf[i]);
+		if (err)
+			return err;
+	}
+	return share_yield();
+}
+
+/* pmd_trans_huge_lock() from huge_mm.h, calling the resolved symbol. */
+static spinlock_t *share_pmd_huge_lock(pmd_t *pmd, struct vm_area_struct *vma)
+{
+	pmd_t pmdval = READ_ONCE(*pmd);
+
+	if (is_swap_pmd(pmdval) || pmd_trans_huge(pmdval) || pmd_devmap(pmdval))
+		return bunshin_ks.__pmd_trans_huge_lock(pmd, vma);
+	return NULL;
+}
+
+/*
+ * Entries are copied out under the page-table lock and noted after it is
+ * dropped, because noting allocates and may sleep.  Only pfn numbers are
+ * kept, never page pointers, so a page freed meanwhile is harmless.
+ */
+static int share_pmd_entry(pmd_t *pmd, unsigned long addr, unsigned long end,
+			   struct mm_walk *walk)
+{
+	struct share_state *st = walk->private;
+	unsigned int n = 0;
+	spinlock_t *ptl;
+	pte_t *start, *pte;
+	pmd_t pmdval;
+
+	ptl = share_pmd_huge_lock(pmd, walk->vma);
+	if (ptl) {
+		unsigned long first = 0;
+		bool present;
+
+		pmdval = *pmd;
+		present = pmd_present(pmdval) &&
+			  pmd_pfn(pmdval) != READ_ONCE(*bunshin_ks.huge_zero_pfn);
+		if (present)
+			first = pmd_pfn(pmdval) + ((addr & ~PMD_MASK) >> PAGE_SHIFT);
+		spin_unlock(ptl);
+		if (!present)
+			return 0;
+		return share_note_run(st, first, (end - addr) >> PAGE_SHIFT);
+	}
+
+	/* pmd_trans_unstable() would clear a bad pmd via the unexported
+	 * pmd_clear_bad(); a reader has no business repairing tables, so a
+	 * pmd that is not a plain table pointer is just skipped. */
+	pmdval = READ_ONCE(*pmd);
+	if (pmd_none(pmdval) || !pmd_present(pmdval) || pmd_trans_huge(pmdval) ||
+	    pmd_devmap(pmdval) || pmd_bad(pmdval))
+		return 0;
+
+	start = pte = pte_offset_map_lock(walk->mm, pmd, addr, &ptl);
+	for (; addr < end; pte++, addr += PAGE_SIZE) {
+		pte_t ptent = *pte;
+
+		if (pte_present(ptent) && !is_zero_pfn(pte_pfn(ptent)))
+			st->buf[n++] = pte_pfn(ptent);
+	}
+	pte_unmap_unlock(start, ptl);
+	return share_note_buf(st, n);
+}
+
+static int share_hugetlb_entry(pte_t *ptep, unsigned long hmask,
+			       unsigned long addr, unsigned long end,
+			       struct mm_walk *walk)
+{
+	pte_t pte = huge_ptep_get(ptep);
+
+	if (!pte_present(pte))
+		return 0;
+	return share_note_run(walk->private,
+			      pte_pfn(pte) + ((addr & ~hmask) >> PAGE_SHIFT),
+			      (end - addr) >> PAGE_SHIFT);
+}
+
+/* No test_walk: the default skips VM_PFNMAP vmas, as /proc/PID/pagemap
+ * does.  No pte_entry: it would make the walker split huge pmds. */
+static const struct mm_walk_ops share_walk_ops = {
+	.pmd_entry = share_pmd_entry,
+	.hugetlb_entry = share_hugetlb_entry,
+};
+
+static struct mm_struct *share_get_mm(pid_t nr)
+{
+	struct task_struct *task;
+	struct mm_struct *mm;
+
+	if (nr <= 0)
+		return ERR_PTR(-EINVAL);
+	task = bunshin_get_task(nr);
+	if (!task)
+		return ERR_PTR(-ESRCH);
+	mm = bunshin_ks.mm_access(task, PTRACE_MODE_READ_FSCREDS);
+	bunshin_put_task(task);
+	if (!mm)
+		return ERR_PTR(-ESRCH);
+	if (IS_ERR(mm))
+		return PTR_ERR(mm) == -EACCES ? ERR_PTR(-EPERM) : mm;
+	bunshin_ref_get(BUNSHIN_REF_MM);
+	return mm;
+}
+
+/* Resolve every pid before walking anything, so a bad pid costs no walk. */
+static int share_add_pids(struct share_state *st, const s32 *pids, u32 npids)
+{
+	u32 i, j;
+
+	for (i = 0; i < npids; i++) {
+		struct mm_struct *mm = share_get_mm(pids[i]);
+
+		if (IS_ERR(mm))
+			return PTR_ERR(mm);
+		for (j = 0; j < st->nmembers; j++)
+			if (st->members[j].mm == mm)
+				break;
+		if (j < st->nmembers) {
+			bunshin_put_mm(mm);
+		} else {
+			st->members[j].mm = mm;
+			st->first_pid_of[j] = i;
+			st->nmembers++;
+		}
+		st->slot_of[i] = j;
+	}
+	return 0;
+}
+
+static int share_walk(struct share_state *st)
+{
+	int err = 0;
+
+	for (st->cur = 0; st->cur < st->nmembers && !err; st->cur++) {
+		struct mm_struct *mm = st->members[st->cur].mm;
+
+		if (mmap_read_lock_killable(mm))
+			return -EINTR;
+		err = bunshin_ks.walk_page_range(mm, 0, ULONG_MAX, &share_walk_ops, st);
+		mmap_read_unlock(mm);
+	}
+	return err;
+}
+
+static void share_tally(struct share_state *st, struct bunshin_share_stats *req)
+{
+	unsigned long pfn;
+	void *entry;
+
+	xa_for_each(&st->pfns, pfn, entry) {
+		unsigned long v = xa_to_value(entry);
+
+		if ((v & 3) == SHARE_MULTI)
+			req->shared_pages++;
+		else
+			st->members[v >> 2].unique++;
+		if (!(++req->total_pages % PTRS_PER_PTE))
+			cond_resched();
+	}
+}
+
+static int share_check(const struct bunshin_share_stats *req)
+{
+	size_t i;
+
+	if (req->flags || req->stats_size != sizeof(struct bunshin_pid_stats))
+		return -EINVAL;
+	for (i = 0; i < ARRAY_SIZE(req->reserved); i++)
+		if (req->reserved[i])
+			return -EINVAL;
+	if (!req->npids)
+		return -EINVAL;
+	if (req->npids > BUNSHIN_SHARE_STATS_MAX_PIDS)
+		return -E2BIG;
+	return 0;
+}
+
+static int share_copy_out(struct share_state *st, const s32 *pids, u32 npids,
+		       u64 stats_ptr)
+{
+	struct bunshin_pid_stats *out;
+	u32 i;
+	int err = 0;
+
+	out = kvcalloc(npids, sizeof(*out), GFP_KERNEL_ACCOUNT);
+	if (!out)
+		return -ENOMEM;
+	for (i = 0; i < npids; i++) {
+		const struct share_member *m = &st->members[st->slot_of[i]];
+
+		out[i].pid = pids[i];
+		out[i].mm_slot = st->first_pid_of[st->slot_of[i]];
+		out[i].mapped_pages = m->mapped;
+		out[i].unique_pages = m->unique;
+		out[i].shared_pages = m->distinct - m->unique;
+	}
+	if (copy_to_user(u64_to_user_ptr(stats_ptr), out, npids * sizeof(*out)))
+		err = -EFAULT;
+	kvfree(out);
+	return err;
+}
+
+static struct share_state *share_alloc(u32 npids)
+{
+	struct share_state *st = kzalloc(sizeof(*st), GFP_KERNEL_ACCOUNT);
+
+	if (!st)
+		return NULL;
+	st->members = kvcalloc(npids, sizeof(*st->members), GFP_KERNEL_ACCOUNT);
+	st->slot_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
+	st->first_pid_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
+	xa_init(&st->pfns);
+	bunshin_ref_get(BUNSHIN_REF_PFNS);
+	return st;
+}
+
+static void share_free(struct share_state *st)
+{
+	u32 i;
+
+	for (i = 0; i < st->nmembers; i++)
+		bunshin_put_mm(st->members[i].mm);
+	xa_destroy(&st->pfns);
+	bunshin_ref_put(BUNSHIN_REF_PFNS);
+	kvfree(st->first_pid_of);
+	kvfree(st->slot_of);
+	kvfree(st->members);
+	kfree(st);
+}
+
+long bunshin_share_stats(void __user *uarg)
+{
+	struct bunshin_share_stats req;
+	struct share_state *st;
+	s32 *pids;
+	long err;
+
+	if (!capable(CAP_SYS_ADMIN) && !capable(CAP_CHECKPOINT_RESTORE))
+		return -EPERM;
+	if (copy_from_user(&req, uarg, sizeof(req)))
+		return -EFAULT;
+	err = share_check(&req);
+	if (err)
+		return err;
+
+	pids = vmemdup_user(u64_to_user_ptr(req.pids_ptr),
+			    req.npids * sizeof(*pids));
+	if (IS_ERR(pids))
+		return PTR_ERR(pids);
+	st = share_alloc(req.npids);
+	if (!st) {
+		kvfree(pids);
+		return -ENOMEM;
+	}
+	err = -ENOMEM;
+	if (!st->members || !st->slot_of || !st->first_pid_of)
+		goto out;
+
+	err = share_add_pids(st, pids, req.npids);
+	if (!err)
+		err = share_walk(st);
+	if (err)
+		goto out;
+	share_tally(st, &req);
+	req.nmms = st->nmembers;
+	err = share_copy_out(st, pids, req.npids, req.stats_ptr);
+	if (!err && copy_to_user(uarg, &req, sizeof(req)))
+		err = -EFAULT;
+out:
+	share_free(st);
+	kvfree(pids);
+	return err;
+}

@@ -1,0 +1,116 @@
+"""Fixtures for the guest-side tests of bunshin.ko: the device, victim
+processes, and a reference-count check after every test."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import uapi
+
+HERE = Path(__file__).resolve().parent
+KHUGEPAGED = Path("/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs")
+
+
+@pytest.fixture(scope="session")
+def dev():
+    d = uapi.Device()
+    assert set(held_refs().values()) == {0}, "references held before any test"
+    yield d
+    d.close()
+
+
+def held_refs():
+    return {kind: gets - puts for kind, (gets, puts) in uapi.refs().items()}
+
+
+@pytest.fixture(autouse=True)
+def refs_balanced():
+    """No test may end holding a reference it did not start with; compared
+    per test so a leak is blamed on the test that caused it."""
+    before = held_refs()
+    yield
+    assert held_refs() == before, f"references leaked: {uapi.refs()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quiet_khugepaged():
+    """khugepaged may collapse a stopped victim's pages between the kernel walk
+    and the pagemap walk; keep it asleep for the session."""
+    old = KHUGEPAGED.read_text()
+    KHUGEPAGED.write_text("3600000")
+    yield
+    KHUGEPAGED.write_text(old)
+
+
+class Victims:
+    """A victim.py process (and its forks), killed with its family at exit."""
+
+    def __init__(self, *args, ready=1):
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "victim.py"), *map(str, args)],
+                                     stdout=subprocess.PIPE, start_new_session=True)
+        self.pids = [self.expect("ready") for _ in range(ready)]
+
+    def expect(self, word):
+        line = self.proc.stdout.readline().decode()
+        assert line.startswith(word + " "), f"victim said {line!r}, expected {word}"
+        return int(line.split()[1])
+
+    def rewrite_half(self, pids):
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+        assert sorted(self.expect("rewrote") for _ in pids) == sorted(pids)
+
+    def stop(self):
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+        for pid in self.pids:
+            while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+                time.sleep(0.01)
+
+    def cont(self):
+        for pid in self.pids:
+            os.kill(pid, signal.SIGCONT)
+
+    def close(self):
+        self.cont()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            state = self.describe()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError("victims ignored SIGTERM:\n" + state) from None
+        finally:
+            self.proc.stdout.close()
+
+    def describe(self):
+        """State and kernel stack of each victim, for a family that hangs."""
+        out = []
+        for pid in self.pids:
+            for name in ("status", "stack", "wchan"):
+                try:
+                    text = Path(f"/proc/{pid}/{name}").read_text()
+                except OSError as e:
+                    text = str(e)
+                if name == "status":
+                    text = "".join(l for l in text.splitlines(True) if l.startswith(("State", "SigBlk", "SigPnd", "ShdPnd")))
+                out.append(f"{pid} {name}: {text.strip()}")
+        return "\n".join(out)
+
+
+@pytest.fixture
+def victims():
+    started = []
+
+    def start(*args, ready=1):
+        v = Victims(*args, ready=ready)
+        started.append(v)
+        return v
+    yield start
+    for v in started:
+        v.close()

@@ -1,0 +1,104 @@
+"""The /dev/bunshin ABI as the tests see it, read from the uapi header itself.
+
+Constants, struct layouts and ioctl numbers all come from
+kmod/include/uapi/linux/bunshin.h, so the tests cannot drift from it.
+"""
+import ctypes
+import fcntl
+import os
+import re
+from pathlib import Path
+
+HEADER = Path(__file__).resolve().parents[1] / "include/uapi/linux/bunshin.h"
+DEVICE = "/dev/bunshin"
+
+_CTYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__s32": ctypes.c_int32}
+# asm-generic/ioctl.h (x86): nr 8 bits, type 8 bits, size 14 bits, then dir.
+_IOC_DIR = {"_IOW": 1, "_IOR": 2, "_IOWR": 3}
+
+
+def read_defines(path):
+    """Object-like #defines of a C header, comments and line continuations removed."""
+    text = re.sub(r"/\*.*?\*/", "", Path(path).read_text(), flags=re.DOTALL).replace("\\\n", " ")
+    return text, dict(re.findall(r"^#define\s+(\w+)[ \t]+(.+?)\s*$", text, re.MULTILINE))
+
+
+class Header:
+    def __init__(self, path=HEADER):
+        self.text, self.defines = read_defines(path)
+        self.structs = {}
+        for name, body in re.findall(r"struct\s+(\w+)\s*\{(.*?)\};", self.text, re.DOTALL):
+            fields = []
+            for ctype, field, count in re.findall(r"(\w+)\s+(\w+)(?:\[(\w+)\])?\s*;", body):
+                t = _CTYPES[ctype]
+                fields.append((field, t * self.value(count) if count else t))
+            self.structs[name] = type(name, (ctypes.Structure,), {"_fields_": fields})
+
+    def value(self, expr):
+        expr = expr.strip()
+        m = re.fullmatch(r"(_IOW?R?)\((\w+),\s*(\w+),\s*struct\s+(\w+)\)", expr)
+        if m:
+            kind, typ, nr, struct = m.groups()
+            size = ctypes.sizeof(self.structs[struct])
+            return (_IOC_DIR[kind] << 30) | (size << 16) | (self.value(typ) << 8) | self.value(nr)
+        m = re.fullmatch(r"'(.)'", expr)
+        if m:
+            return ord(m.group(1))
+        if re.fullmatch(r"\d+", expr):
+            return int(expr)
+        return self.value(self.defines[expr])
+
+    def __getattr__(self, name):
+        if name in self.structs:
+            return self.structs[name]
+        if name in self.defines:
+            return self.value(self.defines[name])
+        raise AttributeError(name)
+
+    def feature(self, nr):
+        return 1 << nr
+
+
+ABI = Header()
+
+
+class Device:
+    """An open /dev/bunshin; every call raises OSError with the kernel's errno."""
+
+    def __init__(self, path=DEVICE):
+        self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+    def close(self):
+        os.close(self.fd)
+
+    def get_version(self, reserved=None):
+        v = ABI.bunshin_version()
+        if reserved:
+            v.reserved[0] = reserved
+        fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_GET_VERSION, v, True)
+        return v
+
+    def share_stats(self, pids, **override):
+        """SHARE_STATS over pids; override sets request fields (npids, pids_ptr,
+        stats_ptr, stats_size, flags, reserved) to exercise bad input."""
+        pid_array = (ctypes.c_int32 * max(len(pids), 1))(*pids)
+        stats = (ABI.bunshin_pid_stats * max(len(pids), 1))()
+        req = ABI.bunshin_share_stats(
+            pids_ptr=ctypes.addressof(pid_array), stats_ptr=ctypes.addressof(stats),
+            npids=len(pids), stats_size=ctypes.sizeof(ABI.bunshin_pid_stats))
+        reserved = override.pop("reserved", None)
+        if reserved:
+            req.reserved[0] = reserved
+        for field, value in override.items():
+            setattr(req, field, value)
+        fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_SHARE_STATS, req, True)
+        return req, list(stats)[: len(pids)]
+
+
+def refs(path="/sys/kernel/debug/bunshin/refs"):
+    """{kind: (gets, puts)} from the module's debugfs counters."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        kind, gets, puts = line.split()
+        out[kind] = (int(gets), int(puts))
+    return out
