@@ -156,6 +156,32 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> 
     return child
 
 
+def discard_clone(c: Tracee) -> None:
+    """Kill a stopped clone of a failed fork and let go of it as its tracer: a traced zombie
+    would keep its pid namespace (and the child's init) from ever finishing."""
+    try:
+        tids = c.threads()
+    except BunshinError:
+        tids = [c.pid]
+    try:
+        os.kill(c.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    # Threads first: a leader is reported only once its traced threads are reaped.
+    pending = [t for t in tids if t != c.pid] + [c.pid]
+    deadline = time.monotonic() + 5
+    while pending and time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pending[0], _WALL | _WNOHANG)
+        except ChildProcessError:
+            done = pending[0]
+        if done:
+            pending.pop(0)
+        else:
+            time.sleep(0.001)
+    c._ctl = None
+
+
 def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     """Everything after the clone: namespaces, cwd, session, descriptors, threads."""
     r = Remote(child, f"process {proc.vpid} ({proc.name})")

@@ -85,6 +85,7 @@ class TemplateCore:
         from ..runtime.workspace import Workspace
 
         kids: list[Workspace] = []
+        failed: BaseException | None = None
         with self.lock:
             if self.closed:
                 raise WorkspaceClosed(f"template {self.id} is closed")
@@ -94,12 +95,14 @@ class TemplateCore:
                 engine.reap_children(tracees[p["init_pid"]])
                 for i in range(n):
                     kids.append(self._fork_one(tracees, on_fork, hostnames[i] if hostnames else None))
-            except BaseException:
-                for k in kids:
-                    k.close()
-                raise
+            except BaseException as e:
+                failed = e
             finally:
                 engine.release_all(p["cg"], tracees)
+        if failed is not None:
+            for k in kids:  # outside the lock: closing a child releases our reference
+                k.close()
+            raise failed
         return kids
 
     def _fork_one(self, tracees, on_fork, hostname: str | None) -> "Workspace":
@@ -108,7 +111,10 @@ class TemplateCore:
         from ..runtime.workspace import Workspace
 
         start = time.perf_counter()
-        d = WorkspaceDir.create()
+        try:
+            d = WorkspaceDir.create()
+        except OSError as e:
+            raise ForkError(f"cannot create the child's directory: {e}") from None
         cg = ci = chan = None
         clones = []
         mfd = -1
@@ -137,10 +143,7 @@ class TemplateCore:
             pidfd, chan, cg = -1, None, None  # owned by ws now
         except BaseException:
             for c in clones:
-                try:
-                    os.kill(c.pid, 9)
-                except ProcessLookupError:
-                    pass
+                engine.discard_clone(c)
             if chan is not None:
                 chan.close()  # the child's init sees EOF and takes its namespace down
             if ci is not None:
@@ -160,7 +163,9 @@ class TemplateCore:
                 on_fork(ws)
         except BaseException:
             for c in clones:
-                c.detach()
+                engine.discard_clone(c)
+            ws._template = None  # we hold the lock: give the reference back by hand
+            self.refs -= 1
             ws.close()
             raise
         for c in clones:

@@ -1,0 +1,99 @@
+"""A fork that fails half-way leaves the source running and intact and removes every trace of
+the partial child: killed at every point of the engine, and on a full disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+import bunshin
+from bunshin.errors import BunshinError, ForkError
+from bunshin.fork import engine
+from conftest import leaks
+
+
+def _busy_workspace():
+    ws = bunshin.Workspace.create()
+    sh = ws.shell()
+    sh.run("cd /tmp; V=intact; exec 7>/tmp/log; echo x >&7; sleep 1000 &")
+    ws.spawn(["sh", "-c", "printf buffered | python3 -c 'import signal; signal.pause()'"])
+    ws.spawn(["python3", "-c", "import time\nwhile True: time.sleep(0.05)"])
+    time.sleep(0.5)  # printf writes its bytes and exits: let the tree settle
+    return ws, sh
+
+
+def _snapshot_of_state():
+    return {k: v for k, v in leaks().items() if k != "inits"}
+
+
+@pytest.mark.parametrize("where", ["clone", "fixup", "detach-time"])
+def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
+    ws, sh = _busy_workspace()
+    try:
+        procs = [p.pid for p in ws.processes()]
+        before = _snapshot_of_state()
+        for k in range(1, len(procs)):  # every non-init process is a kill point
+            calls = {"n": 0}
+            real_clone, real_fix = engine.clone_process, engine.fix_process
+
+            def clone(tp, proc, child_init, tmp):
+                c = real_clone(tp, proc, child_init, tmp)
+                calls["n"] += 1
+                if where == "clone" and calls["n"] == k:
+                    os.kill(c.pid, 9)  # dies between clone and fixup
+                return c
+
+            def fix(ctx, proc, c):
+                if where == "fixup" and calls["n"] == k:
+                    os.kill(c.pid, 9)
+                real_fix(ctx, proc, c)
+                if where == "detach-time" and calls["n"] == k:
+                    os.kill(ctx.init_hostpid, 9)  # the child's init dies before the child is whole
+                    raise ForkError("child init died")
+
+            monkeypatch.setattr(engine, "clone_process", clone)
+            monkeypatch.setattr(engine, "fix_process", fix)
+            with pytest.raises(BunshinError):
+                ws.fork(1)
+            monkeypatch.setattr(engine, "clone_process", real_clone)
+            monkeypatch.setattr(engine, "fix_process", real_fix)
+            # the source is intact and running; the dead child's init is reaped by the
+            # source's init (its parent) as soon as it runs again
+            deadline = time.monotonic() + 5
+            while [p.pid for p in ws.processes()] != procs and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert [p.pid for p in ws.processes()] == procs
+            assert sh.run("echo $V $PWD").stdout == b"intact /tmp\n"
+            assert not ws.cgroup.frozen()
+            assert _snapshot_of_state() == before
+        (kid,) = ws.fork(1)  # and it still forks
+        assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+        kid.close()
+    finally:
+        ws.close()
+
+
+def test_full_disk_fails_cleanly(no_leaks, monkeypatch):
+    tiny = tempfile.mkdtemp(prefix="bunshin-full-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=400", "tmpfs", tiny], check=True)
+    try:
+        monkeypatch.setenv("BUNSHIN_STATE_DIR", tiny)
+        ws = bunshin.Workspace.create()
+        try:
+            sh = ws.shell()
+            sh.run("V=kept")
+            # use up the inodes of the state file system from inside the workspace
+            ws.run("mkdir -p /fill && cd /fill && for i in $(seq 1000); do : > f$i || break; done")
+            with pytest.raises(ForkError):
+                ws.fork(1)
+            assert sh.run("echo $V").stdout == b"kept\n"
+            assert sorted(os.listdir(os.path.join(tiny, "ws"))) == [ws.id]
+        finally:
+            ws.close()
+    finally:
+        subprocess.run(["umount", tiny], check=True)
+        os.rmdir(tiny)
