@@ -286,3 +286,26 @@ def test_parent_links_on_a_stock_kernel(family):
     assert s.run("kill %1; echo $?").stdout.endswith(b"0\n")
     r = s.run("wait %1", timeout=10)
     assert not r.timed_out and r.exit_code != 0  # bash cannot wait for a job it did not fork
+
+
+def test_nesting_limit_is_a_clear_error_and_templates_do_not_nest(family):
+    """Each ws.fork() moves the workspace one pid namespace deeper (the kernel allows 32);
+    forks of one template stay at one depth."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.shell().run("V=deep")
+    tpl = ws.snapshot()
+    try:
+        depths = set()
+        for _ in range(3):
+            ws.restore(tpl)
+            with open(f"/proc/{ws.init_pid}/status") as f:  # the host's view: every level
+                depths.add(next(len(l.split()) for l in f if l.startswith("NSpid:")))
+        assert len(depths) == 1
+    finally:
+        tpl.close()
+    with pytest.raises(ForkError, match="pid namespaces deep"):
+        for _ in range(40):
+            for k in ws.fork(1):
+                k.close()
+    assert ws._shells[0].run("echo $V").stdout == b"deep\n"

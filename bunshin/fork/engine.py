@@ -72,6 +72,21 @@ class ForkCtx:
         return self._ctty[proc.hostpid]
 
 
+MAX_PID_NS_LEVEL = 32  # the kernel's limit on nested pid namespaces
+
+
+def check_depth(template_init: int) -> None:
+    """A child's pid namespace is nested in its template's (clone3 can only go deeper), and the
+    kernel stops at 32 levels. Every ws.fork()/ws.snapshot() moves the workspace one level
+    down; forks of one template (tpl.fork, ws.restore(tpl)) do not."""
+    level = len(_nspid(template_init)) - 1
+    if level + 1 > MAX_PID_NS_LEVEL:
+        raise ForkError(
+            f"this workspace is {level} pid namespaces deep, the kernel's limit is {MAX_PID_NS_LEVEL}: "
+            "snapshot once (tpl = ws.snapshot()) and use tpl.fork() or ws.restore(tpl) instead of "
+            "forking a fork of a fork", step="depth")
+
+
 def seize_all(cg, hostpids: list[int]) -> dict[int, Tracee]:
     """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
     before it can run user code again. On failure the group is left frozen, nothing seized."""
@@ -193,6 +208,10 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             r.call("setpgid", 0, 0)
         for f in proc.fds:
             f.handler.fixup(ctx, proc, r, f)
+        from .resources import PROC_REGISTRY
+
+        for ops in PROC_REGISTRY:
+            ops.fixup_proc(ctx, proc, r)
         if len(proc.threads) > 1:
             clone_threads = getattr(child, "clone_threads", None)
             if clone_threads is None:
@@ -201,6 +220,26 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             clone_threads(ctx.shared["tracees"][proc.hostpid])
     finally:
         r.release()
+
+
+def finish_child(ctx: ForkCtx) -> None:
+    """Once every process is cloned and fixed: what the resources left for the end."""
+    from .resources import PROC_REGISTRY
+
+    for ops in PROC_REGISTRY:
+        fin = getattr(ops, "finish", None)
+        if fin is not None:
+            fin(ctx)
+
+
+def copy_dev_shm(template_init: int, child_init: int) -> None:
+    """/dev/shm is workspace state (a tmpfs of its own): the child starts with a copy."""
+    src = f"/proc/{template_init}/root/dev/shm"
+    if os.listdir(src):
+        import subprocess
+
+        subprocess.run(["cp", "-a", f"{src}/.", f"/proc/{child_init}/root/dev/shm/"], check=True,
+                       capture_output=True)
 
 
 def wait_exit_pidfd(pidfd: int, timeout: float) -> bool:

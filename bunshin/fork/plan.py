@@ -117,6 +117,7 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
                         pass
             f.handler = resources.handler_for(p, f)
     resources.check_tree(procs)
+    resources.plan_procs(procs)
     return procs
 
 

@@ -90,6 +90,7 @@ class TemplateCore:
             if self.closed:
                 raise WorkspaceClosed(f"template {self.id} is closed")
             p = self.parts
+            engine.check_depth(p["init_pid"])
             tracees = engine.seize_all(p["cg"], [pl.hostpid for pl in self.plans])
             try:
                 engine.reap_children(tracees[p["init_pid"]])
@@ -130,6 +131,7 @@ class TemplateCore:
 
             chan = Channel(sock, f"workspace {d.id}")
             chan.wait_ready(10)
+            engine.copy_dev_shm(self.parts["init_pid"], ci.pid)
             ctx = engine.ForkCtx(init_hostpid=ci.pid, plans={pl.vpid: pl for pl in self.plans},
                                  shared={"tracees": tracees})
             for pl in self.plans[1:]:
@@ -137,6 +139,7 @@ class TemplateCore:
                 clones.append(c)
                 engine.fix_process(ctx, pl, c)
                 cg.add(c.pid)
+            engine.finish_child(ctx)
             masters = ctx.shared.get("pty_masters", {})
             ws = Workspace._from_fork(self, d, cg, ci.pid, pidfd, chan, masters, host)
             self.refs += 1  # self.lock is held by fork()

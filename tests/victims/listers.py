@@ -1,8 +1,8 @@
 """listers: 4 threading.Thread workers append to one list and record
 threading.get_native_id() in `ids`. On SIGUSR1 the main thread writes
 {"pid", "len", "ids"} as JSON to <path> (write, then rename) and clears `ids`, so the next
-report shows only ids recorded since. Workers block SIGUSR1: a signal that lands on a
-worker would leave the main thread in signal.pause() (the kernel restarts it) until the next.
+report shows only ids recorded since. Every thread blocks SIGUSR1 and the main thread
+takes it with sigwait.
 usage: listers.py <path>; prints "ready <pid>"."""
 
 import json
@@ -25,7 +25,7 @@ def work(i: int) -> None:
         time.sleep(0.001)
 
 
-def report(sig, frame) -> None:
+def report() -> None:
     seen = sorted(set(ids.values()))
     ids.clear()
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -34,11 +34,14 @@ def report(sig, frame) -> None:
     os.rename(tmp, path)
 
 
-signal.signal(signal.SIGUSR1, report)
+# Blocked everywhere and taken with sigwait: a handler would only run when the signal happens
+# to land on the main thread, and a clone's first signal may not.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 for i in range(4):
     threading.Thread(target=work, args=(i,), daemon=True).start()
 while len(ids) < 4:
     time.sleep(0.01)
 print("ready", os.getpid(), flush=True)
 while True:
-    signal.pause()
+    signal.sigwait({signal.SIGUSR1})
+    report()

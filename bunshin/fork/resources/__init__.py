@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from ...errors import ForkError
 from ..plan import FdInfo, ProcPlan, kind_of
-from . import control, devices, files_reg, pipes, ptys, unsupported
+from . import control, devices, files_reg, pipes, ptys, shmem, signals, timers, unsupported
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
-REGISTRY = [control.OPS, ptys.OPS, pipes.OPS, devices.OPS, files_reg.OPS, unsupported.OPS]
+REGISTRY = [control.OPS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, files_reg.OPS, unsupported.OPS]
+
+# Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
+# remote) in each clone, finish(ctx) once the child is whole.
+PROC_REGISTRY = [shmem.MAPPINGS, timers.OPS, signals.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):
@@ -23,6 +27,14 @@ def handler_for(proc: ProcPlan, f: FdInfo):
             return ops
     raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: a {kind_of(f)} no handler knows",
                     pid=proc.hostpid, step="plan")
+
+
+def plan_procs(procs: list[ProcPlan]) -> None:
+    for p in procs:
+        if p.is_init:
+            continue
+        for ops in PROC_REGISTRY:
+            ops.plan_proc(p)
 
 
 def check_tree(procs: list[ProcPlan]) -> None:

@@ -1,0 +1,123 @@
+"""Shared memory: MAP_SHARED anonymous memory and memfds become the child's own copy, shared
+among the child's processes exactly as among the template's; shared mappings of files are
+remapped onto the child's own files (its /dev/shm is a copy of the template's). SysV shared
+memory needs its ids kept in a new IPC namespace and is refused until it is carried.
+
+fork(2) would keep such memory shared *between* template and child, so a write in one child
+would show up in every other: each object is copied once per child into a memfd and mapped at
+the same addresses with MAP_FIXED.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ...errors import ForkError
+
+_DELETED = " (deleted)"
+
+
+@dataclass
+class SharedMap:
+    start: int
+    end: int
+    prot: int
+    offset: int
+    path: str
+    dev: int
+    ino: int
+    size: int  # of the backing object
+
+    @property
+    def anonymous(self) -> bool:
+        return self.path in ("/dev/zero" + _DELETED,) or self.path.startswith("/memfd:")
+
+
+def _prot(perms: str) -> int:
+    return ((mmap.PROT_READ if perms[0] == "r" else 0) | (mmap.PROT_WRITE if perms[1] == "w" else 0)
+            | (mmap.PROT_EXEC if perms[2] == "x" else 0))
+
+
+def plan_proc(proc) -> None:
+    """Find the shared mappings of ``proc`` (called at snapshot time, processes frozen)."""
+    maps = []
+    with open(f"/proc/{proc.hostpid}/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            perms = parts[1]
+            if perms[3] != "s":
+                continue
+            path = parts[5].strip() if len(parts) > 5 else ""
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if path.startswith("/SYSV"):
+                raise ForkError(f"process {proc.vpid} ({proc.name}) maps SysV shared memory "
+                                f"({path.split()[0]}) at {start:#x}: a fork cannot carry it yet",
+                                pid=proc.hostpid, step="plan")
+            st = os.stat(f"/proc/{proc.hostpid}/map_files/{parts[0]}")
+            maps.append(SharedMap(start, end, _prot(perms), int(parts[2], 16), path, st.st_dev,
+                                  st.st_ino, st.st_size))
+    proc.shared_maps = maps
+
+
+def _object_fd(ctx, proc, r, key, src_path: str, size: int, name: str) -> int:
+    """An fd, in this clone, for the child's copy of a shared-memory object (made on first use)."""
+    objs = ctx.shared.setdefault("shmem", {})
+    if key in objs:
+        vpid, fd = objs[key]
+        return r.openat(f"/proc/{vpid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    fd = r.call("memfd_create", r.path(name[:200]), 1)  # MFD_CLOEXEC
+    r.call("ftruncate", fd, size)
+    with open(src_path, "rb") as src, open(f"/proc/{r.t.pid}/fd/{fd}", "r+b") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    objs[key] = (proc.vpid, fd)
+    ctx.shared.setdefault("close_later", []).append((r.t, fd))
+    return r.call("fcntl", fd, 1030, 0)  # F_DUPFD_CLOEXEC: the original stays for later clones
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    for m in getattr(proc, "shared_maps", ()):
+        rng = f"{m.start:x}-{m.end:x}"
+        if m.anonymous:
+            fd = _object_fd(ctx, proc, r, (m.dev, m.ino), f"/proc/{proc.hostpid}/map_files/{rng}",
+                            m.size, m.path.replace(_DELETED, "").lstrip("/") or "shared")
+        else:
+            fd = r.openat(m.path.replace(_DELETED, ""),
+                          (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC)
+        try:
+            got = r.call("mmap", m.start, m.end - m.start, m.prot, mmap.MAP_SHARED | 0x10,  # MAP_FIXED
+                         fd, m.offset)
+            if got != m.start:
+                raise ForkError(f"process {proc.vpid}: shared mapping moved from {m.start:#x} to {got:#x}")
+        finally:
+            r.call("close", fd)
+
+
+def claims_fd(proc, f) -> bool:
+    return f.target.startswith("/memfd:")
+
+
+def fixup_fd(ctx, proc, r, f) -> None:
+    """A memfd descriptor gets the child's copy of the same object its mappings use."""
+    if f.dup_of is not None:
+        r.dup_same(f.dup_of, f.fd)
+        return
+    size = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}").st_size
+    fd = _object_fd(ctx, proc, r, (f.dev, f.ino), f"/proc/{proc.hostpid}/fd/{f.fd}", size,
+                    f.target.replace(_DELETED, "").lstrip("/"))
+    if f.pos:
+        r.call("lseek", fd, f.pos, os.SEEK_SET)
+    r.install(fd, f.fd)
+
+
+def finish(ctx) -> None:
+    """Close the memfds kept open so that later clones could open them through /proc."""
+    for t, fd in ctx.shared.pop("close_later", []):
+        t.syscall(3, fd)
+
+
+OPS = SimpleNamespace(kind="memfd", claims=claims_fd, fixup=fixup_fd)
+MAPPINGS = SimpleNamespace(kind="shared-memory", plan_proc=plan_proc, fixup_proc=fixup_proc, finish=finish)

@@ -1,0 +1,32 @@
+"""Pending signals: fork(2) starts the child with none, so the signals pending in the template
+at the moment of the fork are raised again in the clone (their siginfo is not kept)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+
+def _mask(hostpid: int, key: str) -> int:
+    with open(f"/proc/{hostpid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def plan_proc(proc) -> None:
+    pass  # read at fork time: the template may have been signalled since the snapshot
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    shared = _mask(proc.hostpid, "ShdPnd")
+    private = _mask(proc.hostpid, "SigPnd")  # the main thread's own
+    for sig in range(1, 65):
+        bit = 1 << (sig - 1)
+        if shared & bit:
+            r.call("kill", proc.vpid, sig)
+        elif private & bit:
+            r.call("tgkill", proc.vpid, proc.vpid, sig)
+
+
+OPS = SimpleNamespace(kind="pending-signals", plan_proc=plan_proc, fixup_proc=fixup_proc)
