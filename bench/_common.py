@@ -67,3 +67,23 @@ def emit(name: str, result: dict) -> None:
 def png_path(name: str) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     return OUT / f"{name}.png"
+
+
+def memory_facts() -> dict:
+    """Kernel memory settings that change fork and memory figures: THP, KSM, cgroup version."""
+
+    def read(p: str) -> str | None:
+        try:
+            with open(p) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    try:
+        from bunshin.runtime import cgroup
+
+        cg = cgroup.backend().name
+    except Exception as e:  # noqa: BLE001 - a fact, not a requirement
+        cg = f"unknown ({e})"
+    return {"thp_enabled": read("/sys/kernel/mm/transparent_hugepage/enabled"),
+            "ksm_run": read("/sys/kernel/mm/ksm/run"), "cgroup": cg}

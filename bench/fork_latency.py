@@ -1,0 +1,296 @@
+"""Fork latency of live workspaces next to native fork() of the same processes and CRIU.
+
+Three workspaces: small (init + a bash session), medium (+ a Python holding 256 MiB of touched
+memory), large (+ 2 GiB; 1 GiB with --quick). For each, interleaved in one loop:
+  * native: the workload processes time their own fork() — the Python worker on SIGUSR2 times
+    os.fork() (child _exits at once); bash times a `( : )` subshell with $EPOCHREALTIME (fork +
+    child exit + wait: an upper bound). Σ native = bash + Python per iteration: the physical
+    floor of copying these processes (bunshin-init, a small static C program, is not counted).
+  * bunshin `tpl.fork(1)` from a snapshot taken once (the child is closed outside the timing);
+  * bunshin `ws.fork(1)` = snapshot + fork, what users call.
+CRIU (when find_criu() gives a usable one): the medium worker as a plain host process (setsid),
+`criu dump --leave-running` then, the original killed (a restore needs its pid free), `criu
+restore --restore-detached`, images on tmpfs; the restored copy is dumped next time.
+
+usage: python bench/fork_latency.py [--quick]   (last stdout line: JSON; PNG in bench/out/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, memory_facts, png_path, summary  # noqa: E402
+from _workloads import (Loaded, build_workspace, native_bash_forks,  # noqa: E402
+                        native_python_forks, start_host_worker, wait_lines)
+
+from bunshin.criu_locate import find_criu  # noqa: E402
+
+MEDIUM_MIB = 256
+# Each ws.fork() nests the source workspace one pid namespace deeper (its init's NSpid grows by
+# one per snapshot) and the kernel allows 32 levels: the 32nd ws.fork() of one workspace fails
+# with ENOSPC from clone3. A library bug, reported; until fixed, ws.fork() is sampled at most
+# this many times per workspace (and the JSON says so).
+WS_FORK_MAX = 24
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def timed_fork(fork) -> float:
+    t = time.perf_counter()
+    kids = fork()
+    dt = time.perf_counter() - t
+    for k in kids:
+        k.close()
+    return dt
+
+
+def check_child(ld, kid) -> bool:
+    """The child runs the same programs, takes tool calls, and its worker still forks."""
+    want = sorted(p.cmdline[:1] for p in ld.ws.processes())
+    if sorted(p.cmdline[:1] for p in kid.processes()) != want or kid.run("true").exit_code != 0:
+        return False
+    return ld.pid is None or len(native_python_forks(Loaded(kid, None, ld.pid, ld.mib), 1)) == 1
+
+
+def measure_size(name: str, mib: int, n: int) -> dict:
+    ld = build_workspace(mib)
+    try:
+        tpl = ld.ws.snapshot()
+        try:
+            kid = tpl.fork(1)[0]
+            try:
+                child_ok = check_child(ld, kid)
+            finally:
+                kid.close()
+            for _ in range(2):  # warm-up
+                timed_fork(lambda: tpl.fork(1))
+            py, bash, tplf, wsf = [], [], [], []
+            for _ in range(n):
+                if mib:
+                    py += native_python_forks(ld, 1)
+                bash += native_bash_forks(ld.sh, 1)
+                tplf.append(timed_fork(lambda: tpl.fork(1)))
+                if len(wsf) < WS_FORK_MAX:
+                    wsf.append(timed_fork(lambda: ld.ws.fork(1)))
+            # the source after its ws.fork() calls: how many copies of the worker are alive
+            # (each ws.fork leaves the previous generation frozen as a template)
+            chain = _count_worker_copies(ld) if mib else None
+            pid_ns_depth = _pid_ns_depth(ld.ws.init_pid)
+        finally:
+            tpl.close()
+    finally:
+        ld.close()
+    native = [b + (py[i] if py else 0.0) for i, b in enumerate(bash)]
+    res = {"mib": mib, "processes": ["bunshin-init", "bash"] + (["python3 worker"] if mib else []),
+           "native_bash_subshell": summary(bash), "native_sum": summary(native),
+           "bunshin_tpl_fork": summary(tplf), "bunshin_ws_fork": summary(wsf), "child_ok": child_ok}
+    if py:
+        res["native_python_fork"] = summary(py)
+    res["ws_fork_samples"] = len(wsf)
+    res["pid_ns_depth_of_source_after"] = pid_ns_depth
+    third = max(1, len(wsf) // 3)
+    res["ws_fork_first_third_p50_ms"] = statistics.median(wsf[:third]) * 1e3
+    res["ws_fork_last_third_p50_ms"] = statistics.median(wsf[-third:]) * 1e3
+    if chain is not None:
+        res["worker_copies_alive_after_ws_forks"] = chain
+    nat = res["native_sum"]["p50_ms"]
+    for k in ("bunshin_tpl_fork", "bunshin_ws_fork"):
+        res[f"{k}_over_native"] = res[k]["p50_ms"] / nat
+        res[f"{k}_minus_native_ms"] = res[k]["p50_ms"] - nat
+    return res
+
+
+def _pid_ns_depth(hostpid: int) -> int:
+    """How many pid namespaces below the host's the process is (NSpid entries - 1)."""
+    with open(f"/proc/{hostpid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return len(line.split()) - 2
+    return -1
+
+
+def _count_worker_copies(ld) -> int:
+    """Host processes whose command line is this run's worker (source, templates, leftovers)."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if len(cmd) > 3 and cmd[1] == b"-c" and b"on_usr2" in cmd[2] and cmd[3] == str(ld.mib).encode():
+                n += 1
+    return n
+
+
+def measure_criu(mib: int, n: int) -> dict:
+    info = find_criu()
+    if info is None or not info.usable:
+        return {"available": False, "reason": "no CRIU found" if info is None else info.reason}
+    res: dict = {"available": True, "criu": info.path, "version": ".".join(map(str, info.version)),
+                 "mib": mib, "images_on": "/dev/shm (tmpfs)"}
+    # restored copies are re-parented to us (not to init), so we can reap them
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    work = tempfile.mkdtemp(prefix="bunshin-bench-criu-", dir="/dev/shm")
+    log = os.path.join(work, "forks.log")
+    img = os.path.join(work, "img")
+    pid = None
+    dumps, restores, host_py = [], [], []
+    try:
+        p = start_host_worker(mib, log)
+        pid = p.pid
+        for i in range(10):  # the same worker's native fork, on the host
+            os.kill(pid, signal.SIGUSR2)
+            wait_lines(lambda: _read_lines(log), i + 1)
+        host_py = [float(x) for x in _read_lines(log)]
+        for i in range(n):
+            shutil.rmtree(img, ignore_errors=True)
+            os.mkdir(img)
+            t = time.perf_counter()
+            r = subprocess.run([info.path, "dump", "-t", str(pid), "-D", img, "--shell-job",
+                                "--leave-running", "-o", "dump.log"], capture_output=True, text=True, check=False)
+            dt = time.perf_counter() - t
+            if r.returncode != 0:
+                raise RuntimeError(f"criu dump exit {r.returncode}: {_tail(img, 'dump.log', r)}")
+            dumps.append(dt)
+            res["image_bytes"] = sum(f.stat().st_size for f in Path(img).iterdir())
+            _kill_reap(pid)
+            pid = None
+            t = time.perf_counter()
+            r = subprocess.run([info.path, "restore", "-D", img, "--shell-job", "--restore-detached",
+                                "-o", "restore.log"], capture_output=True, text=True, check=False)
+            dt = time.perf_counter() - t
+            if r.returncode != 0:
+                raise RuntimeError(f"criu restore exit {r.returncode}: {_tail(img, 'restore.log', r)}")
+            restores.append(dt)
+            pid = p.pid  # CRIU restores the same pid
+            if not os.path.exists(f"/proc/{pid}"):
+                raise RuntimeError("criu restore succeeded but the process is not running")
+    except Exception as e:  # noqa: BLE001 - CRIU's failure is a figure, not a crash
+        res["error"] = str(e)[-600:]
+    finally:
+        if pid is not None:
+            _kill_reap(pid)
+        shutil.rmtree(work, ignore_errors=True)
+    if dumps:
+        res["dump"] = summary(dumps)
+    if restores:
+        res["restore"] = summary(restores)
+        res["dump_plus_restore"] = summary([d + r for d, r in zip(dumps, restores)])
+    if host_py:
+        res["host_native_python_fork"] = summary(host_py)
+    return res
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().split()
+    except FileNotFoundError:
+        return []
+
+
+def _tail(img: str, logname: str, r: subprocess.CompletedProcess) -> str:
+    try:
+        with open(os.path.join(img, logname)) as f:
+            lines = [ln for ln in f.read().splitlines() if "Error" in ln]
+        if lines:
+            return " | ".join(lines[-3:])
+    except OSError:
+        pass
+    return (r.stderr or r.stdout).strip()[-300:]
+
+
+def _kill_reap(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # not ours: wait until it is gone
+        end = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < end:
+            time.sleep(0.005)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, 1 GiB large (under 2 minutes)")
+    args = ap.parse_args()
+    n, n_criu = (20, 5) if args.quick else (40, 15)
+    large = 1024 if args.quick else 2048
+    sizes = {"small": 0, "medium": MEDIUM_MIB, "large": large}
+    res: dict = {"quick": args.quick, "iterations": n, "large_mib": large, "memory": memory_facts(),
+                 "ws_fork_max_per_workspace": WS_FORK_MAX,
+                 "sizes": {name: measure_size(name, mib, n) for name, mib in sizes.items()}}
+    res["criu"] = measure_criu(MEDIUM_MIB, n_criu)
+    med, small = res["sizes"]["medium"], res["sizes"]["small"]
+    nat = med["native_sum"]["p50_ms"]
+    res["aims"] = {
+        "medium_tpl_fork_le_1.25x_native_plus_0.5ms": med["bunshin_tpl_fork"]["p50_ms"] <= 1.25 * nat + 0.5,
+        "medium_ws_fork_le_1.25x_native_plus_0.5ms": med["bunshin_ws_fork"]["p50_ms"] <= 1.25 * nat + 0.5,
+        "small_tpl_fork_lt_1ms": small["bunshin_tpl_fork"]["p50_ms"] < 1.0,
+        "small_ws_fork_lt_1ms": small["bunshin_ws_fork"]["p50_ms"] < 1.0,
+    }
+    c = res["criu"]
+    if "dump_plus_restore" in c:
+        res["criu_dump_restore_over_bunshin_tpl_fork_medium"] = (
+            c["dump_plus_restore"]["p50_ms"] / med["bunshin_tpl_fork"]["p50_ms"])
+    plot(res)
+    emit("fork_latency", res)
+
+
+def plot(res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    series = [("native Σ fork()", "#999", lambda s, name: s.get("native_sum")),
+              ("bunshin tpl.fork(1)", "#1f77b4", lambda s, name: s.get("bunshin_tpl_fork")),
+              ("bunshin ws.fork(1)", "#6baed6", lambda s, name: s.get("bunshin_ws_fork")),
+              ("CRIU dump+restore", "#d62728",
+               lambda s, name: res["criu"].get("dump_plus_restore") if name == "medium" else None)]
+    names = list(res["sizes"])
+    w = 0.2
+    for j, (label, color, get) in enumerate(series):
+        xs, p50, p95 = [], [], []
+        for i, name in enumerate(names):
+            s = get(res["sizes"][name], name)
+            if s:
+                xs.append(i + (j - 1.5) * w)
+                p50.append(s["p50_ms"])
+                p95.append(s["p95_ms"])
+        if not xs:
+            continue
+        ax.bar(xs, p50, w, color=color, label=f"{label} p50")
+        ax.scatter(xs, p95, color="k", marker="_", s=200, zorder=3)
+        for x, v in zip(xs, p50):
+            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+    ax.scatter([], [], color="k", marker="_", s=200, label="p95")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), [f"{nm}\n({res['sizes'][nm]['mib']} MiB worker)" if res['sizes'][nm]['mib']
+                                      else f"{nm}\n(init + bash)" for nm in names])
+    ax.set_ylabel("ms (log)")
+    ax.set_title(f"Workspace fork latency vs native fork() and CRIU{' (--quick)' if res['quick'] else ''}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path("fork_latency"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()
