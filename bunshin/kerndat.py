@@ -348,14 +348,22 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _bunshin_module_version() -> int | None:
-    """ABI version reported by /dev/bunshin, or None when the module is absent.
-
-    The GET_VERSION ioctl is defined by the kernel module's uapi header; until that header is
-    wired in here, a present device also yields None (doctor shows "version unknown").
-    """
+    """ABI version reported by /dev/bunshin (GET_VERSION), or None when the module is absent
+    or does not answer."""
     if not os.path.exists("/dev/bunshin"):
         return None
-    return None
+    from ._core import _syscalls
+
+    try:
+        fd = os.open("/dev/bunshin", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _syscalls.bunshin_get_version(fd)[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _key() -> dict[str, Any]:

@@ -96,7 +96,14 @@ def status(pid: int, key: str) -> str:
 
 
 def tracers(pid: int) -> set[int]:
-    return {int(status(int(t), "TracerPid")) for t in os.listdir(f"/proc/{pid}/task")}
+    """TracerPid of every thread; threads that exit while we look are skipped."""
+    out = set()
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add(int(status(int(t), "TracerPid")))
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def pss_kib(pid: int) -> int:

@@ -90,21 +90,94 @@ def test_interval_timers_are_rearmed(no_leaks):
             kid.close()
 
 
-def test_posix_timers_and_sysv_shm_are_refused(no_leaks):
+POSIX_TIMERS = r"""
+import ctypes, signal, struct, time
+lib = ctypes.CDLL(None, use_errno=True)
+counts = {signal.SIGUSR1: 0, signal.SIGUSR2: 0}
+def on(sig, _):
+    counts[sig] += 1
+    open("/tmp/counts", "w").write(f"{counts[signal.SIGUSR1]} {counts[signal.SIGUSR2]}")
+signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGUSR2, on)
+ids = []
+for sig, interval_ms in ((0, 0), (signal.SIGUSR1, 50), (signal.SIGUSR2, 70)):  # id 0: a disarmed one
+    ev = struct.pack("qiii", 0, sig or signal.SIGUSR1, 0, 0).ljust(64, b"\0")
+    tid = ctypes.c_int()
+    assert lib.timer_create(1, ev, ctypes.byref(tid)) == 0
+    ids.append(tid.value)
+    if interval_ms:
+        ns = interval_ms * 1_000_000
+        its = struct.pack("4q", 0, ns, 0, ns)
+        assert lib.timer_settime(tid, 0, its, None) == 0
+lib.timer_delete(ids[0])  # leave a hole at id 0
+open("/tmp/ids", "w").write(" ".join(map(str, ids[1:])))
+while True:
+    time.sleep(1)
+"""
+
+
+def test_posix_timers_keep_ids_and_keep_firing(no_leaks):
+    with bunshin.Workspace.create() as ws:
+        ws.write_file("/pt.py", POSIX_TIMERS)
+        pid = ws.spawn(["python3", "/pt.py"])
+        _wait(ws, "test -s /tmp/counts")
+        (kid,) = ws.fork(1)
+        try:
+            ids = kid.read_file(f"/proc/{pid}/timers").decode()
+            assert ws.read_file(f"/proc/{pid}/timers").decode() == ids  # same ids, signals, clocks
+            a = [int(x) for x in kid.read_file("/tmp/counts").split()]
+            time.sleep(0.5)
+            b = [int(x) for x in kid.read_file("/tmp/counts").split()]
+            assert b[0] > a[0] and b[1] > a[1], (a, b)  # both timers fire in the child
+        finally:
+            kid.close()
+
+
+SYSV = r"""
+import ctypes, signal
+lib = ctypes.CDLL(None, use_errno=True)
+lib.shmat.restype = ctypes.c_void_p
+shmid = lib.shmget(0x1234, 8192, 0o1600)
+addr = lib.shmat(shmid, None, 0)
+ctypes.memmove(addr, b"start", 5)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+open("/tmp/ready", "w").write(str(shmid))
+while True:
+    sig = signal.sigwait({signal.SIGUSR1, signal.SIGUSR2})
+    if sig == signal.SIGUSR1:
+        ctypes.memmove(addr, b"wrote", 5)
+    else:
+        open("/tmp/seen", "w").write(ctypes.string_at(addr, 5).decode())
+"""
+
+
+def test_sysv_shm_keeps_its_id_and_becomes_the_childs_own(no_leaks):
+    with bunshin.Workspace.create() as ws:
+        ws.write_file("/sysv.py", SYSV)
+        pid = ws.spawn(["python3", "/sysv.py"])
+        _wait(ws, "test -s /tmp/ready")
+        shmid = ws.read_file("/tmp/ready").decode()
+        (kid,) = ws.fork(1)
+        try:
+            seg = kid.run("ipcs -m | grep 0x00001234").stdout.split()
+            assert seg[1].decode() == shmid and seg[4] == b"8192"  # same id, key and size
+            kid.kill(pid, 10)
+            time.sleep(0.2)
+            for w, want in ((kid, b"wrote"), (ws, b"start")):
+                w.run("rm -f /tmp/seen")
+                w.kill(pid, 12)
+                _wait(w, "test -s /tmp/seen")
+                assert w.read_file("/tmp/seen") == want
+        finally:
+            kid.close()
+
+
+def test_sysv_semaphores_are_refused(no_leaks):
     with bunshin.Workspace.create() as ws:
         ws.spawn(["python3", "-c", "import ctypes, time\nlib = ctypes.CDLL(None)\n"
-                                   "t = ctypes.c_void_p()\nlib.timer_create(1, None, ctypes.byref(t))\n"
+                                   "lib.semget(0, 1, 0o1600)\n"
                                    "open('/tmp/ok', 'w').close()\ntime.sleep(1000)"])
         _wait(ws, "test -e /tmp/ok")
-        with pytest.raises(ForkError, match="POSIX timers"):
-            ws.fork(1)
-        assert ws.run("echo alive").stdout == b"alive\n"
-    with bunshin.Workspace.create() as ws:
-        ws.spawn(["python3", "-c", "import ctypes, time\nlib = ctypes.CDLL(None)\n"
-                                   "lib.shmat.restype = ctypes.c_void_p\n"
-                                   "i = lib.shmget(0, 4096, 0o1600)\nlib.shmat(i, None, 0)\n"
-                                   "open('/tmp/ok', 'w').close()\ntime.sleep(1000)"])
-        _wait(ws, "test -e /tmp/ok")
-        with pytest.raises(ForkError, match="SysV shared memory"):
+        with pytest.raises(ForkError, match="SysV semaphores"):
             ws.fork(1)
         assert ws.run("echo alive").stdout == b"alive\n"

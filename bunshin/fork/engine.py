@@ -208,16 +208,12 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             r.call("setpgid", 0, 0)
         for f in proc.fds:
             f.handler.fixup(ctx, proc, r, f)
+        if len(proc.threads) > 1:  # before timers and signals, which may target a thread
+            child.clone_threads(ctx.shared["tracees"][proc.hostpid])
         from .resources import PROC_REGISTRY
 
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
-        if len(proc.threads) > 1:
-            clone_threads = getattr(child, "clone_threads", None)
-            if clone_threads is None:
-                raise ForkError(f"process {proc.vpid} ({proc.name}) has {len(proc.threads)} threads; "
-                                "this build cannot recreate threads", pid=proc.hostpid, step="threads")
-            clone_threads(ctx.shared["tracees"][proc.hostpid])
     finally:
         r.release()
 

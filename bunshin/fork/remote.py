@@ -16,7 +16,7 @@ SYS = {
     "setpgid": 109, "openat": 257, "pipe2": 293, "setns": 308, "pidfd_open": 434, "wait4": 61,
     "getpid": 39, "set_tid_address": 218, "tee": 276, "mmap": 9, "ftruncate": 77,
     "memfd_create": 319, "getitimer": 36, "setitimer": 38, "kill": 62, "tgkill": 234,
-    "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_delete": 226,
+    "shmat": 30, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_delete": 226,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
 from . import engine
+from .resources import sysv_shm
 from .plan import plan_tree
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class TemplateCore:
         self.masters: list[int] = []  # the source's pty masters: the frozen shells' terminals
         self.config = config  # env, workdir, max_output, limits, run_shell
         self.lowers = (parts["dir"].upper, *parts["rootfs"].lowers)
+        self.sysv_segments = sysv_shm.segments(parts["init_pid"])
         self.id = parts["dir"].id
         self.lock = threading.Lock()
         self.refs = 1
@@ -132,6 +134,7 @@ class TemplateCore:
             chan = Channel(sock, f"workspace {d.id}")
             chan.wait_ready(10)
             engine.copy_dev_shm(self.parts["init_pid"], ci.pid)
+            sysv_shm.copy_segments(self.parts["init_pid"], ci.pid, self.sysv_segments)
             ctx = engine.ForkCtx(init_hostpid=ci.pid, plans={pl.vpid: pl for pl in self.plans},
                                  shared={"tracees": tracees})
             for pl in self.plans[1:]:
@@ -202,11 +205,10 @@ def snapshot_parts(parts: dict, config: dict, shells: list[tuple[int, int, str]]
     cg = parts["cg"]
     cg.freeze()
     try:
-        plans = plan_tree(cg.pids())
+        return TemplateCore(parts, plan_tree(cg.pids()), shells, config)
     except BaseException:
         cg.thaw()
         raise
-    return TemplateCore(parts, plans, shells, config)
 
 
 class Template:

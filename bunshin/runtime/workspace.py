@@ -101,6 +101,11 @@ def _check_abs(path: str, what: str) -> str:
     return path
 
 
+def _check_argv(argv: Sequence[str]) -> None:
+    if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ToolCallError(f"argv must be a non-empty sequence of str, got {argv!r}")
+
+
 def _check_timeout(timeout: float | None) -> float | None:
     if timeout is None:
         return None
@@ -352,8 +357,7 @@ class Workspace:
         max_output: int | None = None,
     ) -> Result:
         """Run ``argv`` (no shell) and wait for it; see :meth:`run`."""
-        if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ToolCallError(f"argv must be a non-empty sequence of str, got {argv!r}")
+        _check_argv(argv)
         timeout = _check_timeout(timeout)
         cap = self._max_output if max_output is None else _check_max_output(max_output)
         chan = self._live_chan()
@@ -449,8 +453,7 @@ class Workspace:
         Its stdin is /dev/null; stdout and stderr go to ``log_path`` inside the workspace
         (appended) or to /dev/null. Use :meth:`wait` and :meth:`kill` with the pid.
         """
-        if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ToolCallError(f"argv must be a non-empty sequence of str, got {argv!r}")
+        _check_argv(argv)
         chan = self._live_chan()
         envl = self._call_env(env)
         cwd = self._workdir if cwd is None else _check_abs(cwd, "cwd")

@@ -1,7 +1,7 @@
 """Shared memory: MAP_SHARED anonymous memory and memfds become the child's own copy, shared
 among the child's processes exactly as among the template's; shared mappings of files are
 remapped onto the child's own files (its /dev/shm is a copy of the template's). SysV shared
-memory needs its ids kept in a new IPC namespace and is refused until it is carried.
+memory is carried by sysv_shm.py.
 
 fork(2) would keep such memory shared *between* template and child, so a write in one child
 would show up in every other: each object is copied once per child into a memfd and mapped at
@@ -54,9 +54,7 @@ def plan_proc(proc) -> None:
             path = parts[5].strip() if len(parts) > 5 else ""
             start, end = (int(x, 16) for x in parts[0].split("-"))
             if path.startswith("/SYSV"):
-                raise ForkError(f"process {proc.vpid} ({proc.name}) maps SysV shared memory "
-                                f"({path.split()[0]}) at {start:#x}: a fork cannot carry it yet",
-                                pid=proc.hostpid, step="plan")
+                continue  # sysv_shm.py
             st = os.stat(f"/proc/{proc.hostpid}/map_files/{parts[0]}")
             maps.append(SharedMap(start, end, _prot(perms), int(parts[2], 16), path, st.st_dev,
                                   st.st_ino, st.st_size))

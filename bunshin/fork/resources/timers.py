@@ -1,27 +1,57 @@
-"""Interval timers: fork(2) drops them, so each clone gets its template's setitimer() timers
-back with the time they had left. (POSIX timers, timer_create(2), are refused until carried:
-their ids must survive too.)"""
+"""Timers: fork(2) drops them, so each clone gets its template's back with the time they had
+left — setitimer() timers, and POSIX timers (timer_create) with their ids, clocks, signals and
+notification targets, read from /proc/PID/timers."""
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
 
 _ITIMERS = (0, 1, 2)  # ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF
-_ITV = struct.Struct("4q")  # it_interval, it_value as two timevals
+_ITV = struct.Struct("4q")  # it_interval, it_value (timevals)
+_ITS = struct.Struct("4q")  # it_interval, it_value (timespecs)
+_NOTIFY = {"signal": 0, "none": 1, "thread": 4}  # SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD_ID
+_MAX_GAP = 4096  # ids are allocated in order from 0; holes are filled with throwaway timers
+
+
+@dataclass
+class PosixTimer:
+    id: int
+    signo: int
+    value: int
+    notify: int
+    target: int  # tid for SIGEV_THREAD_ID
+    clock: int
+
+
+def _parse(text: str) -> list[PosixTimer]:
+    out, cur = [], {}
+    for line in text.splitlines() + ["ID: end"]:
+        key, _, val = line.partition(":")
+        val = val.strip()
+        if key == "ID" and cur:
+            sig, value = cur["signal"].split("/")
+            how, _, who = cur["notify"].partition("/")
+            out.append(PosixTimer(int(cur["ID"]), int(sig), int(value, 16), _NOTIFY[how],
+                                  int(who.split(".")[1]) if "." in who else 0, int(cur["ClockID"])))
+            cur = {}
+        cur[key] = val
+    return sorted(out, key=lambda t: t.id)
 
 
 def plan_proc(proc) -> None:
     try:
         with open(f"/proc/{proc.hostpid}/timers") as f:
-            ids = [line.split()[1] for line in f if line.startswith("ID:")]
+            proc.posix_timers = _parse(f.read())
     except FileNotFoundError:
-        ids = []
-    if ids:
-        raise ForkError(f"process {proc.vpid} ({proc.name}) has POSIX timers (ids {', '.join(ids)}): "
-                        "a fork cannot carry them yet", pid=proc.hostpid, step="plan")
+        proc.posix_timers = []
+    if proc.posix_timers and proc.posix_timers[-1].id > _MAX_GAP:
+        raise ForkError(f"process {proc.vpid} ({proc.name}) has a POSIX timer with id "
+                        f"{proc.posix_timers[-1].id}; ids above {_MAX_GAP} cannot be recreated",
+                        pid=proc.hostpid, step="plan")
 
 
 def fixup_proc(ctx, proc, r) -> None:
@@ -34,8 +64,26 @@ def fixup_proc(ctx, proc, r) -> None:
             raw = src.read(scratch, _ITV.size)
             if any(_ITV.unpack(raw)):
                 r.call("setitimer", which, r.put(raw), 0)
+        throwaway = []
+        for t in getattr(proc, "posix_timers", ()):
+            if src.syscall(224, t.id, scratch) != 0:  # timer_gettime, in the template
+                raise ForkError(f"process {proc.vpid}: cannot read POSIX timer {t.id}", pid=proc.hostpid)
+            its = src.read(scratch, _ITS.size)
+            sigevent = struct.pack("qiii", t.value, t.signo, t.notify, t.target).ljust(64, b"\0")
+            ev, idp = r.put(sigevent, 0), r.put(bytes(4), 64)
+            while True:
+                r.call("timer_create", t.clock, ev, idp)
+                got = struct.unpack("i", r.t.read(idp, 4))[0]
+                if got == t.id:
+                    break
+                if got > t.id:
+                    raise ForkError(f"process {proc.vpid}: POSIX timer {t.id} came back as {got}")
+                throwaway.append(got)
+            r.call("timer_settime", t.id, 0, r.put(its, 128), 0)
+        for tid in throwaway:
+            r.call("timer_delete", tid)
     finally:
         src.munmap(scratch, 4096)
 
 
-OPS = SimpleNamespace(kind="itimers", plan_proc=plan_proc, fixup_proc=fixup_proc)
+OPS = SimpleNamespace(kind="timers", plan_proc=plan_proc, fixup_proc=fixup_proc)
