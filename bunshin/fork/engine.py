@@ -105,6 +105,55 @@ def seize_all(cg, hostpids: list[int]) -> dict[int, Tracee]:
     return tracees
 
 
+class Pinned:
+    """The engine thread and every seized task on one CPU for the length of a fork batch: a
+    ptrace round trip between two CPUs costs ~5x one on a single CPU (a wake-up IPI each way,
+    measured 95-110 us vs 18-20 us here). Original affinities are put back, clones included."""
+
+    def __init__(self, tracees: dict[int, Tracee]) -> None:
+        self.saved: dict[int, set[int]] = {}
+        mine = os.sched_getaffinity(0)
+        self.cpu = min(mine)
+        self.saved[0] = mine
+        self.of_pid: dict[int, set[int]] = {}
+        try:
+            os.sched_setaffinity(0, {self.cpu})
+            for pid, t in tracees.items():
+                for tid in t.threads():
+                    try:
+                        self.saved[tid] = os.sched_getaffinity(tid)
+                        os.sched_setaffinity(tid, {self.cpu})
+                    except OSError:
+                        pass
+                self.of_pid[pid] = self.saved.get(pid, mine)
+        except BaseException:
+            self.restore()
+            raise
+
+    def release_clone(self, template_pid: int, clone: Tracee) -> None:
+        """A clone inherited the pin from its template process: give it the original back."""
+        cpus = self.of_pid.get(template_pid)
+        if cpus is None:
+            return
+        try:
+            tids = clone.threads()
+        except BunshinError:
+            tids = [clone.pid]
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+
+    def restore(self) -> None:
+        for tid, cpus in self.saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+        self.saved.clear()
+
+
 def release_all(cg, tracees: dict[int, Tracee]) -> None:
     """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen.
     Curing comes first: it may inject (re-queue held signals), which a frozen task cannot run."""

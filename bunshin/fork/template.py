@@ -94,13 +94,17 @@ class TemplateCore:
             p = self.parts
             engine.check_depth(p["init_pid"])
             tracees = engine.seize_all(p["cg"], [pl.hostpid for pl in self.plans])
+            pin = None
             try:
+                pin = engine.Pinned(tracees)
                 engine.reap_children(tracees[p["init_pid"]])
                 for i in range(n):
-                    kids.append(self._fork_one(tracees, on_fork, hostnames[i] if hostnames else None))
+                    kids.append(self._fork_one(tracees, pin, on_fork, hostnames[i] if hostnames else None))
             except BaseException as e:
                 failed = e
             finally:
+                if pin is not None:
+                    pin.restore()
                 engine.release_all(p["cg"], tracees)
         if failed is not None:
             for k in kids:  # outside the lock: closing a child releases our reference
@@ -108,7 +112,7 @@ class TemplateCore:
             raise failed
         return kids
 
-    def _fork_one(self, tracees, on_fork, hostname: str | None) -> "Workspace":
+    def _fork_one(self, tracees, pin, on_fork, hostname: str | None) -> "Workspace":
         from ..runtime import cgroup as _cgroup
         from ..runtime.state import WorkspaceDir
         from ..runtime.workspace import Workspace
@@ -128,6 +132,7 @@ class TemplateCore:
             host = hostname or self.config["hostname"]
             ci, sock = engine.clone_init(tracees[self.parts["init_pid"]], self.parts["chan"]._sock,
                                          mfd, host, cg)
+            pin.release_clone(self.parts["init_pid"], ci)
             pidfd = os.pidfd_open(ci.pid)
             from ..runtime.channel import Channel
 
@@ -141,6 +146,7 @@ class TemplateCore:
                 c = engine.clone_process(tracees[pl.hostpid], pl, ci.pid, self._tmp_pid)
                 clones.append(c)
                 engine.fix_process(ctx, pl, c)
+                pin.release_clone(pl.hostpid, c)
                 cg.add(c.pid)
             engine.finish_child(ctx)
             masters = ctx.shared.get("pty_masters", {})
