@@ -2,7 +2,7 @@
 PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast test-kmod bench clean
 
 install:
 	scripts/install-deps.sh
@@ -14,9 +14,13 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+	kmod/tests/run.sh
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+test-kmod:
+	kmod/tests/run.sh
 
 bench: install
 	for b in bench/*.py; do case $$b in */_*) continue;; esac; $(PY) $$b --quick | tail -1; done

@@ -62,6 +62,12 @@ def test_fork_keeps_processes_pids_and_shell_state(family):
     # the clones are distinct processes in distinct pid namespaces
     inits = {os.readlink(f"/proc/{w.init_pid}/ns/pid") for w in [ws, *kids]}
     assert len(inits) == 3
+    # the engine pins itself and the tasks to one CPU while it works; nothing stays pinned
+    everywhere = os.sched_getaffinity(0)
+    for w in [ws, *kids]:
+        for hp in w.host_pids():
+            for tid in os.listdir(f"/proc/{hp}/task"):
+                assert os.sched_getaffinity(int(tid)) == everywhere
 
 
 def test_files_are_private_after_fork(family):
