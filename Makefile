@@ -13,8 +13,8 @@ demo: install
 	$(PY) -m bunshin demo
 
 test: install
-	$(PY) -m pytest
 	kmod/tests/run.sh
+	$(PY) -m pytest
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
