@@ -34,6 +34,14 @@ def collect(*, dry_run: bool = False) -> list[str]:
         if not dry_run:
             backend.open(name).destroy()
         removed.append(f"cgroup:{name}")
+    if not dry_run and not live_cgroups:
+        from . import statefs
+
+        try:
+            if statefs.release():
+                removed.append("state file system")
+        except Exception as e:  # noqa: BLE001 - busy mounts are reported, not fatal
+            log.warning("state file system stays mounted: %s", e)
     return removed
 
 

@@ -36,7 +36,7 @@ def ensure() -> Path:
     """The state directory, mounted on its own file system; idempotent and process-safe."""
     state = config.state_dir()
     key = str(state)
-    if key in _ready:
+    if key in _ready and os.path.ismount(state):  # another process's `gc` may have released it
         return state
     with _lock:
         state.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,8 @@ def release() -> bool:
     """Unmount the image and delete it when no workspace is left in it. True if it did."""
     state = config.state_dir()
     img = image_path(state)
-    with _lock:
+    with _lock, open(state.with_name(state.name + ".lock"), "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)  # the same lock ensure() takes: no workspace appears meanwhile
         if not img.exists() or not os.path.ismount(state):
             return False
         ws = state / "ws"
