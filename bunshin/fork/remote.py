@@ -17,6 +17,9 @@ SYS = {
     "getpid": 39, "set_tid_address": 218, "tee": 276, "mmap": 9, "ftruncate": 77,
     "memfd_create": 319, "getitimer": 36, "setitimer": 38, "kill": 62, "tgkill": 234,
     "shmat": 30, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_delete": 226,
+    "pidfd_getfd": 438, "eventfd2": 290, "write": 1, "timerfd_create": 283, "timerfd_settime": 286,
+    "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
+    "unlinkat": 263,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
