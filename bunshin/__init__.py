@@ -23,6 +23,8 @@ _LAZY = {
     "Result": "bunshin.runtime.result",
     "Shell": "bunshin.runtime.shell",
     "Template": "bunshin.fork.template",
+    "PrefixCache": "bunshin.cache.prefix",
+    "ToolCall": "bunshin.cache.toolcall",
 }
 
 __all__ = ["__version__", *_errors_all, *_LAZY]

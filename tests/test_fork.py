@@ -315,3 +315,19 @@ def test_nesting_limit_is_a_clear_error_and_templates_do_not_nest(family):
             for k in ws.fork(1):
                 k.close()
     assert ws._shells[0].run("echo $V").stdout == b"deep\n"
+
+
+def test_restore_from_another_workspaces_template(family):
+    """A workspace can roll onto any template; its shell object then speaks to the template's
+    session (same pid, another session's marker)."""
+    a, b = bunshin.Workspace.create(), bunshin.Workspace.create()
+    family.extend([a, b])
+    a.shell().run("WHO=a")
+    sh_b = b.shell()
+    sh_b.run("WHO=b")
+    tpl = a.snapshot()
+    try:
+        b.restore(tpl)
+        assert sh_b.run("echo $WHO").stdout == b"a\n"
+    finally:
+        tpl.close()

@@ -101,6 +101,9 @@ class Shell:
         Returns our previous master, which the caller keeps (a template's) or closes."""
         with self._lock:
             old, self._master, other._master = self._master, other._master, -1
+            # the session may come from another lineage (a template of another workspace):
+            # its bash prints that session's marker
+            self._nonce, self._marker = other._nonce, other._marker
             self._pending = bytearray()
             self._exited, self._exit_status = False, None
             return old

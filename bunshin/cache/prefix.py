@@ -1,0 +1,223 @@
+"""``PrefixCache``: workspace states keyed by tool-call prefix.
+
+>>> cache = PrefixCache("/tmp/cache.lmdb", memory_budget=512 << 20)   # doctest: +SKIP
+>>> cw = cache.session(ws, task_id="repo-42")                          # doctest: +SKIP
+>>> cw.call("pip install -e /repo")     # a miss: executes, records, snapshots   # doctest: +SKIP
+
+Sessions of one ``task_id`` must start from the same workspace state (forks of one base, as in
+a group rollout): the cache cannot check it, and a hit replaces the session's state with the
+cached one. Metadata (visit counts, results, costs) is shared through LMDB by every process;
+live states are templates of this process only, so other processes see hits only for the
+metadata (they execute and snapshot on their own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Self
+
+from ..errors import ForkError
+from ..runtime.result import Result
+from .errors import CacheError
+from .states import State, StateTable
+from .store import MetaStore
+from .toolcall import ToolCall
+from .tools import BUILTIN_TOOLS, ToolFn
+
+if TYPE_CHECKING:
+    from ..runtime.workspace import Workspace
+    from .session import CachedSession
+
+log = logging.getLogger("bunshin.cache")
+
+__all__ = ["CacheStats", "PrefixCache", "SnapshotPolicy"]
+
+SnapshotPolicy = float | Callable[[ToolCall, Result], bool]
+"""When to keep a state after a miss: calls that took at least this many seconds (0: every
+call), or ``policy(call, result) -> bool``."""
+
+
+@dataclass
+class CacheStats:
+    """Counters of one ``PrefixCache`` (this process)."""
+
+    hits: int = 0            # calls answered from a live state, without execution
+    misses: int = 0          # cacheable calls that executed
+    waits: int = 0           # calls that waited for another session executing the same node
+    uncacheable: int = 0     # calls executed outside the trie (predicate, or after leaving it)
+    snapshots: int = 0       # states kept
+    snapshot_failures: int = 0  # snapshots refused (e.g. pid-namespace depth): state not kept
+    evictions: int = 0       # states closed to fit the budget
+    verified: int = 0        # hits re-executed to check them
+    mismatches: int = 0      # verified hits whose fresh result differed from the recorded one
+    saved_seconds: float = 0.0  # recorded execution time of the hits
+
+
+class PrefixCache:
+    """A trie of workspace states over canonical tool calls.
+
+    ``path``: the LMDB file (created if missing; an existing file must be a Bunshin cache —
+    otherwise :class:`CacheFormatError`, file untouched). ``memory_budget``: bytes of live
+    states kept (see :mod:`bunshin.cache.states`). ``snapshot``: the :data:`SnapshotPolicy`.
+    ``cacheable(call) -> bool``: False marks calls never cached (network, clock): they execute,
+    and the session then leaves the trie (its state no longer follows from its prefix).
+    ``verify``: the fraction of hits re-executed instead, comparing stdout, stderr and exit code
+    with the record (``stats.verified``/``stats.mismatches``); a verified hit keeps the freshly
+    executed state. ``record_limit``: bytes of each stream recorded; a node whose output was
+    longer keeps no state (a hit could not return its whole output). ``seed`` seeds the verify
+    sampler.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, memory_budget: int = 1 << 30,
+                 snapshot: SnapshotPolicy = 0.0, cacheable: Callable[[ToolCall], bool] | None = None,
+                 verify: float = 0.0, record_limit: int = 1 << 20, seed: int | None = None) -> None:
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
+            raise CacheError(f"memory_budget must be an int ≥ 0 (bytes), got {memory_budget!r}")
+        if not callable(snapshot) and (isinstance(snapshot, bool) or not isinstance(snapshot, (int, float))
+                                       or snapshot < 0):
+            raise CacheError(f"snapshot must be seconds ≥ 0 or a callable(call, result), got {snapshot!r}")
+        if cacheable is not None and not callable(cacheable):
+            raise CacheError(f"cacheable must be a callable(call) -> bool, got {cacheable!r}")
+        if isinstance(verify, bool) or not isinstance(verify, (int, float)) or not 0 <= verify <= 1:
+            raise CacheError(f"verify must be a fraction in [0, 1], got {verify!r}")
+        if isinstance(record_limit, bool) or not isinstance(record_limit, int) or record_limit < 0:
+            raise CacheError(f"record_limit must be an int ≥ 0 (bytes), got {record_limit!r}")
+        self.store = MetaStore(path)
+        self.tools: dict[str, ToolFn] = dict(BUILTIN_TOOLS)
+        self.snapshot_policy = snapshot
+        self.cacheable = cacheable
+        self.verify = float(verify)
+        self.record_limit = record_limit
+        self._rng = random.Random(seed)
+        self._cond = threading.Condition()
+        self._states = StateTable(memory_budget)
+        self._inflight: set[bytes] = set()
+        self._stats = CacheStats()
+        self._closed = False
+
+    # -- configuration ------------------------------------------------------------------
+    def register_tool(self, name: str, fn: ToolFn, *, replace: bool = False) -> None:
+        """Add tool ``name``: ``fn(ctx, **args)`` (see :mod:`bunshin.cache.tools`)."""
+        if not isinstance(name, str) or not name:
+            raise CacheError(f"tool name must be a non-empty str, got {name!r}")
+        if not callable(fn):
+            raise CacheError(f"tool {name!r}: fn must be callable, got {fn!r}")
+        if name in self.tools and not replace:
+            raise CacheError(f"tool {name!r} is already registered; pass replace=True to replace it")
+        self.tools[name] = fn
+
+    def session(self, ws: Workspace, task_id: str) -> CachedSession:
+        """A session driving ``ws`` through the cache, at the root of ``task_id``'s trie."""
+        from .session import CachedSession
+
+        self._check_open()
+        return CachedSession(self, ws, task_id)
+
+    # -- state --------------------------------------------------------------------------
+    @property
+    def stats(self) -> CacheStats:
+        """A copy of the counters."""
+        with self._cond:
+            return dataclasses.replace(self._stats)
+
+    @property
+    def memory_used(self) -> int:
+        """Bytes of live states (their measured cost)."""
+        with self._cond:
+            return self._states.used
+
+    def live_states(self) -> list[bytes]:
+        """Node keys that have a live template in this process."""
+        with self._cond:
+            return list(self._states.states)
+
+    def spill(self, node: bytes) -> None:
+        """Persist node ``node``'s state to disk through CRIU and drop it from memory.
+
+        Not available yet: CRIU spill arrives with issue 8; until then eviction closes states.
+        """
+        raise NotImplementedError("CRIU spill: issue 8")
+
+    def close(self) -> None:
+        """Close every live state and the LMDB environment."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            states = list(self._states.states.values())
+            self._states.states.clear()
+            self._states.used = 0
+            self._cond.notify_all()
+        for st in states:
+            st.template.close()
+            self._mark_template(st.key, None)
+        self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- used by sessions ---------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheError(f"prefix cache {self.store.path} is closed")
+
+    def _count(self, **inc: float) -> None:
+        with self._cond:
+            for k, v in inc.items():
+                setattr(self._stats, k, getattr(self._stats, k) + v)
+
+    def _is_cacheable(self, call: ToolCall) -> bool:
+        return self.cacheable is None or bool(self.cacheable(call))
+
+    def _wants_snapshot(self, call: ToolCall, r: Result, dt: float) -> bool:
+        p = self.snapshot_policy
+        return bool(p(call, r)) if callable(p) else dt >= p
+
+    def _sample_verify(self) -> bool:
+        with self._cond:
+            return self.verify > 0 and self._rng.random() < self.verify
+
+    def _mark_template(self, key: bytes, holder: str | None, cost: int | None = None) -> None:
+        def fn(rec: dict) -> None:
+            rec["template"] = holder
+            if cost is not None:
+                rec["mem_cost"] = cost
+        try:
+            self.store.update(key, fn)
+        except CacheError as e:  # closed meanwhile: the record says less, nothing is lost
+            log.debug("cache: %s", e)
+
+    def _admit(self, st: State) -> None:
+        """Keep ``st`` and close whatever no longer fits the budget."""
+        with self._cond:
+            if self._closed:
+                victims = [st]
+            else:
+                self._states.add(st)
+                self._stats.snapshots += 1
+                victims = self._states.over_budget(self.store.reuse_probability)
+                self._stats.evictions += len(victims)
+        kept = all(v is not st for v in victims)
+        if kept:
+            self._mark_template(st.key, f"{os.getpid()}:{st.template.id}", st.cost)
+        for v in victims:
+            v.template.close()
+            if v is not st:
+                self._mark_template(v.key, None)
+
+    def _snapshot(self, ws: Workspace):
+        try:
+            return ws.snapshot()
+        except ForkError as e:
+            log.info("cache: state not kept: %s", e)
+            self._count(snapshot_failures=1)
+            return None
