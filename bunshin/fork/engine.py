@@ -256,7 +256,10 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         elif proc.pgid == proc.vpid:
             r.call("setpgid", 0, 0)
         for f in proc.fds:
-            f.handler.fixup(ctx, proc, r, f)
+            if f.dup_of is not None:  # dup()ed in the template: share the recreated file
+                r.dup_same(f.dup_of, f.fd)
+            else:
+                f.handler.fixup(ctx, proc, r, f)
         if len(proc.threads) > 1:  # before timers and signals, which may target a thread
             child.clone_threads(ctx.shared["tracees"][proc.hostpid])
         from .resources import PROC_REGISTRY

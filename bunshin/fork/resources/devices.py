@@ -15,9 +15,6 @@ def claims(proc, f) -> bool:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
     r.install(r.openat(f.target, flags), f.fd)
 

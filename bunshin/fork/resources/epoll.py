@@ -45,9 +45,6 @@ def _watches(proc, f) -> list[tuple[int, int, int]]:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     where = sharing.find(ctx, "epoll", proc, f)
     if where is not None:  # the first clone holding it filled it already
         r.install(sharing.grab(r, where), f.fd)

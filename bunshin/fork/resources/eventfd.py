@@ -18,9 +18,6 @@ def claims(proc, f) -> bool:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     where = sharing.find(ctx, "eventfd", proc, f)
     if where is not None:
         r.install(sharing.grab(r, where), f.fd)

@@ -46,9 +46,6 @@ def _copy_buffer(src_path: str, dst_path: str) -> None:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     made = ctx.shared.setdefault("pipes", {})
     key = (f.dev, f.ino)
     if key in made:

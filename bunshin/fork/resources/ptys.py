@@ -57,9 +57,6 @@ def _master(ctx, index: int, template_slave: str) -> int:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     index = int(f.target[9:])
     _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
     newfd = r.openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)

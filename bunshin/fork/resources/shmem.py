@@ -100,9 +100,6 @@ def claims_fd(proc, f) -> bool:
 
 def fixup_fd(ctx, proc, r, f) -> None:
     """A memfd descriptor gets the child's copy of the same object its mappings use."""
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     size = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}").st_size
     fd = _object_fd(ctx, proc, r, (f.dev, f.ino), f"/proc/{proc.hostpid}/fd/{f.fd}", size,
                     f.target.replace(_DELETED, "").lstrip("/"))

@@ -252,9 +252,6 @@ def _bind(proc, r, f, listen: bool) -> int:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     made = ctx.shared.setdefault("unix", {})
     if "unix-table" not in ctx.shared:
         ctx.shared["unix-table"] = {g.ino: g.sk for p in ctx.plans.values() for g in p.fds

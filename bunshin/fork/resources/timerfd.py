@@ -40,9 +40,6 @@ def _forward(ctx, proc, f) -> None:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if f.dup_of is not None:
-        r.dup_same(f.dup_of, f.fd)
-        return
     where = sharing.find(ctx, "timerfd", proc, f)
     if where is not None:
         r.install(sharing.grab(r, where), f.fd)
