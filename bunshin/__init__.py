@@ -25,6 +25,7 @@ _LAZY = {
     "Template": "bunshin.fork.template",
     "PrefixCache": "bunshin.cache.prefix",
     "ToolCall": "bunshin.cache.toolcall",
+    "SpeculativeExecutor": "bunshin.speculate.executor",
 }
 
 __all__ = ["__version__", *_errors_all, *_LAZY]

@@ -39,6 +39,7 @@ from .state import Meta, WorkspaceDir, proc_start_time
 
 if TYPE_CHECKING:
     from ..fork.template import Template
+    from ..speculate.block import Speculation
     from .shell import Shell
 
 __all__ = ["Workspace", "ProcessInfo"]
@@ -710,6 +711,14 @@ class Workspace:
     def state_path(self):  # noqa: ANN201
         """Directory on the host holding the workspace's upper layer and metadata."""
         return self._dir.path
+
+    def speculate(self) -> "Speculation":
+        """``with ws.speculate() as spec:`` run calls on ``spec.ws``, a fork; leaving the block
+        keeps their state in this workspace, ``spec.rollback()`` or an exception drops it
+        exactly (see :mod:`bunshin.speculate.block`)."""
+        from ..speculate.block import Speculation
+
+        return Speculation(self)
 
 
 def _file_error(wsid: str, path: str, e: OSError) -> BunshinError:
