@@ -22,6 +22,8 @@ struct bunshin_ksyms {
 	spinlock_t *(*__pmd_trans_huge_lock)(pmd_t *pmd,
 					     struct vm_area_struct *vma);
 	unsigned long *huge_zero_pfn;
+	bool (*ptrace_may_access)(struct task_struct *task, unsigned int mode);
+	rwlock_t *tasklist_lock;
 };
 
 extern struct bunshin_ksyms bunshin_ks;

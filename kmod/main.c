@@ -21,6 +21,7 @@ struct bunshin_verb {
 static const struct bunshin_verb bunshin_verbs[] = {
 	{ BUNSHIN_IOC_GET_VERSION, bunshin_get_version },
 	{ BUNSHIN_IOC_SHARE_STATS, bunshin_share_stats },
+	{ BUNSHIN_IOC_REPARENT, bunshin_reparent },
 };
 
 u64 bunshin_features(void)

@@ -98,7 +98,8 @@ def test_device_is_root_only(dev):
 def test_get_version_matches_header(dev):
     v = dev.get_version()
     assert v.abi_version == ABI.BUNSHIN_ABI_VERSION
-    assert v.features == ABI.feature(ABI.BUNSHIN_NR_GET_VERSION) | ABI.feature(ABI.BUNSHIN_NR_SHARE_STATS)
+    assert v.features == (ABI.feature(ABI.BUNSHIN_NR_GET_VERSION) | ABI.feature(ABI.BUNSHIN_NR_SHARE_STATS)
+                          | ABI.feature(ABI.BUNSHIN_NR_REPARENT))
     major, minor, patch = map(int, Path("/sys/module/bunshin/version").read_text().split("."))
     assert (v.module_version >> 16, v.module_version >> 8 & 0xff, v.module_version & 0xff) == \
         (major, minor, patch)
@@ -402,3 +403,91 @@ def test_library_sees_the_module_and_its_abi():
     assert r.returncode == 0, r.stderr
     want = str(ABI.BUNSHIN_ABI_VERSION)  # parsed from the header text itself
     assert r.stdout.split() == [want, want]
+
+
+# -- REPARENT ---------------------------------------------------------------------------------
+
+ADOPTER = r"""
+import os, sys
+print(os.getpid(), flush=True)
+sys.stdin.readline()                 # told: a child has been moved under us
+pid, status = os.wait()              # we can wait for a process we never forked
+print(pid, os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def _ppid(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise KeyError(pid)
+
+
+def test_reparent_moves_a_process_and_its_threads(dev):
+    adopter = subprocess.Popen([sys.executable, "-c", ADOPTER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import threading, time\n"
+                              "[threading.Thread(target=time.sleep, args=(100,), daemon=True).start() for _ in range(3)]\n"
+                              "time.sleep(100)"])
+    try:
+        new_parent = int(adopter.stdout.readline())
+        time.sleep(0.3)
+        req = dev.reparent(child.pid, new_parent)
+        assert req.old_parent == os.getpid()
+        assert _ppid(child.pid) == new_parent
+        for tid in os.listdir(f"/proc/{child.pid}/task"):
+            assert _ppid(int(tid)) == new_parent  # every thread follows the leader
+        with pytest.raises(ChildProcessError):
+            os.waitpid(child.pid, os.WNOHANG)  # no longer ours
+        os.kill(child.pid, signal.SIGTERM)
+        adopter.stdin.write("go\n")
+        adopter.stdin.flush()
+        pid, code = adopter.stdout.readline().split()
+        assert int(pid) == child.pid and int(code) == -signal.SIGTERM
+    finally:
+        for p in (child, adopter):
+            if p.poll() is None:
+                p.kill()
+        adopter.wait()
+        child.returncode = 0  # reaped by the adopter
+
+
+def test_reparent_bad_input(dev):
+    a = subprocess.Popen(["sleep", "100"])
+    b = subprocess.Popen(["sleep", "100"])
+    try:
+        assert errno_of(dev.reparent, a.pid, b.pid, flags=1) == errno.EINVAL
+        assert errno_of(dev.reparent, a.pid, b.pid, reserved=1) == errno.EINVAL
+        assert errno_of(dev.reparent, a.pid, a.pid) == errno.EINVAL
+        # a cycle: our own parent cannot become a child of our child
+        assert errno_of(dev.reparent, os.getpid(), a.pid) == errno.EINVAL
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        assert errno_of(dev.reparent, dead.pid, a.pid) == errno.ESRCH
+        assert errno_of(dev.reparent, a.pid, dead.pid) == errno.ESRCH
+        assert _ppid(a.pid) == os.getpid()  # nothing moved
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_reparent_needs_privilege(dev):
+    a = subprocess.Popen(["sleep", "100"])
+    b = subprocess.Popen(["sleep", "100"])
+    fd = os.open(uapi.DEVICE, os.O_RDWR)  # opened by root, inherited by the unprivileged child
+    try:
+        code = (f"import fcntl, os, sys; sys.path.insert(0, {str(HERE)!r}); import uapi\n"
+                f"os.setgid(65534); os.setuid(65534)\n"
+                f"d = uapi.Device.__new__(uapi.Device); d.fd = {fd}\n"
+                f"try:\n    d.reparent({a.pid}, {b.pid})\nexcept OSError as e:\n    print(e.errno)\n")
+        r = subprocess.run([sys.executable, "-c", code], pass_fds=(fd,), capture_output=True,
+                           text=True, timeout=60)
+        assert r.stdout.strip() == str(errno.EPERM), r.stderr
+        assert _ppid(a.pid) == os.getpid()
+    finally:
+        os.close(fd)
+        for p in (a, b):
+            p.kill()
+            p.wait()

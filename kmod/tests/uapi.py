@@ -95,6 +95,18 @@ class Device:
         return req, list(stats)[: len(pids)]
 
 
+    def reparent(self, pid, new_parent, **override):
+        """REPARENT pid under new_parent; override sets request fields (flags, pad, reserved)."""
+        req = ABI.bunshin_reparent(pid=pid, new_parent=new_parent)
+        reserved = override.pop("reserved", None)
+        if reserved:
+            req.reserved[0] = reserved
+        for field, value in override.items():
+            setattr(req, field, value)
+        fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_REPARENT, req, True)
+        return req
+
+
 def refs(path="/sys/kernel/debug/bunshin/refs"):
     """{kind: (gets, puts)} from the module's debugfs counters."""
     out = {}

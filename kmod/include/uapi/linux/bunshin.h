@@ -26,11 +26,12 @@
 #define BUNSHIN_FEATURE(nr) (1ULL << (nr))
 
 /*
- * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS.
- * Reserved, not yet defined: 2 REPARENT, 3 FORK.
+ * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT.
+ * Reserved, not yet defined: 3 FORK.
  */
 #define BUNSHIN_NR_GET_VERSION 0
 #define BUNSHIN_NR_SHARE_STATS 1
+#define BUNSHIN_NR_REPARENT 2
 
 struct bunshin_version {
 	__u32 abi_version;	/* out: BUNSHIN_ABI_VERSION of the module */
@@ -104,5 +105,34 @@ struct bunshin_share_stats {
 
 #define BUNSHIN_IOC_SHARE_STATS \
 	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_SHARE_STATS, struct bunshin_share_stats)
+
+/*
+ * REPARENT: make @new_parent the parent of @pid, as if @new_parent had forked
+ * it.  A fork made by injection in user space can give a clone the right PID
+ * but not the right parent; this makes the process tree exact, so getppid(),
+ * wait() and SIGCHLD behave in the clone as in the original.
+ *
+ * Both pids are read in the caller's pid namespace and must be thread-group
+ * leaders in one pid namespace; @pid moves with all its threads.  Refused:
+ * EINVAL nonzero flags/pad/reserved, pid == new_parent, or new_parent below
+ * pid in the tree (a cycle); ESRCH a pid that does not exist or is exiting
+ * (zombies included); EXDEV the two are in different pid namespaces; EPERM
+ * no CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, or no PTRACE_MODE_ATTACH access
+ * to either task; EBUSY @pid is being ptraced by someone other than its
+ * parent's tracer (its tracer keeps it; moving the real parent under it is
+ * allowed only when not traced, to keep ptrace's parent bookkeeping simple).
+ */
+struct bunshin_reparent {
+	__s32 pid;		/* in: the task to move (a pid_t) */
+	__s32 new_parent;	/* in: its new parent (a pid_t) */
+	__u32 flags;		/* in: must be 0 */
+	__u32 pad;		/* in: must be 0 */
+	__s32 old_parent;	/* out: the parent it had (caller's pid ns; 0 if not visible) */
+	__u32 pad2;		/* out: 0 */
+	__u64 reserved[4];	/* in: must be 0; out: 0 */
+};
+
+#define BUNSHIN_IOC_REPARENT \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_REPARENT, struct bunshin_reparent)
 
 #endif /* _UAPI_LINUX_BUNSHIN_H */
