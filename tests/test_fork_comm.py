@@ -271,16 +271,3 @@ time.sleep(1000)
         ws.fork(1)
     ws.write_file("/tmp/go", "")
     assert _wait(ws, "/tmp/out") == "ok"
-
-
-def test_tcp_is_still_refused_by_name(family):
-    ws = _start(family, """
-import socket
-s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
-out('/tmp/ready', str(s.fileno()))
-time.sleep(1000)
-""", "/tmp/ready")
-    fd = ws.read_file("/tmp/ready").decode()
-    with pytest.raises(ForkError, match=rf"process 2 \(python3\) fd {fd} is a socket"):
-        ws.fork(1)
-    assert ws.run("echo alive").stdout == b"alive\n"

@@ -84,7 +84,6 @@ class TemplateCore:
     def fork(self, n: int, on_fork: Callable[["Workspace"], None] | None = None,
              hostnames: Sequence[str] | None = None) -> list["Workspace"]:
         """``n`` new workspaces, each a copy-on-write clone of the template."""
-        from ..runtime.workspace import Workspace
 
         kids: list[Workspace] = []
         failed: BaseException | None = None

@@ -1,0 +1,232 @@
+"""TCP and UDP sockets (IPv4, IPv6) inside the workspace's network namespace.
+
+A child has a network namespace of its own (only ``lo``), so every inet socket is made anew
+there: the clone, already inside that namespace, creates it with an injected socket(); the
+trainer takes a pidfd_getfd copy of it and does the rest with ordinary socket calls, which act
+in the socket's own namespace whoever makes them.
+
+- ``fresh`` / ``bound`` (TCP never listened nor connected, UDP): same options, same address.
+  A UDP socket connected to an address is connected again (its peer, if any, is in the
+  workspace and is recreated too); datagrams still queued are refused (their senders' addresses
+  would be lost).
+- ``listen``: bound to the same address and port, same backlog and options.
+- ``established``: a loopback connection whose other end another workspace descriptor holds.
+  The template's socket is read in TCP_REPAIR mode (sk_tcp.py) (sequence numbers, MSS, window scale, SACK,
+  timestamps, windows, both queues, peeked, nothing consumed), then left with
+  TCP_REPAIR_OFF_NO_WP (no packet sent). The child's socket is built in repair mode (bind,
+  connect without a handshake, queues refilled) and left with no packet either: its peer may
+  not exist yet, and a packet to a missing socket would be answered with a reset. When the
+  last inet socket of the child is made (``_finish``), every connection is nudged with a window
+  probe and its never-sent bytes are sent.
+
+SO_REUSEADDR is turned on while the child's sockets are bound (accepted connections share
+their listener's port; either may come first) and set to the template's value in ``_finish``.
+
+Refused, naming process, fd and 4-tuple: connections whose peer no workspace process holds
+(not yet accepted, or closed), half-closed and closing states, listeners with connections not
+yet accepted, UDP sockets with datagrams queued. A connection to outside the workspace cannot
+exist: the workspace's namespace has only ``lo``.
+
+Options carried: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_BROADCAST, TCP_NODELAY,
+IPV6_V6ONLY, O_NONBLOCK, the backlog; buffer sizes only where queued bytes need them. Others
+(keepalive timings, SO_LINGER, TCP_CORK, timeouts) and urgent (MSG_OOB) data start afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from ...errors import ForkError
+from . import sharing, sk_tcp
+from .sk_tcp import getint, ioctl_int
+
+_PROTOS = {b"TCP", b"TCPv6", b"UDP", b"UDPv6"}  # system.sockprotoname
+_TCP = socket.IPPROTO_TCP
+_TCP_INFO, _ESTABLISHED, _CLOSE, _LISTEN = 11, 1, 7, 10
+_STATES = {2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 8: "CLOSE_WAIT",
+           9: "LAST_ACK", 11: "CLOSING"}
+_SIOCINQ = 0x541B
+# Options copied as plain ints; SO_REUSEADDR is handled apart (see module docstring).
+_OPTS = [(socket.SOL_SOCKET, socket.SO_REUSEPORT), (socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+         (socket.SOL_SOCKET, socket.SO_BROADCAST), (_TCP, socket.TCP_NODELAY)]
+
+
+@dataclass
+class InetSk:
+    family: int
+    type: int
+    fate: str  # fresh, bound, listen, established
+    local: tuple = ()
+    peer: tuple = ()
+    reuseaddr: int = 0
+    opts: dict = field(default_factory=dict)
+    v6only: int | None = None
+    backlog: int = 0
+    # established only
+    inq: bytes = b""
+    outq: bytes = b""
+    unsent: int = 0
+    inq_seq: int = 0
+    outq_seq: int = 0
+    tcp_opts: bytes = b""
+    timestamp: int | None = None
+    window: bytes = b""
+    bufs: dict = field(default_factory=dict)  # SO_RCVBUF, SO_SNDBUF: queues bigger than a fresh socket's
+
+
+def claims(proc, f) -> bool:
+    if not f.target.startswith("socket:"):
+        return False
+    try:
+        return os.getxattr(f"/proc/{proc.hostpid}/fd/{f.fd}", "system.sockprotoname").rstrip(b"\0") in _PROTOS
+    except OSError:
+        return False
+
+
+def _ends(s: socket.socket) -> tuple[tuple, tuple]:
+    local = s.getsockname()[:2]
+    try:
+        peer = s.getpeername()[:2]
+    except OSError:
+        peer = ()
+    return local, peer
+
+
+def _name(sk: InetSk) -> str:
+    proto = "TCP" if sk.type == socket.SOCK_STREAM else "UDP"
+    fmt = (lambda a: f"[{a[0]}]:{a[1]}") if sk.family == socket.AF_INET6 else (lambda a: f"{a[0]}:{a[1]}")
+    return f"{proto} socket {fmt(sk.local)}" + (f" -> {fmt(sk.peer)}" if sk.peer else "")
+
+
+def _read_template(s: socket.socket, refuse) -> InetSk:
+    """Everything a child needs to know of one template socket, which is left as it was."""
+    sk = InetSk(family=s.family, type=s.type & 0xF, fate="fresh", reuseaddr=getint(s, socket.SOL_SOCKET, socket.SO_REUSEADDR))
+    sk.local, sk.peer = _ends(s)
+    sk.opts = {o: v for o in _OPTS if (sk.type == socket.SOCK_STREAM or o[0] != _TCP)
+               and (v := getint(s, *o))}
+    if sk.family == socket.AF_INET6:
+        sk.v6only = getint(s, socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+    if sk.type == socket.SOCK_DGRAM:
+        if ioctl_int(s, _SIOCINQ):
+            refuse(sk, "has datagrams queued")
+        sk.fate = "bound" if sk.local[1] or sk.peer else "fresh"
+        return sk
+    info = s.getsockopt(_TCP, _TCP_INFO, 104)
+    state = info[0]
+    if state == _LISTEN:
+        accept_q, sk.backlog = struct.unpack_from("II", info, 24)  # tcpi_unacked, tcpi_sacked
+        if accept_q:
+            refuse(sk, f"is listening with {accept_q} connection(s) not yet accepted")
+        sk.fate = "listen"
+    elif state == _CLOSE:
+        sk.peer = ()
+        sk.fate = "bound" if sk.local[1] else "fresh"
+    elif state == _ESTABLISHED:
+        sk.fate = "established"
+        sk_tcp.save(s, sk, info, refuse)
+    else:
+        refuse(sk, f"is in state {_STATES.get(state, state)} (half-closed or closing)")
+    return sk
+
+
+def _key(addr: tuple) -> tuple:
+    """An address as both ends see it: a dual-stack IPv6 socket names an IPv4 peer ::ffff:a.b.c.d."""
+    host = addr[0].removeprefix("::ffff:") if addr[0].startswith("::ffff:") and "." in addr[0] else addr[0]
+    return host, addr[1]
+
+
+def check_tree(procs) -> None:
+    """Read every template inet socket once and refuse what cannot be carried, before anything
+    in the template or a child is touched (the template sockets read are left as they were)."""
+    mine = [(p, f) for p in procs for f in p.fds if f.handler is OPS]
+    read: dict[int, InetSk] = {}
+    for p, f in mine:
+        def refuse(sk, why: str, p=p, f=f):
+            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} {why}; a fork cannot carry it",
+                            pid=p.hostpid, step="plan")
+        if f.ino not in read:
+            s = socket.socket(fileno=sharing.getfd_here(p.hostpid, f.fd))
+            try:
+                read[f.ino] = _read_template(s, refuse)
+            finally:
+                s.close()
+        f.inet = read[f.ino]
+    held = {(_key(sk.local), _key(sk.peer)) for sk in read.values() if sk.fate == "established"}
+    for p, f in mine:
+        sk = f.inet
+        if sk.fate == "established" and (_key(sk.peer), _key(sk.local)) not in held:
+            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} is connected to a socket no "
+                            "workspace process holds (a connection not yet accepted, or its peer closed); "
+                            "a fork cannot carry it", pid=p.hostpid, step="plan")
+
+
+def _build(s: socket.socket, sk: InetSk) -> None:
+    """Give the child's new socket (``s``, a trainer-side copy) the template socket's state."""
+    for (level, opt), v in sk.opts.items():
+        s.setsockopt(level, opt, v)
+    if sk.v6only is not None:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, sk.v6only)
+    if sk.fate == "established":
+        sk_tcp.restore(s, sk)
+        return
+    if sk.type == socket.SOCK_STREAM:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # until _finish
+    else:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, sk.reuseaddr)
+    if sk.fate == "bound":
+        s.bind(sk.local)
+        if sk.peer:
+            s.connect(sk.peer)
+    elif sk.fate == "listen":
+        s.bind(sk.local)
+        s.listen(sk.backlog)
+
+
+def _finish(ctx) -> None:
+    """Every inet socket of the child exists: wake the connections and put SO_REUSEADDR back."""
+    for pid, fd, sk in ctx.shared.pop("inet-made", []):
+        s = socket.socket(fileno=sharing.getfd_here(pid, fd))
+        try:
+            if sk.fate == "established":
+                sk_tcp.resume(s, sk)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, sk.reuseaddr)
+        except OSError as e:
+            raise ForkError(f"finishing the child's {_name(sk)}: {e}", step="inet") from None
+        finally:
+            s.close()
+
+
+def fixup(ctx, proc, r, f) -> None:
+    if "inet-left" not in ctx.shared:  # descriptors to make before _finish can run
+        ctx.shared["inet-left"] = sum(1 for p in ctx.plans.values() if not p.is_init for g in p.fds
+                                      if g.handler is OPS and g.dup_of is None)
+    sk = f.inet
+    where = sharing.find(ctx, "inet", proc, f)
+    if where is not None:  # another process of the template holds the same socket
+        newfd = sharing.grab(r, where)
+    else:
+        newfd = r.call("socket", sk.family, sk.type | socket.SOCK_CLOEXEC, 0)
+        s = socket.socket(fileno=sharing.getfd_here(r.t.pid, newfd))
+        try:
+            _build(s, sk)
+        except OSError as e:
+            raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: recreating the {_name(sk)}: {e}",
+                            pid=proc.hostpid, step="inet") from None
+        finally:
+            s.close()
+    r.call("fcntl", newfd, 4, f.flags & os.O_NONBLOCK)  # F_SETFL
+    r.install(newfd, f.fd)
+    if where is None:
+        sharing.remember(ctx, "inet", proc, f, f.fd)
+        if sk.type == socket.SOCK_STREAM:
+            ctx.shared.setdefault("inet-made", []).append((r.t.pid, f.fd, sk))
+    ctx.shared["inet-left"] -= 1
+    if ctx.shared["inet-left"] == 0:
+        _finish(ctx)
+
+
+OPS = SimpleNamespace(kind="inet-socket", claims=claims, check_tree=check_tree, fixup=fixup)
