@@ -4,6 +4,7 @@ each side driven independently after the fork."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -271,3 +272,28 @@ time.sleep(1000)
         ws.fork(1)
     ws.write_file("/tmp/go", "")
     assert _wait(ws, "/tmp/out") == "ok"
+
+
+def test_signalfd_keeps_its_mask(family):
+    ws = _start(family, """
+import ctypes, os, signal, struct
+lib = ctypes.CDLL(None, use_errno=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+mask = ctypes.c_uint64((1 << (signal.SIGUSR1 - 1)) | (1 << (signal.SIGUSR2 - 1)))
+fd = lib.signalfd(-1, ctypes.byref(mask), 0)
+out('/tmp/ready', str(fd))
+while True:
+    info = os.read(fd, 128)                  # struct signalfd_siginfo
+    signo = struct.unpack_from('I', info)[0]
+    with open('/tmp/got', 'a') as f:
+        f.write(f'{signo}\\n')
+""", "/tmp/ready")
+    pid = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"])
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    kid.kill(pid, signal.SIGUSR2)
+    ws.kill(pid, signal.SIGUSR1)
+    assert _wait(kid, "/tmp/got").split() == [str(int(signal.SIGUSR2))]
+    assert _wait(ws, "/tmp/got").split() == [str(int(signal.SIGUSR1))]
+    fdinfo = kid.read_file(f"/proc/{pid}/fdinfo/{ws.read_file('/tmp/ready').decode()}").decode()
+    assert "sigmask:\t0000000000000a00" in fdinfo  # SIGUSR1 (10) and SIGUSR2 (12)

@@ -16,7 +16,7 @@ SYS = {
     "setpgid": 109, "openat": 257, "pipe2": 293, "setns": 308, "pidfd_open": 434, "wait4": 61,
     "getpid": 39, "set_tid_address": 218, "tee": 276, "mmap": 9, "ftruncate": 77,
     "memfd_create": 319, "getitimer": 36, "setitimer": 38, "kill": 62, "tgkill": 234,
-    "shmat": 30, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_delete": 226,
+    "shmat": 30, "signalfd4": 289, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_delete": 226,
     "pidfd_getfd": 438, "eventfd2": 290, "write": 1, "timerfd_create": 283, "timerfd_settime": 286,
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
     "unlinkat": 263, "shutdown": 48,
