@@ -297,3 +297,34 @@ while True:
     assert _wait(ws, "/tmp/got").split() == [str(int(signal.SIGUSR1))]
     fdinfo = kid.read_file(f"/proc/{pid}/fdinfo/{ws.read_file('/tmp/ready').decode()}").decode()
     assert "sigmask:\t0000000000000a00" in fdinfo  # SIGUSR1 (10) and SIGUSR2 (12)
+
+
+def test_pty_with_its_master_inside_the_workspace(family):
+    ws = _start(family, """
+import os, pty, signal
+pid, master = pty.fork()
+if pid == 0:   # on the pty's slave, as its session leader: reverses every line it reads
+    import sys
+    for line in sys.stdin:
+        print(line.strip()[::-1], flush=True)
+    raise SystemExit
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+out('/tmp/ready', str(pid))
+while True:
+    signal.sigwait({signal.SIGUSR1})
+    word = open('/tmp/word').read().strip()
+    os.write(master, (word + '\\n').encode())
+    got = b''
+    while word[::-1].encode() not in got:
+        got += os.read(master, 1024)
+    out('/tmp/reply', got.decode(errors='replace'))
+""", "/tmp/ready")
+    driver = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"] and p.ppid == 1)
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w, word in ((kid, "forked"), (ws, "source")):
+        w.write_file("/tmp/word", word)
+        w.kill(driver, signal.SIGUSR1)
+        assert word[::-1] in _wait(w, "/tmp/reply")
+    tty = kid.run(f"readlink /proc/{ws.read_file('/tmp/ready').decode()}/fd/0").stdout.strip()
+    assert tty.startswith(b"/dev/pts/")  # the same pty number in the child's own devpts

@@ -1,7 +1,10 @@
-"""Terminals of shell sessions: the slave side (/dev/pts/N) lives in the workspace, the master
-in the trainer. The child gets pty N in its own devpts, with the template's termios and window
-size; the trainer keeps the new master for the child's Shell object. A session leader that
-had the terminal as its controlling tty gets it again (setsid + TIOCSCTTY)."""
+"""Terminals. A shell session's pty has its slave (/dev/pts/N) in the workspace and its master
+in the trainer: the child gets pty N in its own devpts, with the template's termios and window
+size, and the trainer keeps the new master for the child's Shell object. A pty whose master is
+inside the workspace (script, tmux, expect, a REPL driver) is recreated the same way, its
+master opened inside the child by whichever clone needs the pty first and fetched by the
+others (pidfd_getfd). A session leader that had the terminal as its controlling tty gets it
+again (setsid + TIOCSCTTY). Bytes buffered in a pty are not carried."""
 
 from __future__ import annotations
 
@@ -12,14 +15,68 @@ import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from . import sharing
 
 _TIOCGPTN = 0x80045430
 _TIOCSPTLCK = 0x40045431
 _TIOCSCTTY = 0x540E
 
 
+_MASTERS = ("/dev/ptmx", "/dev/pts/ptmx")
+
+
 def claims(proc, f) -> bool:
-    return f.target.startswith("/dev/pts/") and f.target[9:].isdigit()
+    return f.target in _MASTERS or (f.target.startswith("/dev/pts/") and f.target[9:].isdigit())
+
+
+def _inner_indexes(ctx) -> set[int]:
+    """Indexes of the ptys whose master a template process holds."""
+    if "inner-ptys" not in ctx.shared:
+        ctx.shared["inner-ptys"] = {
+            int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"])
+            for p in ctx.plans.values() if not p.is_init for f in p.fds if f.target in _MASTERS}
+    return ctx.shared["inner-ptys"]
+
+
+def _copy_termios(src_path: str, dst_path: str) -> None:
+    src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        dst = os.open(dst_path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            termios.tcsetattr(dst, termios.TCSANOW, termios.tcgetattr(src))
+            fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
+    """(vpid, fd) of the child's master of inner pty ``index``, made in this clone if new."""
+    made = ctx.shared.setdefault("inner-masters", {})
+    if index in made:
+        return made[index]
+    spare, fd = [], -1
+    try:
+        while True:
+            fd = r.openat("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            addr = r.put(bytes(4))
+            r.call("ioctl", fd, _TIOCGPTN, addr)
+            got = struct.unpack("I", r.t.read(addr, 4))[0]
+            if got == index:
+                break
+            spare.append(fd)
+            if got > index + 64:
+                raise ForkError(f"cannot get pty {index} in the child's /dev/pts (got {got})")
+    finally:
+        for s_ in spare:
+            r.call("close", s_)
+    r.call("ioctl", fd, _TIOCSPTLCK, r.put(struct.pack("i", 0)))
+    tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
+    _copy_termios(f"/proc/{tpl_init}/root/dev/pts/{index}", f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
+    made[index] = (proc.vpid, fd)
+    ctx.shared.setdefault("close_later", []).append((r.t, fd))  # a spare until its holder takes it
+    return made[index]
 
 
 def _master(ctx, index: int, template_slave: str) -> int:
@@ -57,8 +114,15 @@ def _master(ctx, index: int, template_slave: str) -> int:
 
 
 def fixup(ctx, proc, r, f) -> None:
+    if f.target in _MASTERS:
+        index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
+        r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f.fd)
+        return
     index = int(f.target[9:])
-    _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
+    if index in _inner_indexes(ctx):
+        _inner_master(ctx, proc, r, index)  # the slave's master must exist before it opens
+    else:
+        _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
     newfd = r.openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
     if proc.sid == proc.vpid and index == ctx.ctty(proc):
         r.call("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
