@@ -9,6 +9,7 @@ APT_PKGS=(
   busybox-static                          # tiny runnable roots for rootfs tests
   xz-utils zstd                           # compressed rootfs archives
   mmdebstrap debootstrap                  # `bunshin rootfs debian`
+  redis-server redis-tools                # a real server forked in tests
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
