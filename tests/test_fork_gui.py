@@ -1,0 +1,57 @@
+"""An X display across a fork: Xvfb (framebuffer in SysV shared memory) with X clients; the
+child's screen is pixel-identical right after the fork, then each side is driven differently
+with xdotool and the screens diverge; both servers keep accepting new clients."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+import bunshin
+
+pytestmark = pytest.mark.skipif(shutil.which("Xvfb") is None or shutil.which("xdotool") is None,
+                                reason="xvfb, x11-apps and xdotool are installed by scripts/install-deps.sh")
+
+DISPLAY = {"DISPLAY": ":7"}
+
+
+def _shot(w) -> bytes:
+    r = w.run("xwd -root -silent | md5sum", env=DISPLAY)
+    assert r.ok, r
+    return r.stdout.split()[0]
+
+
+def _wait(w, cmd: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not w.run(cmd, env=DISPLAY).ok:
+        assert time.monotonic() < deadline, cmd
+        time.sleep(0.05)
+
+
+def test_xvfb_and_clients_fork(no_leaks):
+    with bunshin.Workspace.create() as ws:
+        ws.spawn(["Xvfb", ":7", "-screen", "0", "640x480x24", "-nolisten", "tcp", "-shmem"],
+                 log_path="/tmp/xvfb.log")
+        _wait(ws, "xdpyinfo >/dev/null 2>&1 || xwd -root -silent >/dev/null")
+        ws.spawn(["xeyes", "-geometry", "200x150+10+10"], env=DISPLAY)
+        ws.spawn(["xclock", "-geometry", "150x150+300+200", "-update", "3600"], env=DISPLAY)
+        _wait(ws, "xdotool search --name xeyes && xdotool search --name xclock")
+        time.sleep(0.5)  # let both draw
+        assert "SYSV" in ws.read_file(f"/proc/{ws.processes()[1].pid}/maps").decode()  # -shmem framebuffer
+        before = _shot(ws)
+        (kid,) = ws.fork(1)
+        try:
+            assert _shot(kid) == _shot(ws) == before  # pixel-identical right after the fork
+            kid.run("xdotool search --name xeyes windowmove 400 300", env=DISPLAY)
+            ws.run("xdotool search --name xclock windowmove 20 300", env=DISPLAY)
+            time.sleep(0.5)
+            a, b = _shot(ws), _shot(kid)
+            assert a != b and a != before and b != before
+            # both servers accept new clients, independently
+            kid.spawn(["xeyes", "-geometry", "100x100+0+0"], env=DISPLAY)
+            _wait(kid, "test $(xdotool search --name xeyes | wc -l) -eq 2")
+            assert ws.run("xdotool search --name xeyes | wc -l", env=DISPLAY).stdout.strip() == b"1"
+        finally:
+            kid.close()
