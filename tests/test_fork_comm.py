@@ -328,3 +328,32 @@ while True:
         assert word[::-1] in _wait(w, "/tmp/reply")
     tty = kid.run(f"readlink /proc/{ws.read_file('/tmp/ready').decode()}/fd/0").stdout.strip()
     assert tty.startswith(b"/dev/pts/")  # the same pty number in the child's own devpts
+
+
+def test_inotify_keeps_its_watches(family):
+    ws = _start(family, """
+import ctypes, os, signal, struct
+lib = ctypes.CDLL(None, use_errno=True)
+os.makedirs('/work/watched', exist_ok=True)
+os.makedirs('/work/gone', exist_ok=True)
+fd = lib.inotify_init1(0)
+w0 = lib.inotify_add_watch(fd, b'/work/gone', 0x100)       # IN_CREATE, then removed: a hole
+w1 = lib.inotify_add_watch(fd, b'/work/watched', 0x100)
+lib.inotify_rm_watch(fd, w0)
+out('/tmp/ready', f'{fd} {w1}')
+while True:
+    buf = os.read(fd, 4096)
+    wd, mask, cookie, n = struct.unpack_from('iIII', buf)
+    name = buf[16:16 + n].rstrip(b'\\0').decode()
+    if mask & 0x8000:   # IN_IGNORED: the removed watch
+        continue
+    with open('/tmp/events', 'a') as f:
+        f.write(f'{wd} {name}\\n')
+""", "/tmp/ready")
+    fd, wd = ws.read_file("/tmp/ready").decode().split()
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    kid.run("touch /work/watched/in-child")
+    ws.run("touch /work/watched/in-source")
+    assert _wait(kid, "/tmp/events").split() == [wd, "in-child"]  # same wd after the hole
+    assert _wait(ws, "/tmp/events").split() == [wd, "in-source"]

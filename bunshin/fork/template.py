@@ -140,7 +140,7 @@ class TemplateCore:
             engine.copy_dev_shm(self.parts["init_pid"], ci.pid)
             sysv_shm.copy_segments(self.parts["init_pid"], ci.pid, self.sysv_segments)
             ctx = engine.ForkCtx(init_hostpid=ci.pid, plans={pl.vpid: pl for pl in self.plans},
-                                 shared={"tracees": tracees})
+                                 shared={"tracees": tracees, "template-upper": str(self.lowers[0])})
             for pl in self.plans[1:]:
                 c = engine.clone_process(tracees[pl.hostpid], pl, ci.pid, self._tmp_pid)
                 clones.append(c)
