@@ -10,7 +10,7 @@ APT_PKGS=(
   xz-utils zstd                           # compressed rootfs archives
   mmdebstrap debootstrap                  # `bunshin rootfs debian`
   redis-server redis-tools                # a real server forked in tests
-  xvfb x11-apps xdotool                   # an X display forked in tests
+  xvfb x11-apps xdotool libx11-dev libxext-dev  # an X display (and a MIT-SHM client) forked in tests
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

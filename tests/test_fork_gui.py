@@ -5,6 +5,7 @@ with xdotool and the screens diverge; both servers keep accepting new clients.""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 import time
 
 import pytest
@@ -53,5 +54,33 @@ def test_xvfb_and_clients_fork(no_leaks):
             kid.spawn(["xeyes", "-geometry", "100x100+0+0"], env=DISPLAY)
             _wait(kid, "test $(xdotool search --name xeyes | wc -l) -eq 2")
             assert ws.run("xdotool search --name xeyes | wc -l", env=DISPLAY).stdout.strip() == b"1"
+        finally:
+            kid.close()
+
+
+def test_mit_shm_client_forks(no_leaks):
+    """A client that draws through MIT-SHM: its SysV segment (shared with the X server) is
+    recreated with the same id in the child, and each side's client keeps painting its own."""
+    src = (Path(__file__).parent / "victims" / "shmpaint.c").read_text()
+    with bunshin.Workspace.create() as ws:
+        ws.write_file("/shmpaint.c", src)
+        r = ws.run("gcc -O1 -o /shmpaint /shmpaint.c -lX11 -lXext")
+        assert r.ok, r
+        ws.spawn(["Xvfb", ":7", "-screen", "0", "640x480x24", "-nolisten", "tcp"], log_path="/tmp/xvfb.log")
+        _wait(ws, "xwd -root -silent >/dev/null")
+        client = ws.spawn(["/shmpaint", "336699"], env=DISPLAY)
+        _wait(ws, "test -s /tmp/painted")
+        time.sleep(0.3)
+        before = _shot(ws)
+        (kid,) = ws.fork(1)
+        try:
+            assert _shot(kid) == before
+            assert kid.run("ipcs -m | grep -c 0x00000000").stdout.strip() == \
+                ws.run("ipcs -m | grep -c 0x00000000").stdout.strip()  # same segments, same ids
+            kid.run("rm /tmp/painted")
+            kid.kill(client, 10)  # the child's client repaints through its own segment
+            _wait(kid, "test -s /tmp/painted")
+            time.sleep(0.3)
+            assert _shot(kid) != before and _shot(ws) == before
         finally:
             kid.close()
