@@ -18,11 +18,18 @@ from dataclasses import dataclass
 import bunshin
 
 __all__ = [
+    "GUI_DISPLAY",
+    "REDIS_KEYS",
     "WORKER",
     "Loaded",
+    "build_gui_workspace",
+    "build_server_workspace",
     "build_workspace",
+    "http_ok",
     "native_bash_forks",
     "native_python_forks",
+    "native_redis_forks",
+    "redis_cli",
     "start_host_worker",
     "wait_lines",
 ]
@@ -152,3 +159,79 @@ def start_host_worker(mib: int, out: str) -> subprocess.Popen:
         p.wait()
         raise
     return p
+
+
+# ---- application workloads: a server workspace (Redis + http.server) and a GUI one (Xvfb) ----
+
+REDIS_PORT = 6390
+REDIS_KEYS = 100_000
+HTTP_PORT = 8000
+GUI_DISPLAY = {"DISPLAY": ":9"}
+_REDIS_CLI = f"redis-cli -p {REDIS_PORT}"
+
+
+def redis_cli(ws: bunshin.Workspace, *args: str) -> bytes:
+    return ws.exec(["redis-cli", "-p", str(REDIS_PORT), *args]).stdout.strip()
+
+
+def build_server_workspace() -> Loaded:
+    """init + bash + Redis holding ``REDIS_KEYS`` keys (DEBUG POPULATE) + ``python3 -m
+    http.server``, both answering."""
+    ld = build_workspace(0)
+    ws = ld.ws
+    try:
+        ws.spawn(["redis-server", "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
+                  "--daemonize", "no", "--dir", "/tmp", "--enable-debug-command", "yes"],
+                 log_path="/tmp/redis.log")
+        _wait(lambda: redis_cli(ws, "ping") == b"PONG", 30, "redis-server to answer PING")
+        r = redis_cli(ws, "debug", "populate", str(REDIS_KEYS))
+        if r != b"OK" or redis_cli(ws, "dbsize") != str(REDIS_KEYS).encode():
+            raise RuntimeError(f"DEBUG POPULATE failed: {r!r}")
+        ws.spawn(["python3", "-m", "http.server", str(HTTP_PORT), "--bind", "127.0.0.1"], cwd="/tmp",
+                 log_path="/tmp/http.log")
+        _wait(lambda: http_ok(ws), 30, "http.server to answer")
+        return ld
+    except BaseException:
+        ld.close()
+        raise
+
+
+def http_ok(ws: bunshin.Workspace) -> bool:
+    r = ws.run(f"exec 3<>/dev/tcp/127.0.0.1/{HTTP_PORT} && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 "
+               "&& head -c 12 <&3", timeout=10)
+    return r.exit_code == 0 and r.stdout.startswith(b"HTTP/1.0 200")
+
+
+def native_redis_forks(sh, n: int) -> list[float]:
+    """``n`` fork() durations (seconds) as Redis reports them itself: BGSAVE, wait until the
+    save child is done and reaped, then ``INFO stats`` ``latest_fork_usec``."""
+    script = (f"for _i in $(seq {n}); do {_REDIS_CLI} bgsave >/dev/null || exit 1; "
+              f"while {_REDIS_CLI} info persistence | grep -q 'rdb_bgsave_in_progress:1'; do sleep 0.005; done; "
+              f"{_REDIS_CLI} info persistence | grep -q 'rdb_last_bgsave_status:ok' || exit 2; "
+              f"{_REDIS_CLI} info stats | grep latest_fork_usec; done")
+    r = sh.run(script, timeout=120)
+    out = [int(line.split(":")[1]) * 1e-6 for line in r.stdout.decode().split()
+           if line.startswith("latest_fork_usec:")]
+    if len(out) != n:
+        raise RuntimeError(f"redis fork timing: expected {n} values, got {r.stdout[-300:]!r} "
+                           f"(exit {r.exit_code})")
+    return out
+
+
+def build_gui_workspace() -> Loaded:
+    """init + bash + Xvfb :9 (1280x800x24, MIT-SHM framebuffer) + xeyes + xclock, drawn."""
+    ld = build_workspace(0)
+    ws = ld.ws
+    try:
+        ws.spawn(["Xvfb", GUI_DISPLAY["DISPLAY"], "-screen", "0", "1280x800x24", "-nolisten", "tcp",
+                  "-shmem"], log_path="/tmp/xvfb.log")
+        _wait(lambda: ws.run("xwd -root -silent >/dev/null 2>&1", env=GUI_DISPLAY).ok, 30, "Xvfb")
+        ws.spawn(["xeyes", "-geometry", "300x200+20+20"], env=GUI_DISPLAY)
+        ws.spawn(["xclock", "-geometry", "200x200+400+200"], env=GUI_DISPLAY)
+        _wait(lambda: ws.run("xdotool search --name xeyes && xdotool search --name xclock",
+                             env=GUI_DISPLAY).ok, 30, "xeyes and xclock windows")
+        time.sleep(0.3)  # let both draw
+        return ld
+    except BaseException:
+        ld.close()
+        raise

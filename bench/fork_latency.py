@@ -12,6 +12,15 @@ CRIU (when find_criu() gives a usable one): the medium worker as a plain host pr
 `criu dump --leave-running` then, the original killed (a restore needs its pid free), `criu
 restore --restore-detached`, images on tmpfs; the restored copy is dumped next time.
 
+Two application workspaces ("apps" in the JSON), measured the same way:
+  * server: init + bash + Redis (100k keys, DEBUG POPULATE) + `python3 -m http.server`. Native:
+    Redis's own fork() time (BGSAVE, then INFO stats latest_fork_usec) + bash's `( : )`;
+    http.server and bunshin-init are not counted. Child check: dbsize == 100000, HTTP 200.
+  * gui: init + bash + Xvfb :9 1280x800x24 (-shmem) + xeyes + xclock. Native: not measurable
+    (Xvfb and the X clients have no way to time their own fork()): Bunshin times only.
+    Child check: `xwd -root` succeeds in the child.
+  CRIU: not measured for either (the CRIU baseline covers the medium worker only).
+
 usage: python bench/fork_latency.py [--quick]   (last stdout line: JSON; PNG in bench/out/)
 """
 
@@ -31,8 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, memory_facts, png_path, summary  # noqa: E402
-from _workloads import (Loaded, build_workspace, native_bash_forks,  # noqa: E402
-                        native_python_forks, start_host_worker, wait_lines)
+from _workloads import (GUI_DISPLAY, REDIS_KEYS, Loaded, build_gui_workspace,  # noqa: E402
+                        build_server_workspace, build_workspace, http_ok, native_bash_forks,
+                        native_python_forks, native_redis_forks, redis_cli, start_host_worker,
+                        wait_lines)
 
 from bunshin.criu_locate import find_criu  # noqa: E402
 
@@ -107,6 +118,81 @@ def measure_size(name: str, mib: int, n: int) -> dict:
     for k in ("bunshin_tpl_fork", "bunshin_ws_fork"):
         res[f"{k}_over_native"] = res[k]["p50_ms"] / nat
         res[f"{k}_minus_native_ms"] = res[k]["p50_ms"] - nat
+    return res
+
+
+APPS = {
+    "server": {"build": build_server_workspace,
+               "processes": ["bunshin-init", "bash", "redis-server", "python3 -m http.server"],
+               "child_check": f"processes and tool calls as in the source; redis-cli dbsize == {REDIS_KEYS}; "
+                              "http.server answers 200"},
+    "gui": {"build": build_gui_workspace,
+            "processes": ["bunshin-init", "bash", "Xvfb :9 1280x800x24 -shmem", "xeyes", "xclock"],
+            "child_check": "processes and tool calls as in the source; xwd -root succeeds"},
+}
+
+
+def _app_child_ok(kind: str, ld, kid) -> bool:
+    if not check_child(ld, kid):
+        return False
+    if kind == "server":
+        return redis_cli(kid, "dbsize") == str(REDIS_KEYS).encode() and http_ok(kid)
+    r = kid.run("xwd -root -silent | wc -c", env=GUI_DISPLAY)
+    return r.ok and int(r.stdout.strip() or 0) > 1280 * 800 * 3
+
+
+def measure_app(kind: str, n: int) -> dict:
+    """Like measure_size, for the server (Redis + http.server) and gui (Xvfb + 2 clients) kinds."""
+    spec = APPS[kind]
+    ld = spec["build"]()
+    extra: dict = {}
+    try:
+        if kind == "server":
+            info = redis_cli(ld.ws, "info", "memory").decode()
+            extra["redis_keys"] = int(redis_cli(ld.ws, "dbsize"))
+            extra["redis_used_memory_bytes"] = int(info.split("used_memory:")[1].split()[0])
+        tpl = ld.ws.snapshot()
+        try:
+            kid = tpl.fork(1)[0]
+            try:
+                child_ok = _app_child_ok(kind, ld, kid)
+            finally:
+                kid.close()
+            for _ in range(2):  # warm-up
+                timed_fork(lambda: tpl.fork(1))
+            red, bash, tplf, wsf = [], [], [], []
+            for _ in range(n):
+                if kind == "server":
+                    red += native_redis_forks(ld.sh, 1)
+                    bash += native_bash_forks(ld.sh, 1)
+                tplf.append(timed_fork(lambda: tpl.fork(1)))
+                if len(wsf) < WS_FORK_MAX:
+                    wsf.append(timed_fork(lambda: ld.ws.fork(1)))
+            pid_ns_depth = _pid_ns_depth(ld.ws.init_pid)
+        finally:
+            tpl.close()
+    finally:
+        ld.close()
+    res = {"processes": spec["processes"], **extra,
+           "bunshin_tpl_fork": summary(tplf), "bunshin_ws_fork": summary(wsf),
+           "child_ok": child_ok, "child_check": spec["child_check"],
+           "ws_fork_samples": len(wsf), "pid_ns_depth_of_source_after": pid_ns_depth,
+           "criu": "not measured (the CRIU baseline covers the medium Python worker only)"}
+    if kind == "server":
+        native = [b + r for b, r in zip(bash, red)]
+        res["native_redis_fork"] = summary(red)
+        res["native_redis_fork_source"] = "redis INFO stats latest_fork_usec after BGSAVE"
+        res["native_bash_subshell"] = summary(bash)
+        res["native_sum"] = summary(native)
+        res["native_not_counted"] = ["bunshin-init", "python3 -m http.server"]
+        nat = res["native_sum"]["p50_ms"]
+        for k in ("bunshin_tpl_fork", "bunshin_ws_fork"):
+            res[f"{k}_over_native"] = res[k]["p50_ms"] / nat
+            res[f"{k}_minus_native_ms"] = res[k]["p50_ms"] - nat
+    else:
+        res["native"] = None
+        res["native_reason"] = ("not measurable: Xvfb and the X clients cannot time their own "
+                                "fork(); Bunshin times only")
     return res
 
 
@@ -236,6 +322,7 @@ def main() -> None:
     res: dict = {"quick": args.quick, "iterations": n, "large_mib": large, "memory": memory_facts(),
                  "ws_fork_max_per_workspace": WS_FORK_MAX,
                  "sizes": {name: measure_size(name, mib, n) for name, mib in sizes.items()}}
+    res["apps"] = {kind: measure_app(kind, n) for kind in APPS}
     res["criu"] = measure_criu(MEDIUM_MIB, n_criu)
     med, small = res["sizes"]["medium"], res["sizes"]["small"]
     nat = med["native_sum"]["p50_ms"]
@@ -259,18 +346,19 @@ def plot(res: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, ax = plt.subplots(figsize=(12, 5.2))
     series = [("native Σ fork()", "#999", lambda s, name: s.get("native_sum")),
               ("bunshin tpl.fork(1)", "#1f77b4", lambda s, name: s.get("bunshin_tpl_fork")),
               ("bunshin ws.fork(1)", "#6baed6", lambda s, name: s.get("bunshin_ws_fork")),
               ("CRIU dump+restore", "#d62728",
                lambda s, name: res["criu"].get("dump_plus_restore") if name == "medium" else None)]
-    names = list(res["sizes"])
+    groups = {**res["sizes"], **res.get("apps", {})}
+    names = list(groups)
     w = 0.2
     for j, (label, color, get) in enumerate(series):
         xs, p50, p95 = [], [], []
         for i, name in enumerate(names):
-            s = get(res["sizes"][name], name)
+            s = get(groups[name], name)
             if s:
                 xs.append(i + (j - 1.5) * w)
                 p50.append(s["p50_ms"])
@@ -283,7 +371,10 @@ def plot(res: dict) -> None:
             ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
     ax.scatter([], [], color="k", marker="_", s=200, label="p95")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(names)), [f"{nm}\n({res['sizes'][nm]['mib']} MiB worker)" if res['sizes'][nm]['mib']
+    app_label = {"server": "server\n(redis 100k keys\n+ http.server)",
+                 "gui": "gui\n(Xvfb + xeyes + xclock;\nno native)"}
+    ax.set_xticks(range(len(names)), [app_label[nm] if nm in app_label
+                                      else f"{nm}\n({groups[nm]['mib']} MiB worker)" if groups[nm]['mib']
                                       else f"{nm}\n(init + bash)" for nm in names])
     ax.set_ylabel("ms (log)")
     ax.set_title(f"Workspace fork latency vs native fork() and CRIU{' (--quick)' if res['quick'] else ''}")
