@@ -1,6 +1,7 @@
 """Prefix-cache and speculation benchmark, A/B in one run.
 
-Lookup: p50 of computing a node key (canonical call + xxh3-128) and of a metadata read from
+Group replay: a group of rollouts of one task sharing their first calls, executed plainly and
+through a PrefixCache: wall time, hit rate, seconds saved. Lookup: p50 of computing a node key (canonical call + xxh3-128) and of a metadata read from
 LMDB, for a trie of ``--nodes`` recorded calls. Speculation: a rollout of ``--steps`` bash calls
 (each ``sleep --call`` + a counter write) with ``--think`` seconds of policy generation before
 each call, run plainly and with a SpeculativeExecutor whose predictor is right with
@@ -42,6 +43,41 @@ def lookup_costs(nodes: int) -> dict:
         get_t = timeit(lambda: store.get(keys[next(it2) % nodes]), 2000)
     return {"nodes": nodes, "key": summary(key_t), "lmdb_get": summary(get_t),
             "insert_us": insert_s * 1e6}
+
+
+def group_replay(group: int, steps: int, shared: int, cost: float) -> dict:
+    """A group of rollouts of one task whose first ``shared`` calls are identical: plain
+    execution vs a PrefixCache (every call snapshotted), same traces, same checks."""
+    def trace(r: int) -> list[str]:
+        return [f"sleep {cost}; echo s{i} >> /tmp/log" if i < shared else
+                f"sleep {cost}; echo r{r}-{i} >> /tmp/log" for i in range(steps)]
+
+    def expected(r: int) -> bytes:
+        return "".join(f"s{i}\n" if i < shared else f"r{r}-{i}\n" for i in range(steps)).encode()
+
+    t0 = time.monotonic()
+    for r in range(group):
+        with bunshin.Workspace.create() as ws:
+            sh = ws.shell()
+            for c in trace(r):
+                sh.run(c)
+            assert ws.read_file("/tmp/log") == expected(r)
+    plain = time.monotonic() - t0
+    with tempfile.TemporaryDirectory() as d, \
+            bunshin.PrefixCache(Path(d) / "c.lmdb", memory_budget=8 << 30, snapshot=0.0) as cache:
+        t0 = time.monotonic()
+        for r in range(group):
+            with bunshin.Workspace.create() as ws:
+                cw = cache.session(ws, task_id="bench")
+                for c in trace(r):
+                    cw.call(c)
+                assert ws.read_file("/tmp/log") == expected(r)
+        cached = time.monotonic() - t0
+        st = cache.stats
+    return {"group": group, "steps": steps, "shared_prefix": shared, "call_s": cost,
+            "plain_s": plain, "cached_s": cached, "ratio": cached / plain,
+            "hit_rate": st.hits / max(st.hits + st.misses, 1), "hits": st.hits, "misses": st.misses,
+            "saved_s": st.saved_seconds}
 
 
 def _run(trace: list[str], think: float, ex) -> float:
@@ -86,6 +122,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     res = {"lookup": lookup_costs(2000 if a.quick else 100_000)}
+    res["group_replay"] = (group_replay(3, 4, 2, 0.2) if a.quick else group_replay(8, 8, 4, 1.0))
     thinks = [0.2, 0.5] if a.quick else [1, 2, 5, 10]
     res["speculation"] = [speculation(4 if a.quick else 8, t, 0.3 if a.quick else 1.0, a.accuracy, a.seed)
                           for t in thinks]
@@ -100,7 +137,11 @@ def _plot(res: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a, c, b) = plt.subplots(1, 3, figsize=(14, 3.8))
+    g = res["group_replay"]
+    c.bar(["plain", "prefix cache"], [g["plain_s"], g["cached_s"]], color=["#999", "#2ca02c"])
+    c.set_ylabel("group wall s")
+    c.set_title(f"{g['group']} rollouts, {g['shared_prefix']}/{g['steps']} calls shared")
     lk = res["lookup"]
     a.bar(["node key\n(xxh3-128)", "LMDB get"], [lk["key"]["p50_ms"] * 1e3, lk["lmdb_get"]["p50_ms"] * 1e3])
     a.set_ylabel("µs (p50)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import lmdb
 import pytest
@@ -282,3 +283,47 @@ def test_bad_arguments():
     with pytest.raises(CacheError, match="verify"):
         PrefixCache("/tmp/x-never-created.lmdb", verify=2)
     assert not os.path.exists("/tmp/x-never-created.lmdb")
+
+
+CRASHING_WRITER = r"""
+import os, sys
+from bunshin.cache.store import MetaStore
+from bunshin.cache.toolcall import ToolCall, canonical, child_key, root_key
+store = MetaStore(sys.argv[1])
+root = root_key("crash")
+env, nodes = store._open()
+txn = env.begin(write=True, db=nodes)          # a write transaction left open...
+for i in range(1000):
+    txn.put(f"half-written-{i}".encode(), b"x" * 100)
+print("writing", flush=True)
+os.kill(os.getpid(), 9)                        # ...when the writer dies
+"""
+
+
+def test_lmdb_survives_a_crashed_writer(tmp_path):
+    import subprocess
+    import sys
+
+    from bunshin.cache.store import MetaStore
+    from bunshin.cache.toolcall import ToolCall, canonical, child_key, root_key
+
+    path = tmp_path / "meta.lmdb"
+    root = root_key("crash")
+    call = ToolCall("bash", {"command": "ls"})
+    key = child_key(root, call)
+    store = MetaStore(path)
+    store.visit(root, key, canonical(call.name, call.args))
+    store.close()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(path)], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert p.returncode == -9 and "writing" in p.stdout, p.stderr
+    again = MetaStore(path)  # another process opens it after the crash
+    try:
+        rec = again.get(key)
+        assert rec is not None and rec["visits"] == 1  # committed data intact
+        assert again.get(b"half-written-0") is None  # the dead writer's transaction is gone
+        again.visit(root, key, canonical(call.name, call.args))  # and writing works again
+        assert again.get(key)["visits"] == 2
+    finally:
+        again.close()
