@@ -7,6 +7,8 @@ import threading
 from pathlib import Path
 
 import lmdb
+
+from bunshin.cache.states import template_cost
 import pytest
 
 import bunshin
@@ -226,10 +228,19 @@ def test_eviction_keeps_the_more_valuable_state(base, tmp_path):
             cw = cache.session(a, "t")
             cw.call("sleep 0.4")
             slow = cw.key
-            cost = cache.memory_used
-            cache._states.budget = int(cost * 1.5)  # room for one state only
             cw.call("true")
-            assert cache.live_states() == [slow] and cache.stats.evictions == 1
+            table = cache._states
+            table.remeasure()  # costs = each state's unique memory among the cached states
+            costs = {k: st.cost for k, st in table.states.items()}
+            assert len(costs) == 2
+            # the second state shares almost everything with the first: unique costs are far
+            # below their resident sizes
+            rss = template_cost(table.states[slow].template)
+            assert sum(costs.values()) < rss
+            table.budget = max(costs.values())  # room for one state only
+            cw.call("echo trigger")  # admitting a third state evicts by value
+            assert slow in cache.live_states()  # the cheap-to-redo states went first
+            assert cache.stats.evictions >= 1
     finally:
         a.close()
 

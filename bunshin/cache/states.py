@@ -1,11 +1,11 @@
 """Live workspace states (frozen templates) held in memory within a byte budget.
 
 Each state is a :class:`bunshin.Template` keyed by its trie node. Its memory cost is the
-resident memory of the template's frozen processes, each physical page counted once
-(``bunshin.memory.pids_usage``), measured when the state is admitted. This is an upper bound
-of what closing it frees: pages it still shares copy-on-write with its forks are counted too
-(documented approximation; re-measuring unique pages across the family is left to a later
-slice). Eviction drops the states of least value until the total fits the budget:
+template's own unique memory: the pages its frozen processes map and no other cached state
+maps (``bunshin.memory.pids_usage`` over all states), re-measured whenever the table is over
+budget — what closing it would free among the cached states. (Pages it shares only with a
+live workspace count as its own.) A new state is admitted at its resident size, an upper bound,
+until the next measurement. Eviction drops the states of least value until the total fits:
 
     value = re-execution time × reuse probability ÷ memory cost
 
@@ -31,10 +31,13 @@ if TYPE_CHECKING:
 __all__ = ["State", "StateTable", "template_cost"]
 
 
+def _pids(tpl: Template) -> list[int]:
+    return [pl.hostpid for pl in tpl._core.plans]
+
+
 def template_cost(tpl: Template) -> int:
     """Resident bytes of ``tpl``'s frozen processes (shared pages counted once), ≥ one page."""
-    pids = [pl.hostpid for pl in tpl._core.plans]
-    u = pids_usage({"tpl": pids}, pss=False)
+    u = pids_usage({"tpl": _pids(tpl)}, pss=False)
     return max(u.per_workspace["tpl"].rss_bytes, PAGE_SIZE)
 
 
@@ -76,8 +79,20 @@ class StateTable:
             self.used -= st.cost
         return st
 
+    def remeasure(self) -> None:
+        """Each state's cost := its unique memory among all cached states (one pagemap pass)."""
+        if not self.states:
+            return
+        u = pids_usage({k.hex(): _pids(st.template) for k, st in self.states.items()}, pss=False)
+        for k, st in self.states.items():
+            st.cost = max(u.per_workspace[k.hex()].private_bytes, PAGE_SIZE)
+        self.used = sum(st.cost for st in self.states.values())
+
     def over_budget(self, reuse: Callable[[bytes, bytes], float]) -> list[State]:
         """Remove and return the least valuable unpinned states until the total fits."""
+        if self.used <= self.budget:
+            return []
+        self.remeasure()
         if self.used <= self.budget:
             return []
         ranked = sorted((st for st in self.states.values() if st.pins == 0),
