@@ -102,3 +102,22 @@ def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     return subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env=env)
+
+
+@pytest.fixture
+def family(no_leaks):
+    """A list the test appends workspaces to; they are closed (children first) afterwards."""
+    made: list = []
+    yield made
+    for w in reversed(made):
+        w.close()
+
+
+def wait_file(w, path: str, timeout: float = 15) -> str:
+    """Contents of ``path`` in workspace ``w`` once it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if w.run(f"test -e {path}").exit_code == 0:
+            return w.read_file(path).decode()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared in {w.id}")

@@ -33,14 +33,6 @@ def _wait_file(w, path: str, want: bytes, timeout: float = 10) -> bytes:
     return data
 
 
-@pytest.fixture
-def family(no_leaks):
-    made: list = []
-    yield made
-    for w in reversed(made):
-        w.close()
-
-
 def test_fork_keeps_processes_pids_and_shell_state(family):
     ws = bunshin.Workspace.create()
     family.append(ws)

@@ -5,11 +5,11 @@ each side driven independently after the fork."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
 import bunshin
+from conftest import wait_file as _wait
 from bunshin.errors import ForkError
 
 WAIT = """
@@ -21,23 +21,6 @@ def out(p, text):
     open(p + '.tmp', 'w').write(text)
     os.rename(p + '.tmp', p)
 """
-
-
-def _wait(w, path: str, timeout: float = 15) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if w.run(f"test -e {path}").exit_code == 0:
-            return w.read_file(path).decode()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared in {w.id}")
-
-
-@pytest.fixture
-def family(no_leaks):
-    made: list = []
-    yield made
-    for w in reversed(made):
-        w.close()
 
 
 def _start(family, script: str, ready: str) -> bunshin.Workspace:

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import bunshin
+from conftest import wait_file as _wait
 from bunshin.errors import ForkError
 
 WAIT = """
@@ -23,23 +24,6 @@ def out(p, text):
 """
 
 FETCH = "python3 -c \"import urllib.request as u; print(u.urlopen('{url}', timeout=5).read().decode())\""
-
-
-def _wait(w, path: str, timeout: float = 15) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if w.run(f"test -e {path}").exit_code == 0:
-            return w.read_file(path).decode()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared in {w.id}")
-
-
-@pytest.fixture
-def family(no_leaks):
-    made: list = []
-    yield made
-    for w in reversed(made):
-        w.close()
 
 
 def _start(family, script: str, ready: str, *args: str) -> bunshin.Workspace:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import run_python, wait_no_leaks
+from conftest import run_python
 
 CHILD = r"""
 import json, sys, time, bunshin

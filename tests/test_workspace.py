@@ -185,7 +185,7 @@ def test_close_removes_everything(no_leaks):
     w = bunshin.Workspace.create()
     w.spawn(["sleep", "100"])
     w.run("dd if=/dev/zero of=/big bs=1M count=5 status=none")
-    state, init, hostpids = w.state_path, w.init_pid, w.host_pids()
+    state, hostpids = w.state_path, w.host_pids()
     assert (state / "upper" / "big").stat().st_size == 5 << 20
     w.close()
     assert not state.exists()

@@ -63,7 +63,11 @@ class ForkingMixin:
     def restore(self, tpl: "Template") -> None:
         """Roll back: this workspace becomes a fresh fork of ``tpl`` (the same object; shell
         sessions that existed in the template continue in their template state)."""
-        kid = tpl.fork(1)[0]
+        self._become(tpl.fork(1)[0])
+
+    def _become(self, kid: "Workspace") -> None:
+        """This workspace (the same object, its Shell objects rebound) becomes ``kid``, a fork;
+        its previous processes, cgroup and files are torn down. ``kid`` is spent."""
         with self._close_lock:
             if self._closed:
                 kid.close()

@@ -34,20 +34,7 @@ _fresh: weakref.WeakKeyDictionary[Workspace, tuple[str, int]] = weakref.WeakKeyD
 def adopt(ws: Workspace, kid: Workspace) -> None:
     """``ws`` becomes ``kid`` (a fork of a template ``ws`` may or may not descend from); ``kid``
     is spent, ``ws``'s previous processes are torn down. No tool call may run on either."""
-    from ..runtime.workspace import Workspace
-
-    with ws._close_lock:
-        if ws._closed:
-            kid.close()
-            raise WorkspaceClosed(f"workspace {ws.id} is closed")
-        old = Workspace()
-        old.__dict__.update({k: v for k, v in ws.__dict__.items() if k not in ("_close_lock", "_closed")})
-        old._closed = False
-        old._shells = []
-        masters = ws._adopt(kid)
-    for m in masters:
-        os.close(m)
-    old._teardown()
+    ws._become(kid)
     _fresh.pop(ws, None)
 
 
