@@ -107,7 +107,7 @@ def _fork(group: int) -> dict:
             dt, n = _steps(k._shells[0], i)
             own_s += dt
             ok += n
-        template = {"template": tpl._core.parts["cg"].pids()}
+        template = {"template": tpl.host_pids()}
         groups = {w.id: w.host_pids() for w in kids}
         mem = bunshin.memory.pids_usage({**groups, **template}, pss=False).total_bytes
         tpl.close()

@@ -31,13 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["State", "StateTable", "template_cost"]
 
 
-def _pids(tpl: Template) -> list[int]:
-    return [pl.hostpid for pl in tpl._core.plans]
-
-
 def template_cost(tpl: Template) -> int:
     """Resident bytes of ``tpl``'s frozen processes (shared pages counted once), ≥ one page."""
-    u = pids_usage({"tpl": _pids(tpl)}, pss=False)
+    u = pids_usage({"tpl": tpl.host_pids()}, pss=False)
     return max(u.per_workspace["tpl"].rss_bytes, PAGE_SIZE)
 
 
@@ -83,7 +79,7 @@ class StateTable:
         """Each state's cost := its unique memory among all cached states (one pagemap pass)."""
         if not self.states:
             return
-        u = pids_usage({k.hex(): _pids(st.template) for k, st in self.states.items()}, pss=False)
+        u = pids_usage({k.hex(): st.template.host_pids() for k, st in self.states.items()}, pss=False)
         for k, st in self.states.items():
             st.cost = max(u.per_workspace[k.hex()].private_bytes, PAGE_SIZE)
         self.used = sum(st.cost for st in self.states.values())

@@ -290,20 +290,6 @@ def copy_dev_shm(template_init: int, child_init: int) -> None:
                        capture_output=True)
 
 
-def wait_exit_pidfd(pidfd: int, timeout: float) -> bool:
-    """True once the process behind ``pidfd`` has exited (works for non-children too)."""
-    import select
-
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        r, _, _ = select.select([pidfd], [], [], left)
-        if r:
-            return True
-
-
 def overlay_fd(lowers, upper, work) -> int:
     try:
         return _syscalls.overlay_mount_fd([str(p) for p in lowers], str(upper), str(work))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
 from . import engine
+from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import sysv_shm
 from .plan import plan_tree
 
@@ -71,7 +72,8 @@ class TemplateCore:
             p["cg"].kill_all()
         except BunshinError as e:
             log.warning("template %s: %s", self.id, e)
-        _reap(p["pidfd"], p["init_is_child"])
+        if p["pidfd"] >= 0:  # frozen: no shutdown to wait for
+            reap_init(p["pidfd"], is_child=p["init_is_child"], grace=0)
         if p["root_fd"] >= 0:
             os.close(p["root_fd"])
         p["cg"].destroy()
@@ -159,7 +161,8 @@ class TemplateCore:
                 chan.close()  # the child's init sees EOF and takes its namespace down
             if ci is not None:
                 os.kill(ci.pid, 9)
-                engine.wait_exit_pidfd(pidfd, 5) if pidfd >= 0 else None
+                if pidfd >= 0:
+                    wait_exit_pidfd(pidfd, 5)
             if pidfd >= 0:
                 os.close(pidfd)
             if cg is not None:
@@ -184,25 +187,6 @@ class TemplateCore:
         log.info("forked %s from template %s in %.2f ms (%d processes)", ws.id, self.id,
                  (time.perf_counter() - start) * 1e3, len(self.plans))
         return ws
-
-
-def _reap(pidfd: int, is_child: bool) -> None:
-    if pidfd < 0:
-        return
-    import signal
-
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if not engine.wait_exit_pidfd(pidfd, 10):
-        log.warning("a template's init did not exit within 10 s of SIGKILL")
-    elif is_child:
-        try:
-            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-        except ChildProcessError:
-            pass
-    os.close(pidfd)
 
 
 def snapshot_parts(parts: dict, config: dict, shells: list[tuple[int, int, str]]) -> TemplateCore:
@@ -237,6 +221,10 @@ class Template:
             raise WorkspaceClosed(f"template {self.id} is closed")
         _check_n(n)
         return self._core.fork(n, on_fork)
+
+    def host_pids(self) -> list[int]:
+        """Host pids of the template's frozen processes (for accounting)."""
+        return [pl.hostpid for pl in self._core.plans]
 
     def close(self) -> None:
         """Drop this handle; the frozen processes go when no child needs them."""

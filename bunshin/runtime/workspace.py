@@ -33,6 +33,7 @@ from . import cgroup as _cgroup
 from . import rootfs as _rootfs
 from .capture import DEFAULT_MAX_OUTPUT, Capture, pump
 from .channel import Channel
+from .reap import reap_init
 from .forking import ForkingMixin
 from .result import Result, exit_code_from_status
 from .state import Meta, WorkspaceDir, proc_start_time
@@ -292,31 +293,8 @@ class Workspace(ForkingMixin):
 
     def _reap_init(self) -> None:
         # Init's exit tears down the pid namespace: the kernel kills and reaps every member.
-        if not self._init_is_child:
-            # A forked init is the child of its template's init, which reaps it at the next
-            # fork or when the template goes; we can only watch it exit.
-            from ..fork.engine import wait_exit_pidfd
-
-            if not wait_exit_pidfd(self._pidfd, 5):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                wait_exit_pidfd(self._pidfd, 10)
-            os.close(self._pidfd)
-            self._pidfd = -1
-            return
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
-            except ChildProcessError:
-                break
-            if res is not None:
-                break
-            if time.monotonic() > deadline:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
-                break
-            time.sleep(0.001)
-        os.close(self._pidfd)
+        # It was asked to shut down; a forked init is reaped by its template's init, not us.
+        reap_init(self._pidfd, is_child=self._init_is_child, grace=5)
         self._pidfd = -1
 
     # -- tool calls ---------------------------------------------------------------------

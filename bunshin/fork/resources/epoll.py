@@ -45,9 +45,7 @@ def _watches(proc, f) -> list[tuple[int, int, int]]:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    where = sharing.find(ctx, "epoll", proc, f)
-    if where is not None:  # the first clone holding it filled it already
-        r.install(sharing.grab(r, where), f.fd)
+    if sharing.reuse(ctx, "epoll", proc, r, f):  # the first clone holding it filled it already
         return
     watches = _watches(proc, f)
     r.install(r.call("epoll_create1", os.O_CLOEXEC), f.fd)

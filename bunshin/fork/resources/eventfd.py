@@ -18,9 +18,7 @@ def claims(proc, f) -> bool:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    where = sharing.find(ctx, "eventfd", proc, f)
-    if where is not None:
-        r.install(sharing.grab(r, where), f.fd)
+    if sharing.reuse(ctx, "eventfd", proc, r, f):
         return
     info = sharing.fdinfo(proc.hostpid, f.fd)
     count = int(info["eventfd-count"], 16)  # printed as %llx

@@ -86,9 +86,7 @@ def _walk(root: str, top: str, ino: int, dev: int, seen: int) -> str | int:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    where = sharing.find(ctx, "inotify", proc, f)
-    if where is not None:
-        r.install(sharing.grab(r, where), f.fd)
+    if sharing.reuse(ctx, "inotify", proc, r, f):
         return
     newfd = r.call("inotify_init1", os.O_CLOEXEC | (f.flags & os.O_NONBLOCK))
     next_wd, holes = 1, False

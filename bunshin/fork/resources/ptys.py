@@ -38,6 +38,24 @@ def _inner_indexes(ctx) -> set[int]:
     return ctx.shared["inner-ptys"]
 
 
+def _open_index(index: int, open_master, index_of, close) -> int:
+    """A master for pty ``index`` in a devpts instance: open ptmx until the kernel hands out
+    that number (it takes the lowest free one), closing the others."""
+    spare = []
+    try:
+        while True:
+            m = open_master()
+            got = index_of(m)
+            if got == index:
+                return m
+            spare.append(m)
+            if got > index + 64:
+                raise ForkError(f"cannot get pty {index} in the child's /dev/pts (got {got})")
+    finally:
+        for fd in spare:
+            close(fd)
+
+
 def _copy_termios(src_path: str, dst_path: str) -> None:
     src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
     try:
@@ -56,21 +74,16 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
     made = ctx.shared.setdefault("inner-masters", {})
     if index in made:
         return made[index]
-    spare, fd = [], -1
-    try:
-        while True:
-            fd = r.openat("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-            addr = r.put(bytes(4))
-            r.call("ioctl", fd, _TIOCGPTN, addr)
-            got = struct.unpack("I", r.t.read(addr, 4))[0]
-            if got == index:
-                break
-            spare.append(fd)
-            if got > index + 64:
-                raise ForkError(f"cannot get pty {index} in the child's /dev/pts (got {got})")
-    finally:
-        for s_ in spare:
-            r.call("close", s_)
+
+    def open_master() -> int:
+        return r.openat("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+
+    def index_of(fd: int) -> int:
+        addr = r.put(bytes(4))
+        r.call("ioctl", fd, _TIOCGPTN, addr)
+        return struct.unpack("I", r.t.read(addr, 4))[0]
+
+    fd = _open_index(index, open_master, index_of, lambda fd: r.call("close", fd))
     r.call("ioctl", fd, _TIOCSPTLCK, r.put(struct.pack("i", 0)))
     tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
     _copy_termios(f"/proc/{tpl_init}/root/dev/pts/{index}", f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
@@ -84,31 +97,13 @@ def _master(ctx, index: int, template_slave: str) -> int:
     masters = ctx.shared.setdefault("pty_masters", {})
     if index in masters:
         return masters[index]
-    spare = []
-    try:
-        while True:
-            m = os.open(f"/proc/{ctx.init_hostpid}/root/dev/pts/ptmx",
-                        os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
-            got = struct.unpack("I", fcntl.ioctl(m, _TIOCGPTN, b"\0" * 4))[0]
-            if got == index:
-                break
-            spare.append(m)
-            if got > index + 64:
-                raise ForkError(f"cannot get pty {index} in the child's /dev/pts (got {got})")
-    finally:
-        for s in spare:
-            os.close(s)
+    m = _open_index(index,
+                    lambda: os.open(f"/proc/{ctx.init_hostpid}/root/dev/pts/ptmx",
+                                    os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK),
+                    lambda fd: struct.unpack("I", fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4))[0],
+                    os.close)
     fcntl.ioctl(m, _TIOCSPTLCK, struct.pack("i", 0))
-    src = os.open(template_slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
-    try:
-        slave = os.open(f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}", os.O_RDWR | os.O_NOCTTY)
-        try:
-            termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(src))
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
-        finally:
-            os.close(slave)
-    finally:
-        os.close(src)
+    _copy_termios(template_slave, f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
     masters[index] = m
     return m
 

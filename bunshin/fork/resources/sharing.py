@@ -34,6 +34,15 @@ def find(ctx, kind: str, proc, f) -> tuple[int, int] | None:
     return None
 
 
+def reuse(ctx, kind: str, proc, r, f) -> bool:
+    """Install the copy an earlier clone made of ``f``'s open file, if there is one."""
+    where = find(ctx, kind, proc, f)
+    if where is None:
+        return False
+    r.install(grab(r, where), f.fd)
+    return True
+
+
 def remember(ctx, kind: str, proc, f, fd: int) -> None:
     """``fd`` in this clone is the child's copy of template file ``f``."""
     _made(ctx, kind).append((proc.hostpid, f.fd, (proc.vpid, fd)))

@@ -16,9 +16,7 @@ def claims(proc, f) -> bool:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    where = sharing.find(ctx, "signalfd", proc, f)
-    if where is not None:
-        r.install(sharing.grab(r, where), f.fd)
+    if sharing.reuse(ctx, "signalfd", proc, r, f):
         return
     mask = int(sharing.fdinfo(proc.hostpid, f.fd)["sigmask"], 16)
     newfd = r.call("signalfd4", -1 & 0xFFFFFFFFFFFFFFFF, r.put(struct.pack("Q", mask)), 8,

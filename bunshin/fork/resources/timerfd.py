@@ -40,9 +40,7 @@ def _forward(ctx, proc, f) -> None:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    where = sharing.find(ctx, "timerfd", proc, f)
-    if where is not None:
-        r.install(sharing.grab(r, where), f.fd)
+    if sharing.reuse(ctx, "timerfd", proc, r, f):
         return
     _forward(ctx, proc, f)
     info = sharing.fdinfo(proc.hostpid, f.fd)
