@@ -40,6 +40,9 @@ class CachedSession:
         self.task_id = task_id
         self.key: bytes | None = root_key(task_id)
         self._shell: Shell | None = None
+        self.last_source = "exec"
+        """How the last call was answered: "exec", "cache" (a hit) or "speculation" (an
+        adopted speculative fork, set by the executor)."""
 
     @property
     def shell(self) -> Shell:
@@ -55,6 +58,7 @@ class CachedSession:
         """Run ``call`` (a :class:`ToolCall`, or a str: a bash command) through the cache."""
         cache = self.cache
         cache._check_open()
+        self.last_source = "exec"
         tc = as_tool_call(call)
         if tc.name not in cache.tools:
             raise UnknownTool(f"no tool named {tc.name!r}; registered: {sorted(cache.tools)}")
@@ -97,6 +101,7 @@ class CachedSession:
             with cache._cond:
                 st.pins -= 1
         self._adopt_shell(st.shell)
+        self.last_source = "cache"
         cache._count(hits=1, saved_seconds=st.exec_time)
         self.key = key
         return st.result

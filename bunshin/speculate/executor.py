@@ -224,6 +224,7 @@ def _record(session: CachedSession, hit: Branch) -> None:
     """Keep the session's trie position and shell after a hit, as if it had executed."""
     from ..cache.store import encode_result
 
+    session.last_source = "speculation"
     sh = session._shell
     if sh is None or not sh.alive:
         live = [s for s in session.ws._shells if s.alive]

@@ -1,0 +1,307 @@
+"""``RolloutEngine``: run a group of rollouts of one task, concurrently, in one of four modes.
+
+>>> eng = RolloutEngine(ReplayPolicy(traces, think_s=0.5), task, group_size=8, mode="bunshin")  # doctest: +SKIP
+>>> g = eng.run()                                                 # doctest: +SKIP
+>>> g.latency_s, g.memory.peak_bytes, g.trajectories[0].turns     # doctest: +SKIP
+
+Modes (see :mod:`bunshin.rl.workspaces` for where workspaces come from):
+
+========== ============================================ ===== ===========
+mode       workspace per rollout                        cache speculation
+========== ============================================ ===== ===========
+fresh      new workspace, setup replayed                no    no
+criu       CRIU restore of the set-up workspace         no    no
+fork       live fork of the set-up workspace            no    no
+bunshin    live fork                                    yes   yes
+========== ============================================ ===== ===========
+
+``cache``/``speculate`` switch the two features in ``fork``/``bunshin`` mode. Rollouts run as
+asyncio tasks (the policy is async); workspace work runs on a thread pool, at most
+``concurrency`` rollouts at a time. A rollout that fails keeps its error in its trajectory and
+the group goes on; a setup that fails raises :class:`RolloutError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..cache.toolcall import ToolCall, as_tool_call, child_key
+from ..cache.tools import BUILTIN_TOOLS, ToolContext, run_tool
+from .metrics import CpuMeter, MemoryReport, MemorySampler
+from .types import Final, History, Policy, RolloutError, Task, Trajectory, Turn
+from .workspaces import provider
+
+if TYPE_CHECKING:
+    from ..cache.prefix import PrefixCache
+    from ..runtime.result import Result
+
+log = logging.getLogger("bunshin.rl")
+
+__all__ = ["MODES", "GroupResult", "RolloutEngine"]
+
+MODES = ("fresh", "criu", "fork", "bunshin")
+OBSERVATION_LIMIT = 16 << 10
+"""Characters of a call's output an agent is shown (head and tail kept)."""
+
+
+def _observation(r: Result) -> str:
+    out = r.output
+    if len(out) <= OBSERVATION_LIMIT:
+        return out
+    half = OBSERVATION_LIMIT // 2
+    return f"{out[:half]}\n[... {len(out) - OBSERVATION_LIMIT} characters cut ...]\n{out[-half:]}"
+
+
+@dataclass
+class GroupResult:
+    """One group: its trajectories and what it cost."""
+
+    mode: str
+    task_id: str
+    trajectories: list[Trajectory]
+    latency_s: float
+    """Wall time of the group: from the start (setup included) to the last rollout's end."""
+    setup_s: float
+    """Seconds building set-up workspaces (once per group; summed over rollouts in fresh)."""
+    memory: MemoryReport | None
+    cpu: dict[str, float]
+    cache: dict[str, Any] | None = None
+    speculation: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"rollout {t.index}: {t.error}" for t in self.trajectories if t.error]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures (no trajectories), JSON-ready."""
+        lat = sorted(t.latency_s for t in self.trajectories)
+        sources: dict[str, int] = {}
+        for t in self.trajectories:
+            for turn in t.turns:
+                sources[turn.source] = sources.get(turn.source, 0) + 1
+        return {
+            "mode": self.mode, "task": self.task_id, "group_size": len(self.trajectories),
+            "latency_s": self.latency_s, "setup_s": self.setup_s,
+            "rollout_latency_p50_s": lat[len(lat) // 2] if lat else None,
+            "rollout_latency_max_s": lat[-1] if lat else None,
+            "turns": sum(len(t.turns) for t in self.trajectories),
+            "tool_s": sum(t.tool_s for t in self.trajectories),
+            "think_s": sum(t.think_s for t in self.trajectories),
+            "sources": sources, "errors": self.errors,
+            **({"peak_bytes": self.memory.peak_bytes, "gb_s": self.memory.gb_s,
+                "memory_samples": len(self.memory.times),
+                "sample_cost_p50_s": self.memory.as_dict()["sample_cost_p50_s"]} if self.memory else {}),
+            **self.cpu,
+            **({"cache": self.cache} if self.cache is not None else {}),
+            **({"speculation": self.speculation} if self.speculation is not None else {}),
+            **self.extra,
+        }
+
+
+class _LiveOnlyPredictor:
+    """The trie's predictions minus calls the cache already holds a state for (a hit costs a
+    restore; speculating them would only fork and run them again)."""
+
+    def __init__(self, cache: PrefixCache, task_id: str, top: int) -> None:
+        from ..speculate.predict import TriePredictor
+
+        self.inner = TriePredictor(cache, task_id, top=top)
+        self.cache = cache
+
+    def __call__(self, history: list[ToolCall]) -> list[ToolCall]:
+        node = self.inner.node(history)
+        live = set(self.cache.live_states())
+        return [c for c in self.inner(history) if child_key(node, c) not in live]
+
+
+class RolloutEngine:
+    """Run ``group_size`` rollouts of ``task`` with ``policy`` in ``mode`` (one of :data:`MODES`).
+
+    ``concurrency``: rollouts at a time (default: the whole group). ``cache``: in fork/bunshin
+    mode, True (a private :class:`~bunshin.PrefixCache` in a temporary directory, closed with
+    the engine), a ``PrefixCache`` you own (kept across groups: later groups hit earlier ones'
+    states), or False; default on in ``bunshin`` mode only. ``speculate``: run the trie's
+    predictions on forks while the policy thinks (needs the cache); default as ``cache``.
+    ``ksm``: criu mode restores with KSM merging (the best stock setup). ``sample_interval``:
+    seconds between memory samples (None: no sampler). ``on_turn(rollout_index, turn)`` is
+    called after every turn (progress bars).
+    """
+
+    def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
+                 concurrency: int | None = None, cache: bool | PrefixCache | None = None,
+                 speculate: bool | None = None, max_inflight: int = 1, cache_budget: int = 4 << 30,
+                 snapshot_after: float = 0.0, ksm: bool = False, sample_interval: float | None = 0.1,
+                 on_turn: Callable[[int, Turn], None] | None = None) -> None:
+        from ..cache.prefix import PrefixCache
+
+        if not callable(getattr(policy, "act", None)):
+            raise RolloutError(f"policy must have an async act(history) method, got {policy!r}")
+        if not isinstance(task, Task):
+            raise RolloutError(f"task must be a bunshin.rl.Task, got {type(task).__name__}")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise RolloutError(f"group_size must be an int ≥ 1, got {group_size!r}")
+        if mode not in MODES:
+            raise RolloutError(f"mode must be one of {MODES}, got {mode!r}")
+        if concurrency is None:
+            concurrency = group_size
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise RolloutError(f"concurrency must be an int ≥ 1, got {concurrency!r}")
+        if cache is None:
+            cache = mode == "bunshin"
+        if speculate is None:
+            speculate = bool(cache)
+        if (cache or speculate) and mode not in ("fork", "bunshin"):
+            raise RolloutError(f"the prefix cache and speculation need forks: mode {mode!r} has neither; "
+                               "use mode='fork' or 'bunshin'")
+        if speculate and not cache:
+            raise RolloutError("speculation predicts from the prefix cache's trie: enable cache too")
+        unknown = sorted(set(task.tools) - set(BUILTIN_TOOLS))
+        if unknown:
+            raise RolloutError(f"task {task.id!r} names unknown tools {unknown}; built in: {sorted(BUILTIN_TOOLS)}")
+        self.policy, self.task, self.group_size, self.mode = policy, task, group_size, mode
+        self.concurrency = concurrency
+        self.ksm = ksm
+        self.max_inflight = max_inflight
+        self.sample_interval = sample_interval
+        self.on_turn = on_turn
+        self._own_cache: tempfile.TemporaryDirectory | None = None
+        self.cache: PrefixCache | None
+        if cache is True:
+            self._own_cache = tempfile.TemporaryDirectory(prefix="bunshin-rl-cache-")
+            self.cache = PrefixCache(Path(self._own_cache.name) / "cache.lmdb", memory_budget=cache_budget,
+                                     snapshot=snapshot_after)
+        elif cache:
+            self.cache = cache
+        else:
+            self.cache = None
+        self.speculate = bool(speculate)
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self) -> GroupResult:
+        """Run one group to the end (blocking)."""
+        return asyncio.run(self.arun())
+
+    async def arun(self) -> GroupResult:
+        """Run one group to the end."""
+        from ..speculate.executor import SpeculativeExecutor
+
+        prov = provider(self.mode, self.task, ksm=self.ksm)
+        ex = None
+        if self.speculate:
+            assert self.cache is not None
+            ex = SpeculativeExecutor(_LiveOnlyPredictor(self.cache, self.task.id, top=self.max_inflight),
+                                     max_inflight=self.max_inflight)
+        cache0 = self.cache.stats if self.cache is not None else None
+        pool = ThreadPoolExecutor(max(2, 2 * self.concurrency), thread_name_prefix="bunshin-rollout")
+        loop = asyncio.get_running_loop()
+        sampler = MemorySampler(self.sample_interval) if self.sample_interval else None
+        cpu = CpuMeter().start()
+        start = time.monotonic()
+        if sampler is not None:
+            sampler.start()
+        trajs: list[Trajectory] = []
+        try:
+            await loop.run_in_executor(pool, prov.prepare)
+            sem = asyncio.Semaphore(self.concurrency)
+
+            async def one(i: int) -> Trajectory:
+                async with sem:
+                    return await self._rollout(i, prov, ex, pool)
+
+            trajs = list(await asyncio.gather(*(one(i) for i in range(self.group_size))))
+        finally:
+            try:
+                if ex is not None:
+                    await loop.run_in_executor(pool, ex.close)
+                await loop.run_in_executor(pool, prov.close)
+            finally:
+                pool.shutdown(wait=True)
+                end = time.monotonic()
+                mem = sampler.stop() if sampler is not None else None
+        cache_stats = None
+        if self.cache is not None and cache0 is not None:
+            now = self.cache.stats
+            cache_stats = {f.name: getattr(now, f.name) - getattr(cache0, f.name)
+                           for f in dataclasses.fields(now)}
+            cache_stats["memory_used"] = self.cache.memory_used
+        extra = {"dump_s": prov.dump_s} if hasattr(prov, "dump_s") else {}
+        return GroupResult(mode=self.mode, task_id=self.task.id, trajectories=trajs, latency_s=end - start,
+                           setup_s=prov.setup_s, memory=mem, cpu=cpu.stop(), cache=cache_stats,
+                           speculation=dataclasses.asdict(ex.stats) if ex is not None else None, extra=extra)
+
+    async def _rollout(self, i: int, prov, ex, pool: ThreadPoolExecutor) -> Trajectory:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        hist = History(self.task, i)
+        final: Final | None = None
+        error: str | None = None
+        ws = None
+        try:
+            ws, sh = await loop.run_in_executor(pool, prov.acquire, i)
+            if self.cache is not None:
+                target: Any = self.cache.session(ws, self.task.id)
+                target._shell = sh  # continue the setup's shell, as in every other mode
+            else:
+                target = ToolContext(ws, lambda: sh)
+            while len(hist.turns) < self.task.max_steps:
+                if ex is not None:
+                    await loop.run_in_executor(pool, ex.prefetch, target, hist.calls())
+                t = time.monotonic()
+                action = await self.policy.act(hist)
+                think = time.monotonic() - t
+                if isinstance(action, Final):
+                    final = action
+                    break
+                call = as_tool_call(action)
+                if call.name not in self.task.tools:
+                    raise RolloutError(f"the policy called tool {call.name!r}, which task "
+                                       f"{self.task.id!r} does not offer ({list(self.task.tools)})")
+                t = time.monotonic()
+                r, source = await loop.run_in_executor(pool, self._call, target, ex, call)
+                turn = Turn(call, _observation(r), r.exit_code, think_s=think,
+                            tool_s=time.monotonic() - t, source=source)
+                hist.turns.append(turn)
+                if self.on_turn is not None:
+                    self.on_turn(i, turn)
+        except Exception as e:  # noqa: BLE001 - one failed rollout must not end the group
+            log.warning("rollout %d of %s failed: %s", i, self.task.id, e)
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            if ws is not None:
+                if ex is not None:
+                    await loop.run_in_executor(pool, ex.discard, ws)
+                await loop.run_in_executor(pool, ws.close)
+        return Trajectory(task_id=self.task.id, index=i, mode=self.mode, turns=hist.turns, final=final,
+                          start_s=start, end_s=time.monotonic(), error=error)
+
+    @staticmethod
+    def _call(target: Any, ex: Any, call: ToolCall) -> tuple[Result, str]:
+        if ex is not None:
+            return ex.call(target, call), target.last_source
+        if isinstance(target, ToolContext):
+            return run_tool(BUILTIN_TOOLS, target, call), "exec"
+        return target.call(call), target.last_source
+
+    def close(self) -> None:
+        """Close the private cache (if the engine made one)."""
+        if self._own_cache is not None:
+            assert self.cache is not None
+            self.cache.close()
+            self._own_cache.cleanup()
+            self._own_cache = None
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,170 @@
+"""Where a rollout's workspace comes from, one provider per engine mode.
+
+* ``fresh``  — :class:`FreshProvider`: every rollout creates a workspace and replays the task's
+  setup (today's one-container-per-rollout).
+* ``criu``   — :class:`CriuProvider`: the setup runs once, the workspace is dumped with CRIU,
+  and every rollout gets an independent CRIU restore of it.
+* ``fork``/``bunshin`` — :class:`ForkProvider`: the setup runs once, the workspace is
+  snapshotted, and every rollout runs on a live copy-on-write fork of the snapshot.
+
+``prepare()`` does the once-per-group work, ``acquire(i)`` gives rollout ``i`` its workspace and
+shell, ``close()`` releases what ``prepare`` made. Each records the seconds it spent.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from typing import TYPE_CHECKING
+
+from ..cache.tools import BUILTIN_TOOLS, ToolContext, run_tool
+from .types import RolloutError, Task
+
+if TYPE_CHECKING:
+    from ..fork.template import Template
+    from ..runtime.shell import Shell
+    from ..runtime.workspace import Workspace
+
+log = logging.getLogger("bunshin.rl")
+
+__all__ = ["CriuProvider", "ForkProvider", "FreshProvider", "build", "provider", "rollout_shell"]
+
+READY_TIMEOUT = 120.0
+
+
+def build(task: Task, hostname: str) -> tuple["Workspace", "Shell"]:
+    """A new workspace with ``task``'s setup done and ``ready`` passing; its session shell."""
+    from ..runtime.workspace import Workspace
+
+    ws = Workspace.create(task.rootfs, memory_limit=task.memory_limit, workdir=task.workdir,
+                          hostname=hostname)
+    try:
+        ws.exec(["mkdir", "-p", task.workdir], cwd="/")  # the setup may be what fills it
+        sh = ws.shell(cwd=task.workdir)
+        ctx = ToolContext(ws, lambda: sh)
+        for n, call in enumerate(task.setup):
+            r = run_tool(BUILTIN_TOOLS, ctx, call)
+            if not r.ok:
+                raise RolloutError(f"task {task.id!r}: setup step {n} {call.name}({call.args}) failed "
+                                   f"with exit code {r.exit_code}: {r.output[-800:]!r}; fix the task's setup")
+        if task.ready is not None:
+            deadline = time.monotonic() + READY_TIMEOUT
+            while not ws.run(task.ready, cwd=task.workdir).ok:
+                if time.monotonic() > deadline:
+                    raise RolloutError(f"task {task.id!r}: ready check {task.ready!r} still fails after "
+                                       f"{READY_TIMEOUT:.0f} s of waiting; check the setup's server/REPL")
+                time.sleep(0.02)
+        return ws, sh
+    except BaseException:
+        ws.close()
+        raise
+
+
+def rollout_shell(ws: "Workspace", cwd: str) -> "Shell":
+    """The workspace's session shell carried over from the setup, else a new one in ``cwd``."""
+    live = [s for s in ws._shells if s.alive]
+    return live[0] if live else ws.shell(cwd=cwd)
+
+
+class FreshProvider:
+    """A new workspace per rollout, setup replayed each time."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.setup_s = 0.0  # summed over rollouts (they overlap in time)
+
+    def prepare(self) -> None:
+        pass
+
+    def acquire(self, i: int) -> tuple["Workspace", "Shell"]:
+        t = time.monotonic()
+        ws, sh = build(self.task, f"rollout-{i}")
+        self.setup_s += time.monotonic() - t
+        return ws, sh
+
+    def close(self) -> None:
+        pass
+
+
+class ForkProvider:
+    """Setup once, snapshot, one live fork of the snapshot per rollout."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.setup_s = 0.0
+        self.tpl: Template | None = None
+
+    def prepare(self) -> None:
+        t = time.monotonic()
+        base, _ = build(self.task, "base")
+        try:
+            self.tpl = base.snapshot()
+        finally:
+            base.close()  # the template holds the state; the base would only cost memory
+        self.setup_s = time.monotonic() - t
+
+    def acquire(self, i: int) -> tuple["Workspace", "Shell"]:
+        assert self.tpl is not None, "prepare() first"
+        ws = self.tpl.fork(1)[0]
+        return ws, rollout_shell(ws, self.task.workdir)
+
+    def close(self) -> None:
+        if self.tpl is not None:
+            self.tpl.close()
+            self.tpl = None
+
+
+class CriuProvider:
+    """Setup once, CRIU dump, one independent CRIU restore per rollout (``ksm``: with the
+    restored processes' memory marked mergeable, the best stock setup)."""
+
+    def __init__(self, task: Task, *, ksm: bool = False) -> None:
+        from ..criu_locate import require_criu
+
+        require_criu()  # CriuError, saying how to provision one, before any work
+        self.task = task
+        self.ksm = ksm
+        self.setup_s = 0.0
+        self.dump_s = 0.0
+        self.images: str | None = None
+
+    def prepare(self) -> None:
+        from .. import criu
+
+        t = time.monotonic()
+        base, _ = build(self.task, "base")
+        try:
+            self.setup_s = time.monotonic() - t
+            self.images = tempfile.mkdtemp(prefix="bunshin-rl-criu-")
+            t = time.monotonic()
+            criu.dump_workspace(base, self.images)
+            self.dump_s = time.monotonic() - t
+        finally:
+            base.close()
+
+    def acquire(self, i: int) -> tuple["Workspace", "Shell"]:
+        from .. import criu
+
+        assert self.images is not None, "prepare() first"
+        ws = criu.restore_workspace(self.images, ksm=self.ksm)
+        try:
+            return ws, rollout_shell(ws, self.task.workdir)
+        except BaseException:
+            ws.close()
+            raise
+
+    def close(self) -> None:
+        if self.images is not None:
+            shutil.rmtree(self.images, ignore_errors=True)
+            self.images = None
+
+
+def provider(mode: str, task: Task, *, ksm: bool = False) -> FreshProvider | ForkProvider | CriuProvider:
+    """The provider behind engine mode ``mode``."""
+    if mode == "fresh":
+        return FreshProvider(task)
+    if mode == "criu":
+        return CriuProvider(task, ksm=ksm)
+    return ForkProvider(task)

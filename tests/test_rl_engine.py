@@ -1,0 +1,137 @@
+"""RolloutEngine on real workspaces: every mode gives the same trajectories, the cache answers
+shared prefixes once, rollouts stay isolated, the sampler sees real memory, failures are
+contained and reported."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bunshin.cache.toolcall import ToolCall
+from bunshin.criu_locate import find_criu
+from bunshin.rl import Final, RolloutError, Task
+from bunshin.rl.engine import MODES, RolloutEngine
+
+HOG_MIB = 48
+HOG = (f"import time\nb = bytearray({HOG_MIB} << 20)\nb[::4096] = b'x' * (len(b) // 4096)\n"
+       "open('/tmp/hog-ready', 'w').close()\ntime.sleep(1e6)\n")
+TASK = Task(
+    "engine-test", "make b.txt hold your number",
+    setup=(ToolCall("write_file", {"path": "/repo/a.txt", "content": "alpha\n"}),
+           ToolCall("write_file", {"path": "/repo/hog.py", "content": HOG}),
+           ToolCall("bash", {"command": "export STAGE=set-up; (python3 /repo/hog.py &)"})),
+    ready="test -e /tmp/hog-ready", workdir="/repo", max_steps=8)
+SHARED = ["cat a.txt", "echo $STAGE", "sleep 0.2; echo slow"]
+
+
+def traces(n: int) -> list[list[str]]:
+    return [SHARED + [f"echo {i} > b.txt", "cat b.txt", "ls"] for i in range(n)]
+
+
+class Scripted:
+    """Replays ``traces[history.index]`` with a fixed think time."""
+
+    def __init__(self, traces: list[list[str]], think: float = 0.05) -> None:
+        self.traces, self.think = traces, think
+
+    async def act(self, h):
+        await asyncio.sleep(self.think)
+        tr = self.traces[h.index]
+        return ToolCall("bash", {"command": tr[len(h.turns)]}) if len(h.turns) < len(tr) else Final("done")
+
+
+def observations(g):
+    return [[(t.call.args["command"], t.observation, t.exit_code) for t in tr.turns] for tr in g.trajectories]
+
+
+def run(mode: str, n: int = 3, **kw):
+    with RolloutEngine(Scripted(traces(n)), TASK, n, mode=mode, **kw) as eng:
+        return eng.run()
+
+
+def expected(n: int):
+    out = []
+    for i in range(n):
+        out.append([("cat a.txt", "alpha\n", 0), ("echo $STAGE", "set-up\n", 0), ("sleep 0.2; echo slow", "slow\n", 0),
+                    (f"echo {i} > b.txt", "", 0), ("cat b.txt", f"{i}\n", 0), ("ls", "a.txt  b.txt  hog.py\n", 0)])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_gives_the_same_trajectories(no_leaks, mode):
+    if mode == "criu" and not (find_criu() and find_criu().usable):
+        pytest.skip("no CRIU ≥ 4 on this machine: `bunshin criu provision`")
+    g = run(mode)
+    assert not g.errors
+    assert observations(g) == expected(3)
+    assert all(isinstance(t.final, Final) for t in g.trajectories)
+    assert g.latency_s >= max(t.latency_s for t in g.trajectories)
+    assert g.setup_s > 0
+    d = g.as_dict()
+    assert d["turns"] == 18 and d["mode"] == mode
+
+
+@pytest.mark.slow
+def test_bunshin_mode_answers_the_shared_prefix_from_the_cache(no_leaks):
+    g = run("bunshin", 3)
+    assert observations(g) == expected(3)
+    # three rollouts × three shared calls: each executed once, the other two answered from the cache
+    assert g.cache["misses"] == 3 + 3 * 3 and g.cache["hits"] == 6
+    assert g.as_dict()["sources"] == {"exec": 12, "cache": 6}
+    for tr in g.trajectories:
+        assert [t.source for t in tr.turns][3:] == ["exec"] * 3
+
+
+@pytest.mark.slow
+def test_memory_sampler_sees_the_copies_and_the_sharing(no_leaks):
+    fresh, fork = run("fresh", 3), run("fork", 3)
+    hog = HOG_MIB << 20
+    # fresh: three hogs alive at once; fork: one hog's pages shared by the template and 3 forks
+    assert fresh.memory.peak_bytes > 3 * hog
+    assert fork.memory.peak_bytes < 1.8 * hog
+    assert fork.memory.gb_s < fresh.memory.gb_s
+    assert len(fresh.memory.times) >= 3
+
+
+@pytest.mark.slow
+def test_a_failing_rollout_does_not_end_the_group(no_leaks):
+    class Bad(Scripted):
+        async def act(self, h):
+            if h.index == 1 and len(h.turns) == 1:
+                return ToolCall("no_such_tool", {})
+            return await super().act(h)
+
+    with RolloutEngine(Bad(traces(2)), TASK, 2, mode="fork") as eng:
+        g = eng.run()
+    assert g.trajectories[0].error is None and len(g.trajectories[0].turns) == 6
+    assert "no_such_tool" in g.trajectories[1].error and len(g.trajectories[1].turns) == 1
+    assert g.errors == [f"rollout 1: {g.trajectories[1].error}"]
+
+
+def test_a_failing_setup_says_which_step(no_leaks):
+    bad = Task("bad-setup", "x", setup=("true", "echo oops; exit 3"))
+    with RolloutEngine(Scripted([[]]), bad, 1, mode="fork", sample_interval=None) as eng:
+        with pytest.raises(RolloutError, match=r"setup step 1 .*exit code 3.*oops"):
+            eng.run()
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"mode": "docker"}, "mode must be one of"),
+    ({"group_size": 0}, "group_size must be an int"),
+    ({"concurrency": 0}, "concurrency must be an int"),
+    ({"mode": "fresh", "cache": True}, "need forks"),
+    ({"mode": "fork", "speculate": True, "cache": False}, "enable cache"),
+])
+def test_bad_arguments_are_refused(kw, msg):
+    args = {"group_size": 2, **kw}
+    with pytest.raises(RolloutError, match=msg):
+        RolloutEngine(Scripted([[]]), TASK, **args)
+
+
+def test_bad_policy_and_task_are_refused():
+    with pytest.raises(RolloutError, match="async act"):
+        RolloutEngine(object(), TASK, 1)
+    with pytest.raises(RolloutError, match="unknown tools"):
+        RolloutEngine(Scripted([[]]), Task("t", "p", tools=("bash", "browser")), 1)
