@@ -1,122 +1,80 @@
-"""``bunshin demo``: a small agent-style group rollout on the embedded default workspace, run
-two ways side by side.
+"""``bunshin demo``: a small group rollout on the embedded default workspace, in every mode.
 
-* ``fresh`` — today's one-workspace-per-rollout: each of ``--group`` rollouts creates its own
-  workspace, replays the task's setup (write a small Python project, start a Python "kernel"
-  holding 64 MiB of loaded data, run the project), then takes its own exploring and editing
-  steps in a persistent shell.
-* ``fork`` — Bunshin: the setup runs once, the set-up workspace is snapshotted, and every
-  rollout continues on a live fork of it (same processes, same shell session, memory shared
-  copy-on-write).
+The task: a small Python project in /repo and a Python "kernel" process holding 64 MiB of
+loaded data (think of a REPL or language server an agent keeps open); ``--group`` agents replay
+traces that share their first calls (look around, run the code) and then diverge (each edits
+and tests something of its own), with ``--think`` seconds of generation per step. The same
+group runs with :class:`bunshin.rl.RolloutEngine` in each mode:
 
-It prints a table, and writes a PNG with the time and memory of each mode.
+* ``fresh``   — one new workspace per rollout, setup replayed (today's way);
+* ``criu``    — setup once, CRIU dump, a restore per rollout (when CRIU ≥ 4 and the driver are here);
+* ``fork``    — setup once, a live copy-on-write fork per rollout;
+* ``bunshin`` — forks + prefix cache (shared calls run once) + speculation.
+
+It prints a table (latency, peak memory, memory × time, ratios to fresh) and writes a PNG.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import time
 from pathlib import Path
+
+from .cache.toolcall import ToolCall
 
 KERNEL = ("import signal\ndata = bytearray(64 << 20)\n"
           "for i in range(0, len(data), 4096): data[i] = 1\n"
           "open('/tmp/kernel-ready', 'w').close()\nsignal.pause()\n")
-SETUP = [
-    ("write", "/repo/calc.py", "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"),
-    ("write", "/repo/test_calc.py",
-     "from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
-     "def test_mul():\n    assert mul(2, 3) == 6\n"),
-    ("write", "/kernel.py", KERNEL),
-    ("spawn", "python3 /kernel.py", None),
-    ("bash", "cd /repo && ls", None),
-    ("bash", "cd /repo && python3 -c 'import calc; print(calc.add(1, 2))'", None),
-]
-STEPS = [
-    ["grep -n def calc.py", "sed -i 's/a \\* b/a * b  # product/' calc.py", "python3 test_calc.py && echo ok"],
-    ["cat calc.py", "printf 'def sub(a, b):\\n    return a - b\\n' >> calc.py", "python3 -c 'import calc; print(calc.sub(5, 2))'"],
+CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+TEST = ("from calc import add, mul\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_mul():\n    assert mul(2, 3) == 6\n\n\ntest_add(); test_mul(); print('tests ok')\n")
+SETUP = (
+    ToolCall("write_file", {"path": "/repo/calc.py", "content": CALC}),
+    ToolCall("write_file", {"path": "/repo/test_calc.py", "content": TEST}),
+    ToolCall("write_file", {"path": "/opt/kernel.py", "content": KERNEL}),
+    ToolCall("bash", {"command": "(python3 /opt/kernel.py &) ; python3 -m compileall -q /repo"}),
+)
+SHARED = ["ls", "cat calc.py", "python3 test_calc.py"]
+OWN = [
+    ["grep -n def calc.py", "sed -i 's/a \\* b/a * b  # product/' calc.py", "python3 test_calc.py"],
+    ["printf 'def sub(a, b):\\n    return a - b\\n' >> calc.py", "python3 -c 'import calc; print(calc.sub(5, 2))'",
+     "python3 test_calc.py"],
     ["wc -l *.py", "python3 -c 'import calc; print(calc.mul(6, 7))'", "ls -la"],
-    ["head -3 test_calc.py", "python3 -m py_compile calc.py && echo compiled", "pwd"],
+    ["head -3 test_calc.py", "python3 -m py_compile calc.py && echo compiled", "python3 test_calc.py"],
 ]
+
+
+def task():
+    """The embedded default task."""
+    from .rl import Task
+
+    return Task("bunshin-demo", "Explore the calc project and improve it; keep the tests passing.",
+                setup=SETUP, ready="test -e /tmp/kernel-ready", workdir="/repo", max_steps=16)
+
+
+def traces(group: int) -> list[list[str]]:
+    """One trace per rollout: the shared calls, then that rollout's own."""
+    return [SHARED + OWN[i % len(OWN)] + [f"echo rollout {i} > notes.txt", "cat notes.txt"] for i in range(group)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", type=int, default=4, help="rollouts in the group (default 4)")
+    p.add_argument("--think", type=float, default=0.2, help="seconds of generation per step (default 0.2)")
+    p.add_argument("--modes", default=None, help="comma-separated modes (default: all available)")
     p.add_argument("--out", type=Path, default=Path("bunshin-demo.png"), help="PNG to write")
     p.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
 
 
-def _setup(ws, sh) -> float:
-    t = time.perf_counter()
-    for kind, arg, body in SETUP:
-        if kind == "write":
-            ws.write_file(arg, body)
-        elif kind == "spawn":
-            ws.spawn(arg.split())
-        else:
-            sh.run(arg)
-    while not ws.run("test -e /tmp/kernel-ready").ok:
-        time.sleep(0.01)
-    return time.perf_counter() - t
+def _modes(arg: str | None) -> list[str]:
+    from .criu_locate import find_criu
+    from .rl.engine import MODES
 
-
-def _steps(sh, i: int) -> tuple[float, int]:
-    t = time.perf_counter()
-    sh.run("cd /repo")
-    ok = sum(sh.run(cmd).ok for cmd in STEPS[i % len(STEPS)])
-    return time.perf_counter() - t, ok
-
-
-def _fresh(group: int) -> dict:
-    import bunshin
-
-    start = time.perf_counter()
-    wss, setup_s, own_s, ok = [], 0.0, 0.0, 0
-    try:
-        for i in range(group):
-            ws = bunshin.Workspace.create(hostname=f"rollout-{i}")
-            wss.append(ws)
-            sh = ws.shell()
-            setup_s += _setup(ws, sh)
-            dt, k = _steps(sh, i)
-            own_s += dt
-            ok += k
-        mem = bunshin.memory.family_usage(wss, pss=False).total_bytes
-    finally:
-        for ws in wss:
-            ws.close()
-    return {"wall_s": time.perf_counter() - start, "setup_s": setup_s, "own_s": own_s,
-            "calls_ok": ok, "memory_bytes": mem}
-
-
-def _fork(group: int) -> dict:
-    import bunshin
-
-    start = time.perf_counter()
-    base = bunshin.Workspace.create(hostname="base")
-    kids = []
-    try:
-        sh = base.shell()
-        setup_s = _setup(base, sh)
-        t = time.perf_counter()
-        tpl = base.snapshot()
-        kids = tpl.fork(group)
-        fork_s = time.perf_counter() - t
-        own_s, ok = 0.0, 0
-        for i, k in enumerate(kids):
-            dt, n = _steps(k._shells[0], i)
-            own_s += dt
-            ok += n
-        template = {"template": tpl.host_pids()}
-        groups = {w.id: w.host_pids() for w in kids}
-        mem = bunshin.memory.pids_usage({**groups, **template}, pss=False).total_bytes
-        tpl.close()
-    finally:
-        for k in kids:
-            k.close()
-        base.close()
-    return {"wall_s": time.perf_counter() - start, "setup_s": setup_s, "fork_s": fork_s,
-            "own_s": own_s, "calls_ok": ok, "memory_bytes": mem}
+    if arg:
+        return [m.strip() for m in arg.split(",") if m.strip()]
+    info = find_criu()
+    have_criu = info is not None and info.usable and importlib.util.find_spec("bunshin.criu") is not None
+    return [m for m in MODES if m != "criu" or have_criu]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -124,51 +82,67 @@ def main(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from .rl import RolloutError
+    from .rl.engine import RolloutEngine
+    from .rl.policies import ReplayPolicy
+
+    group = int(args.group)
+    if group < 1:
+        raise RolloutError(f"--group must be ≥ 1, got {group}")
     console = Console()
-    group = max(1, int(args.group))
+    tr = traces(group)
+    results: dict[str, dict] = {}
+    timelines: dict[str, tuple[list[float], list[int]]] = {}
     with Progress(console=console, transient=True) as prog:
-        task = prog.add_task(f"group of {group}: fresh workspaces, then forks", total=2)
-        fresh = _fresh(group)
-        prog.advance(task)
-        fork = _fork(group)
-        prog.advance(task)
+        for mode in _modes(args.modes):
+            bar = prog.add_task(f"{mode:8s} group of {group}", total=sum(map(len, tr)))
+            pol = ReplayPolicy(tr, think_s=args.think, jitter=0.3, seed=0)
+            with RolloutEngine(pol, task(), group, mode=mode,
+                               on_turn=lambda i, t, bar=bar: prog.advance(bar)) as eng:
+                g = eng.run()
+            results[mode] = g.as_dict()
+            results[mode]["calls_failed"] = sum(t.exit_code != 0 for tj in g.trajectories for t in tj.turns)
+            timelines[mode] = (g.memory.times, g.memory.bytes)
+    fresh = results.get("fresh")
     table = Table(title=f"bunshin demo: a group of {group} rollouts on the default workspace")
-    for col in ("mode", "wall s", "setup s", "fork s", "own steps s", "calls ok", "memory MiB"):
+    for col in ("mode", "latency s", "peak MiB", "GB·s", "× fresh: lat / peak / GB·s", "cache hits", "failed"):
         table.add_column(col, justify="right")
-    for name, r in (("fresh", fresh), ("fork", fork)):
-        table.add_row(name, f"{r['wall_s']:.3f}", f"{r['setup_s']:.3f}", f"{r.get('fork_s', 0):.3f}",
-                      f"{r['own_s']:.3f}", str(r["calls_ok"]), f"{r['memory_bytes'] / 2**20:.1f}")
+    for mode, r in results.items():
+        rel = " / ".join(f"{r[k] / fresh[k]:.2f}" if fresh and fresh[k] else "—"
+                         for k in ("latency_s", "peak_bytes", "gb_s"))
+        table.add_row(mode, f"{r['latency_s']:.2f}", f"{r['peak_bytes'] / 2**20:.0f}", f"{r['gb_s']:.3f}", rel,
+                      str(r.get("cache", {}).get("hits", "")), str(r["calls_failed"]))
     console.print(table)
-    console.print(f"fork vs fresh: wall {fork['wall_s'] / fresh['wall_s']:.2f}×, "
-                  f"memory {fork['memory_bytes'] / fresh['memory_bytes']:.2f}× "
-                  f"(the setup ran once instead of {group}×; the 64 MiB kernel is shared).")
-    _plot(fresh, fork, group, args.out)
+    console.print("fresh replays the setup in every rollout; the others set up once and share the 64 MiB "
+                  "kernel's pages copy-on-write (memory: distinct physical pages, sampled every 100 ms).")
+    _plot(results, timelines, group, args.out)
     console.print(f"plot: {args.out}")
     if args.json:
-        print(json.dumps({"group": group, "fresh": fresh, "fork": fork}))
-    want = group * len(STEPS[0])
-    return 0 if fresh["calls_ok"] == want and fork["calls_ok"] == want else 1
+        print(json.dumps({"group": group, "modes": results}))
+    bad = [m for m, r in results.items() if r["errors"] or r["calls_failed"]]
+    return 1 if bad else 0
 
 
-def _plot(fresh: dict, fork: dict, group: int, out: Path) -> None:
+def _plot(results: dict, timelines: dict, group: int, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
-    modes = ["fresh", "fork"]
-    bottom = [0.0, 0.0]
-    for key, color in (("setup_s", "#d62728"), ("fork_s", "#999999"), ("own_s", "#1f77b4")):
-        vals = [fresh.get(key, 0.0), fork.get(key, 0.0)]
-        a.bar(modes, vals, bottom=bottom, color=color, label=key[:-2])
-        bottom = [x + y for x, y in zip(bottom, vals)]
-    a.set_ylabel("seconds (summed over rollouts)")
-    a.set_title("Time")
+    colors = {"fresh": "#7f7f7f", "criu": "#d62728", "fork": "#1f77b4", "bunshin": "#2ca02c"}
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8))
+    for m, (t, y) in timelines.items():
+        a.plot(t, [v / 2**20 for v in y], label=m, color=colors.get(m))
+    a.set_xlabel("seconds")
+    a.set_ylabel("MiB held")
+    a.set_title("Memory over time")
     a.legend()
-    b.bar(modes, [fresh["memory_bytes"] / 2**20, fork["memory_bytes"] / 2**20], color=["#777", "#2ca02c"])
-    b.set_ylabel("MiB (distinct pages)")
-    b.set_title("Memory of the group")
-    fig.suptitle(f"{group} rollouts: one workspace each vs forks of one set-up workspace")
+    names = list(results)
+    b.bar(names, [results[m]["latency_s"] for m in names], color=[colors.get(m) for m in names])
+    b.set_title("Group latency (s)")
+    c.bar(names, [results[m]["peak_bytes"] / 2**20 for m in names], color=[colors.get(m) for m in names])
+    c.set_title("Peak memory (MiB)")
+    fig.suptitle(f"{group} rollouts of one task: a workspace each vs forks of one set-up workspace")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -75,10 +75,10 @@ def test_every_mode_gives_the_same_trajectories(no_leaks, mode):
 
 @pytest.mark.slow
 def test_bunshin_mode_answers_the_shared_prefix_from_the_cache(no_leaks):
-    g = run("bunshin", 3)
+    g = run("bunshin", 3, snapshot_after=0.0)
     assert observations(g) == expected(3)
     # three rollouts × three shared calls: each executed once, the other two answered from the cache
-    assert g.cache["misses"] == 3 + 3 * 3 and g.cache["hits"] == 6
+    assert g.cache["misses"] == 3 + 3 * 3 and g.cache["hits"] == 6, (g.cache, observations(g))
     assert g.as_dict()["sources"] == {"exec": 12, "cache": 6}
     for tr in g.trajectories:
         assert [t.source for t in tr.turns][3:] == ["exec"] * 3

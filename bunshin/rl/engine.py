@@ -108,20 +108,28 @@ class GroupResult:
         }
 
 
-class _LiveOnlyPredictor:
-    """The trie's predictions minus calls the cache already holds a state for (a hit costs a
-    restore; speculating them would only fork and run them again)."""
+class _WorthPredictor:
+    """The trie's predictions that are worth a fork: not already held by the cache (a hit only
+    costs a restore) and recorded as taking at least ``min_exec_s`` (a fork costs more than
+    re-running a quick call)."""
 
-    def __init__(self, cache: PrefixCache, task_id: str, top: int) -> None:
+    def __init__(self, cache: PrefixCache, task_id: str, top: int, min_exec_s: float) -> None:
         from ..speculate.predict import TriePredictor
 
         self.inner = TriePredictor(cache, task_id, top=top)
         self.cache = cache
+        self.min_exec_s = min_exec_s
 
     def __call__(self, history: list[ToolCall]) -> list[ToolCall]:
         node = self.inner.node(history)
         live = set(self.cache.live_states())
-        return [c for c in self.inner(history) if child_key(node, c) not in live]
+        out = []
+        for c in self.inner(history):
+            key = child_key(node, c)
+            rec = self.cache.store.get(key)
+            if key not in live and rec is not None and (rec.get("exec_time") or 0.0) >= self.min_exec_s:
+                out.append(c)
+        return out
 
 
 class RolloutEngine:
@@ -132,6 +140,9 @@ class RolloutEngine:
     the engine), a ``PrefixCache`` you own (kept across groups: later groups hit earlier ones'
     states), or False; default on in ``bunshin`` mode only. ``speculate``: run the trie's
     predictions on forks while the policy thinks (needs the cache); default as ``cache``.
+    ``snapshot_after``: the cache keeps the state after calls that took at least this many
+    seconds (a snapshot costs a freeze and a fork; quicker calls are cheaper to re-run), and
+    speculation runs only such calls.
     ``ksm``: criu mode restores with KSM merging (the best stock setup). ``sample_interval``:
     seconds between memory samples (None: no sampler). ``on_turn(rollout_index, turn)`` is
     called after every turn (progress bars).
@@ -140,7 +151,7 @@ class RolloutEngine:
     def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
                  concurrency: int | None = None, cache: bool | PrefixCache | None = None,
                  speculate: bool | None = None, max_inflight: int = 1, cache_budget: int = 4 << 30,
-                 snapshot_after: float = 0.0, ksm: bool = False, sample_interval: float | None = 0.1,
+                 snapshot_after: float = 0.05, ksm: bool = False, sample_interval: float | None = 0.1,
                  on_turn: Callable[[int, Turn], None] | None = None) -> None:
         from ..cache.prefix import PrefixCache
 
@@ -185,6 +196,7 @@ class RolloutEngine:
         else:
             self.cache = None
         self.speculate = bool(speculate)
+        self.snapshot_after = snapshot_after
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> GroupResult:
@@ -199,7 +211,7 @@ class RolloutEngine:
         ex = None
         if self.speculate:
             assert self.cache is not None
-            ex = SpeculativeExecutor(_LiveOnlyPredictor(self.cache, self.task.id, top=self.max_inflight),
+            ex = SpeculativeExecutor(_WorthPredictor(self.cache, self.task.id, self.max_inflight, self.snapshot_after),
                                      max_inflight=self.max_inflight)
         cache0 = self.cache.stats if self.cache is not None else None
         pool = ThreadPoolExecutor(max(2, 2 * self.concurrency), thread_name_prefix="bunshin-rollout")

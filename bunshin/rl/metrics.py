@@ -29,11 +29,15 @@ def cgroup_pids() -> dict[str, list[int]]:
 
     be = cgroup.backend()
     out: dict[str, list[int]] = {}
+    seen: set[int] = set()
     for name in be.list():
         try:
             pids = be.open(name).pids()
         except Exception:  # noqa: BLE001 - removed between list() and open(): it holds nothing
             continue
+        # a process moved between groups while we read them (a fork being adopted) counts once
+        pids = [p for p in pids if p not in seen]
+        seen.update(pids)
         if pids:
             out[name] = pids
     return out

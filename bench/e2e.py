@@ -1,0 +1,168 @@
+"""End-to-end group rollouts: memory over time, peak, GB·s and latency of each engine mode.
+
+One workload (bench/workloads/, default: the real-repository task), one group of ``--group``
+rollouts replayed from its traces by a ReplayPolicy (``--think`` seconds of generation per step,
+±``--jitter``, seeded), run in every mode one after the other in this process:
+
+* ``fresh``   — a new workspace per rollout, the task's setup replayed each time;
+* ``criu``    — setup once, CRIU dump, one CRIU restore per rollout (when a CRIU ≥ 4 is found);
+* ``fork``    — setup once, snapshot, one live fork per rollout;
+* ``bunshin`` — fork + prefix cache + speculation.
+
+Memory is sampled every 100 ms over everything Bunshin holds (shared pages counted once). The
+ratios to ``fresh`` and to ``criu`` are the result; the aims are peak ≤ 0.4×, GB·s ≤ 0.35× and
+group latency ≤ 0.6× fresh, and ``bunshin`` below ``criu`` on all three.
+
+usage: python bench/e2e.py [--quick] [--workload NAME] [--group N] [--think S] [--modes a,b]
+(last stdout line: JSON; PNG in bench/out/e2e.png)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, memory_facts, png_path  # noqa: E402
+
+from bunshin.criu_locate import find_criu  # noqa: E402
+from bunshin.rl.engine import MODES, RolloutEngine  # noqa: E402
+from bunshin.rl.policies import ReplayPolicy  # noqa: E402
+
+AIMS = {"peak_bytes": 0.4, "gb_s": 0.35, "latency_s": 0.6}
+METRICS = tuple(AIMS)
+
+
+def run_mode(mode: str, wl, args, progress) -> dict:
+    policy = ReplayPolicy(wl.traces, think_s=args.think, jitter=args.jitter, seed=args.seed)
+    steps = sum(len(t) for t in wl.traces)
+    bar = progress.add_task(f"{mode:8s}", total=steps)
+    with RolloutEngine(policy, wl.task, args.group, mode=mode, ksm=args.ksm,
+                       on_turn=lambda i, t: progress.advance(bar)) as eng:
+        g = eng.run()
+    progress.update(bar, completed=steps)
+    d = g.as_dict()
+    d["timeline"] = {"t": [round(x, 3) for x in g.memory.times], "bytes": g.memory.bytes}
+    failed = sum(1 for t in g.trajectories for turn in t.turns if turn.exit_code != 0)
+    d["calls_failed"] = failed
+    return d
+
+
+def ratios(modes: dict, base: str) -> dict:
+    if base not in modes or "peak_bytes" not in modes[base]:
+        return {}
+    b = modes[base]
+    return {m: {k: r[k] / b[k] if b[k] else None for k in METRICS}
+            for m, r in modes.items() if m != base and "peak_bytes" in r}
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from workloads import DEFAULT, WORKLOADS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small group, short think time (< 2 min)")
+    p.add_argument("--workload", default=DEFAULT, choices=sorted(WORKLOADS))
+    p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
+    p.add_argument("--think", type=float, default=None, help="seconds of generation per step (default 1.0; quick 0.3)")
+    p.add_argument("--jitter", type=float, default=0.5, help="think time varies by ± this fraction")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
+    p.add_argument("--ksm", action="store_true", help="criu mode: restore with KSM merging on")
+    args = p.parse_args()
+    args.group = args.group or (4 if args.quick else 8)
+    args.think = args.think if args.think is not None else (0.3 if args.quick else 1.0)
+    logging.basicConfig(level=logging.WARNING)
+    from rich.console import Console
+    from rich.progress import Progress
+
+    wl = WORKLOADS[args.workload](args.group, seed=args.seed, quick=args.quick)
+    modes: dict[str, dict] = {}
+    criu = find_criu()
+    console = Console(stderr=True)
+    t0 = time.monotonic()
+    with Progress(console=console) as progress:
+        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+            if mode == "criu" and (criu is None or not criu.usable):
+                modes[mode] = {"available": False,
+                               "reason": "no CRIU found" if criu is None else criu.reason}
+                continue
+            try:
+                modes[mode] = run_mode(mode, wl, args, progress)
+            except Exception as e:  # noqa: BLE001 - a mode that cannot run is a finding, not a crash
+                modes[mode] = {"available": False, "reason": f"{type(e).__name__}: {e}"}
+                console.print(f"[red]{mode}: {e}")
+    vs_fresh, vs_criu = ratios(modes, "fresh"), ratios(modes, "criu")
+    aims = {}
+    if "bunshin" in vs_fresh:
+        aims = {f"{k}_vs_fresh<={v}": vs_fresh["bunshin"][k] is not None and vs_fresh["bunshin"][k] <= v
+                for k, v in AIMS.items()}
+        if "bunshin" in vs_criu:
+            aims.update({f"{k}_below_criu": vs_criu["bunshin"][k] < 1 for k in METRICS})
+    res = {"quick": args.quick, "workload": args.workload, "params": wl.params,
+           "group": args.group, "think_s": args.think, "jitter": args.jitter, "seed": args.seed,
+           "modes": modes, "ratios_vs_fresh": vs_fresh, "ratios_vs_criu": vs_criu, "aims": aims,
+           "wall_s": time.monotonic() - t0, "memory_facts": memory_facts()}
+    plot(res)
+    _table(console, res)
+    emit("e2e", res)
+    return 0
+
+
+def _table(console, res: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"e2e: {res['workload']}, group of {res['group']}, think {res['think_s']} s")
+    for c in ("mode", "latency s", "peak MiB", "GB·s", "× fresh (lat/peak/GB·s)", "cache hits", "spec hits"):
+        t.add_column(c, justify="right")
+    for m, r in res["modes"].items():
+        if "peak_bytes" not in r:
+            t.add_row(m, "—", "—", "—", r.get("reason", "")[:40], "", "")
+            continue
+        rf = res["ratios_vs_fresh"].get(m)
+        rs = "/".join(f"{rf[k]:.2f}" for k in METRICS) if rf else "1"
+        t.add_row(m, f"{r['latency_s']:.2f}", f"{r['peak_bytes'] / 2**20:.0f}", f"{r['gb_s']:.2f}", rs,
+                  str(r.get("cache", {}).get("hits", "")), str(r.get("speculation", {}).get("hits", "")))
+    console.print(t)
+
+
+def plot(res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = {m: r for m, r in res["modes"].items() if "peak_bytes" in r}
+    colors = {"fresh": "#7f7f7f", "criu": "#d62728", "fork": "#1f77b4", "bunshin": "#2ca02c"}
+    fig = plt.figure(figsize=(12, 7))
+    ax = fig.add_subplot(2, 1, 1)
+    for m, r in ran.items():
+        ax.plot(r["timeline"]["t"], [b / 2**20 for b in r["timeline"]["bytes"]], label=m, color=colors.get(m))
+    ax.set_xlabel("seconds since the group started")
+    ax.set_ylabel("MiB held (pages counted once)")
+    ax.set_title(f"Memory over time: {res['workload']}, group of {res['group']}, think {res['think_s']} s"
+                 f"{' (--quick)' if res['quick'] else ''}")
+    ax.legend()
+    names = list(ran)
+    cols = [colors.get(m) for m in names]
+    for k, (key, label, scale) in enumerate((("latency_s", "group latency (s)", 1),
+                                             ("peak_bytes", "peak memory (MiB)", 2**20),
+                                             ("gb_s", "memory × time (GB·s)", 1))):
+        a = fig.add_subplot(2, 3, 4 + k)
+        vals = [ran[m][key] / scale for m in names]
+        a.bar(names, vals, color=cols)
+        for i, m in enumerate(names):
+            rf = res["ratios_vs_fresh"].get(m, {}).get(key)
+            if rf is not None:
+                a.text(i, vals[i], f"{rf:.2f}×", ha="center", va="bottom", fontsize=8)
+        a.set_title(label)
+    fig.tight_layout()
+    fig.savefig(png_path("e2e"), dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
