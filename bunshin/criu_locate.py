@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from . import config
-from .errors import UnsupportedKernel
+from .errors import CriuError, UnsupportedKernel
 
 __all__ = ["CriuInfo", "find_criu", "require_criu", "provision_criu", "MIN_VERSION",
            "add_arguments", "main"]
@@ -75,7 +75,7 @@ def candidate() -> tuple[Path, str] | None:
     if env:
         p = Path(env)
         if not (p.is_file() and os.access(p, os.X_OK)):
-            raise UnsupportedKernel(
+            raise CriuError(
                 f"BUNSHIN_CRIU={env!r} is not an executable file; point it at a CRIU >= 4 "
                 "binary, or unset it and run `bunshin criu provision`"
             )
@@ -138,13 +138,13 @@ def find_criu(check: bool = True) -> CriuInfo | None:
 
 
 def require_criu() -> CriuInfo:
-    """Like :func:`find_criu` but raises :class:`UnsupportedKernel` unless CRIU is usable."""
+    """Like :func:`find_criu` but raises :class:`CriuError` unless CRIU is usable."""
     info = find_criu()
     if info is None:
-        raise UnsupportedKernel("no CRIU found; run `bunshin criu provision` for a private CRIU 4")
+        raise CriuError("no CRIU found; run `bunshin criu provision` for a private CRIU 4")
     if not info.usable:
-        raise UnsupportedKernel(f"CRIU {'.'.join(map(str, info.version))} at {info.path} "
-                                f"refused: {info.reason}")
+        raise CriuError(f"CRIU {'.'.join(map(str, info.version))} at {info.path} "
+                        f"refused: {info.reason}")
     return info
 
 

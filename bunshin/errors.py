@@ -21,6 +21,8 @@ __all__ = [
     "ForkError",
     "ShellExited",
     "CriuError",
+    "ImageError",
+    "CheckpointError",
 ]
 
 
@@ -86,3 +88,16 @@ class ShellExited(BunshinError):
 
 class CriuError(UnsupportedKernel):
     """No usable CRIU (missing, older than 4.0, or provisioning failed); see ``bunshin doctor``."""
+
+
+class ImageError(BunshinError):
+    """A CRIU image directory is missing, incomplete, corrupt, not Bunshin's, or made for files
+    that are no longer there; the directory is left as it was."""
+
+
+class CheckpointError(BunshinError):
+    """CRIU failed to dump or restore a workspace; ``log`` is the path of its log (kept)."""
+
+    def __init__(self, msg: str, *, log: str | None = None) -> None:
+        super().__init__(msg)
+        self.log = log

@@ -222,6 +222,23 @@ class Template:
         _check_n(n)
         return self._core.fork(n, on_fork)
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Write this frozen state to ``path`` (a new or empty directory) with CRIU; see
+        :mod:`bunshin.criu`. The template is left as it was."""
+        if self._closed:
+            raise WorkspaceClosed(f"template {self.id} is closed")
+        from .. import criu
+
+        criu.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Template":
+        """A frozen template restored from images written by :meth:`save` (or
+        ``bunshin.criu.dump_workspace``); fork it as any other."""
+        from .. import criu
+
+        return criu.load(path)
+
     def host_pids(self) -> list[int]:
         """Host pids of the template's frozen processes (for accounting)."""
         return [pl.hostpid for pl in self._core.plans]

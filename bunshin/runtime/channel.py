@@ -81,9 +81,13 @@ class Channel:
         version, pid = _READY.unpack_from(payload)
         if version != PROTO["VERSION"]:
             raise ProtocolError(f"{self._name}: init speaks protocol {version}, expected {PROTO['VERSION']}")
+        self.start()
+        return pid
+
+    def start(self) -> None:
+        """Start the reader thread (``wait_ready`` does; a CRIU-restored init sends no READY)."""
         self._reader = threading.Thread(target=self._read_loop, name=f"bunshin-{self._name}", daemon=True)
         self._reader.start()
-        return pid
 
     # -- reader -----------------------------------------------------------------------
     def _read_loop(self) -> None:

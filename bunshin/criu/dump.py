@@ -1,0 +1,138 @@
+"""Dumping a workspace (``dump_workspace``) or a template (``save``) into an image directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import config
+from ..errors import CheckpointError, ForkError
+from . import externals, images, initfds, runner
+
+if TYPE_CHECKING:
+    from ..fork.template import Template
+    from ..runtime.workspace import Workspace
+
+log = logging.getLogger("bunshin.criu")
+
+
+def _layers(ws: "Workspace") -> tuple[list[Path], list[str]]:
+    """(the workspace's own layers, topmost first; the rootfs lowers below them)."""
+    state = config.state_dir().resolve()
+    own = [ws._dir.upper]
+    rootfs: list[str] = []
+    for p in ws.rootfs.lowers:
+        rp = Path(p).resolve()
+        if not rootfs and (rp == state or state in rp.parents):
+            own.append(Path(p))  # a template's layer: as ephemeral as the workspace
+        else:
+            rootfs.append(str(p))
+    return own, rootfs
+
+
+def _freezer_dir(ws: "Workspace") -> str | None:
+    dirs = ws.cgroup.dirs()
+    for d in dirs:
+        if "/freezer/" in d:
+            return d
+    return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
+
+
+def dump_workspace(ws: "Workspace", path: str | os.PathLike) -> dict:
+    """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
+
+    Everything a restore needs: the process tree and its namespaces (CRIU), the workspace's
+    own overlay layers (copied), its configuration and shell sessions. No tool call may run
+    meanwhile (as for ``ws.snapshot()``). Returns the metadata written (``meta.json``).
+    """
+    info = runner.criu()
+    start = time.perf_counter()
+    out = images.prepare(path)
+    try:
+        with ws._close_lock:
+            ws._live_chan()
+            if ws._calls:
+                raise ForkError(f"workspace {ws.id}: {ws._calls} tool call(s) running; wait for them "
+                                "before dumping (their pipes lead to the trainer)")
+            meta = _dump_locked(ws, out, info)
+    except BaseException:
+        images.discard(out)
+        raise
+    meta["dump_seconds"] = time.perf_counter() - start
+    images.write_meta(out, meta)
+    log.info("dumped workspace %s into %s in %.0f ms", ws.id, out, meta["dump_seconds"] * 1e3)
+    return meta
+
+
+def _dump_locked(ws: "Workspace", out: Path, info) -> dict:
+    shells = [sh for sh in list(ws._shells) if sh.alive]
+    idents = [sh._identity() for sh in shells]  # (pty index, bash pid, nonce)
+    masters = {idx: sh._master for (idx, _pid, _n), sh in zip(idents, shells)}
+    own, rootfs_lowers = _layers(ws)
+    prep = initfds.prepare(ws.init_pid, ws._chan._sock, masters)
+    cg = ws.cgroup
+    try:
+        cg.freeze()
+        try:
+            pids = cg.pids()
+            exts = externals.scan(ws.init_pid, pids, ws._dir.path)
+            for i, layer in enumerate(own):
+                dst = images.layer_dir(out, i)
+                dst.mkdir()
+                images.copy_layer(layer, dst)
+            logfile = out / "criu" / "dump.log"
+            argv = [info.path, "dump", "-t", str(ws.init_pid), "-D", str(out / "criu"),
+                    "-o", "dump.log", "-v4", "--leave-running", "--network-lock", "skip",
+                    "--external", f"unix[{prep.stand_in_ino}]"]
+            frz = _freezer_dir(ws)
+            if frz:
+                argv += ["--freeze-cgroup", frz]
+            for e in exts:
+                argv += ["--external", e.key]
+            runner.run(argv, what=f"CRIU dump of workspace {ws.id}", logfile=logfile,
+                       env=runner.environ())
+        finally:
+            cg.thaw()
+    finally:
+        initfds.undo(prep)
+    return {
+        "criu_version": runner.version_string(info),
+        "workspace": ws.id,
+        "created": time.time(),
+        "init_pid": ws.init_pid,
+        "processes": len(pids),
+        "config": {"env": ws._env, "workdir": ws._workdir, "max_output": ws._max_output,
+                   "limits": ws._limits, "hostname": ws._hostname, "run_shell": ws._run_shell},
+        "shells": [[idx, pid, nonce, prep.master_fds[idx]] for idx, pid, nonce in idents],
+        "ctl_socket_ino": prep.stand_in_ino,
+        "externals": [e.to_dict() for e in exts],
+        "layers": len(own),
+        "rootfs_lowers": rootfs_lowers,
+        "rootfs_source": str(ws.rootfs.source),
+        "init_binary": _init_binary(),
+    }
+
+
+def _init_binary() -> dict:
+    from .. import _core
+
+    p = Path(_core.init_path())
+    st = p.stat()
+    return {"path": str(p), "size": st.st_size}
+
+
+def save(tpl: "Template", path: str | os.PathLike) -> dict:
+    """Write the frozen template ``tpl`` into ``path``: a fork of it is dumped, then closed (the
+    template itself is never touched; its init has its children's inits as children, which CRIU
+    would take along)."""
+    kid = tpl.fork(1)[0]
+    try:
+        return dump_workspace(kid, path)
+    finally:
+        kid.close()
+
+
+__all__ = ["dump_workspace", "save", "CheckpointError"]

@@ -1,0 +1,195 @@
+"""Restoring images: ``restore_workspace`` (a running, independent Workspace: the CRIU baseline)
+and ``load`` (a frozen Template, forkable with the live-fork engine).
+
+Each restore gets its own state directory, cgroup and overlay (copies of the image's layers,
+in the state file system, as read-only lowers under a fresh upper: overlayfs refuses a lower
+nested in another, and the host's root is one), so the images are only read and one directory
+serves any number of restores, concurrently too. CRIU runs in a private mount namespace (``unshare -m``) holding
+that overlay, moved into the new cgroup before it execs, so the restored tasks are charged to
+the workspace from their first page; ``--restore-sibling`` makes the restored init a child of
+the trainer, as a created workspace's is. The control socket is a new socketpair handed in with
+``--inherit-fd``; host files the workspace used (``/dev/null``, the init binary, its log) are
+handed in the same way (see :mod:`bunshin.criu.externals`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from ..errors import BunshinError, CheckpointError
+from . import externals, images, initfds, runner
+
+if TYPE_CHECKING:
+    from ..fork.template import Template
+    from ..runtime.workspace import Workspace
+
+log = logging.getLogger("bunshin.criu")
+
+_SCRIPT = ('for f in $BX_CGROUPS; do echo $$ > "$f" || exit 71; done; '
+           'mount -t overlay overlay -o "$BX_OVERLAY" "$BX_ROOT" || exit 72; exec "$@"')
+_KSM_RUN = Path("/sys/kernel/mm/ksm/run")
+
+
+def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> "Workspace":
+    """A running Workspace restored from the images at ``path`` (see :func:`dump_workspace`).
+
+    Independent of the original and of other restores (own pid, mount, net, ipc and uts
+    namespaces, cgroup and upper layer); the same PIDs, files, shell sessions and memory
+    contents as at the dump. Safe to call many times, from several threads at once. ``ksm``:
+    mark the restored processes' memory mergeable (``PR_SET_MEMORY_MERGE``) and make sure KSM
+    runs, so that restores of one image share pages as KSM finds them. Images are only read;
+    errors: :class:`ImageError` (missing, corrupt, foreign images), :class:`CriuError` (no
+    CRIU ≥ 4), :class:`CheckpointError` (CRIU failed; its log is kept in the message).
+    """
+    from ..runtime import cgroup as _cgroup
+    from ..runtime.state import WorkspaceDir
+
+    src = Path(path).absolute()
+    meta = images.read_meta(src)
+    info = runner.criu()
+    start = time.perf_counter()
+    d = WorkspaceDir.create()
+    cg = None
+    fds: list[int] = []
+    ours = theirs = None
+    pidfd = -1
+    try:
+        cfg = meta["config"]
+        cg = _cgroup.backend().create(f"ws-{d.id}", **cfg["limits"])
+        lowers = []
+        for i in range(meta["layers"]):  # copied: overlayfs refuses a lower nested in another
+            lower = d.path / f"lower{i}"
+            lower.mkdir()
+            images.copy_layer(images.layer_dir(src, i), lower)
+            lowers.append(str(lower))
+        lowers += meta["rootfs_lowers"]
+        work = d.path / "criu"
+        work.mkdir()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        inherit = [f"fd[{theirs.fileno()}]:socket:[{meta['ctl_socket_ino']}]"]
+        for ext in meta["externals"]:
+            fd = externals.reopen(ext, d.log_file)
+            fds.append(fd)
+            inherit.append(f"fd[{fd}]:{ext['key']}")
+        argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _SCRIPT, "sh",
+                info.path, "restore", "-D", str(images.criu_dir(src)), "-W", str(work),
+                "-o", "restore.log", "-v4", "--root", str(d.root), "--restore-detached",
+                "--restore-sibling", "--shell-job", "--pidfile", str(work / "pid"),
+                "--manage-cgroups=ignore", "--network-lock", "skip"]
+        for spec in inherit:
+            argv += ["--inherit-fd", spec]
+        env = runner.environ()
+        env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
+        env["BX_OVERLAY"] = f"lowerdir={':'.join(lowers)},upperdir={d.upper},workdir={d.work}"
+        env["BX_ROOT"] = str(d.root)
+        runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
+                   pass_fds=[theirs.fileno(), *fds], env=env)
+        init_pid = int((work / "pid").read_text())
+        pidfd = os.pidfd_open(init_pid)
+        masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
+        ws = _workspace(src, meta, d, cg, init_pid, pidfd, ours, masters, lowers)
+        pidfd, cg, ours = -1, None, None  # the workspace owns them now
+    except BaseException as e:
+        if pidfd >= 0:
+            from ..runtime.reap import reap_init
+
+            reap_init(pidfd, is_child=True, grace=0)
+        if cg is not None:
+            try:
+                cg.destroy()
+            except BunshinError as ce:
+                log.warning("restore of %s: %s", src, ce)
+        if ours is not None:
+            ours.close()
+        if isinstance(e, CheckpointError):
+            keep = _keep_log(d.path / "criu" / "restore.log")
+            if keep:
+                e.args = (str(e).replace(str(d.path / "criu" / "restore.log"), keep),)
+                e.log = keep
+        d.remove()
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if theirs is not None:
+            theirs.close()
+    try:
+        if ksm:
+            _ksm_on()
+            initfds.mark_mergeable(ws.host_pids())
+    except BaseException:
+        ws.close()
+        raise
+    log.info("restored workspace %s from %s in %.1f ms", ws.id, src, (time.perf_counter() - start) * 1e3)
+    return ws
+
+
+def _keep_log(logfile: Path) -> str | None:
+    """Copy a failed restore's log out of the state directory that is about to go."""
+    import tempfile
+
+    try:
+        data = logfile.read_bytes()
+    except OSError:
+        return None
+    fd, name = tempfile.mkstemp(prefix="bunshin-criu-restore-", suffix=".log")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return name
+
+
+def _workspace(src: Path, meta: dict, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
+               masters: dict[int, int], lowers: list[str]) -> "Workspace":
+    from ..runtime.channel import Channel
+    from ..runtime.workspace import Workspace
+
+    chan = Channel(ctl, f"workspace {d.id}")
+    try:
+        chan.start()
+        chan.ping(10)
+    except BaseException:
+        chan.close()
+        for m in masters.values():
+            os.close(m)
+        raise
+    # The same construction as a fork's (a stand-in for the template); then no template.
+    cfg = meta["config"]
+    origin = SimpleNamespace(config=cfg, lowers=[Path(p) for p in lowers], id=f"image:{src}",
+                             shells=[(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]])
+    ws = Workspace._from_fork(origin, d, cg, init_pid, pidfd, chan, masters, cfg["hostname"])
+    ws._template = None
+    ws._init_is_child = True
+    for idx, m in masters.items():
+        if not any(sh._master == m for sh in ws._shells):
+            os.close(m)
+    return ws
+
+
+def _ksm_on() -> None:
+    try:
+        if _KSM_RUN.read_text().strip() != "1":
+            _KSM_RUN.write_text("1")
+            log.info("KSM was off: started it (/sys/kernel/mm/ksm/run = 1)")
+    except OSError as e:
+        raise BunshinError(f"cannot start KSM ({_KSM_RUN}): {e.strerror}; is CONFIG_KSM set?") from None
+
+
+def load(path: str | os.PathLike) -> "Template":
+    """A frozen Template restored from images: restore once, then freeze it as a template
+    (``ws.snapshot()``), so that ``tpl.fork(n)`` shares its memory among the children."""
+    ws = restore_workspace(path)
+    try:
+        return ws.snapshot()
+    finally:
+        ws.close()
+
+
+__all__ = ["restore_workspace", "load"]
