@@ -24,3 +24,12 @@ fi
 PY=${PY:-python3}
 "$PY" -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" 2>&1 | grep -v "^WARNING: Running pip as" || true
+# A CRIU >= 4 for bunshin.criu and its tests (Debian 12's 3.17 fails on kernels >= 6.13): unless
+# one is usable already, a private copy from Debian 13's packages into ~/.cache/bunshin/criu
+# (`bunshin criu provision`; apt's configuration is left alone).
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if ! PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_locate import find_criu; i = find_criu(); sys.exit(0 if i and i.usable else 1)' 2>/dev/null; then
+  echo "install-deps: provisioning a private CRIU 4 (bunshin criu provision)" >&2
+  PYTHONPATH="$ROOT" "$PY" -c 'from bunshin.criu_locate import provision_criu; print(provision_criu().reason)' >&2 \
+    || echo "install-deps: CRIU provisioning failed; tests/test_criu.py will be skipped" >&2
+fi
