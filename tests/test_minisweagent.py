@@ -20,15 +20,15 @@ if "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
 yaml = pytest.importorskip("yaml")
 minisweagent = pytest.importorskip("minisweagent")
 
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.config import get_config_path  # noqa: E402
-from minisweagent.environments import get_environment  # noqa: E402
-from minisweagent.exceptions import Submitted  # noqa: E402
-from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.config import get_config_path
+from minisweagent.environments import get_environment
+from minisweagent.exceptions import Submitted
+from minisweagent.models.test_models import DeterministicModel, make_output
 
-import bunshin  # noqa: E402
-from bunshin.rl import RolloutError  # noqa: E402
-from bunshin.rl.minisweagent import BunshinEnvironment  # noqa: E402
+import bunshin
+from bunshin.rl import RolloutError
+from bunshin.rl.minisweagent import BunshinEnvironment
 
 CONFIG = yaml.safe_load(get_config_path("default").read_text())  # mini-swe-agent's own default config
 

@@ -228,3 +228,14 @@ def test_validation(no_leaks):
     with pytest.raises(RolloutError, match="setup step 0"):
         env.reset()
     env.close()
+
+
+def test_only_the_tasks_tools(no_leaks):
+    env = WorkspaceEnv(Task(id="bash-only", prompt="p", tools=("bash",)))
+    try:
+        env.reset()
+        obs, r, term, trunc, info = env.step('{"name": "write_file", "args": {"path": "/x", "content": "1"}}')
+        assert info["exit_code"] == -1 and "no tool named 'write_file'" in obs and "['bash']" in obs
+        assert env.step('{"name": "bash", "args": {"command": "test -e /x || echo absent"}}')[0] == "absent\n"
+    finally:
+        env.close()

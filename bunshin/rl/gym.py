@@ -19,7 +19,7 @@ import math
 import string
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -117,7 +117,7 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
     ``setup_s``, ``episode``.
     """
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, task: Task, *, template: Template | None = None, workspace: Workspace | None = None,
                  mode: str = "fresh", reward_fn: RewardFn | None = None, done_fn: DoneFn | None = None,
@@ -226,7 +226,7 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
         info: dict[str, Any] = {"step": len(hist.turns), "workspace_id": self._ws.id}
         try:
             call = self.parse_action(action)
-        except (InvalidToolCall, ValueError) as e:
+        except InvalidToolCall as e:
             try:
                 bad = ToolCall("invalid_action", {"text": action})
             except InvalidToolCall:
@@ -281,9 +281,9 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
             if isinstance(obj, dict):
                 name, args = obj.get("name"), obj.get("args", obj.get("arguments", {}))
                 if not isinstance(name, str) or not name:
-                    raise ValueError('a JSON action must be {"name": tool, "args": {...}}; "name" is missing')
+                    raise InvalidToolCall('a JSON action must be {"name": tool, "args": {...}}; "name" is missing')
                 if not isinstance(args, dict):
-                    raise ValueError(f'"args" of a JSON action must be an object, got {args!r}')
+                    raise InvalidToolCall(f'"args" of a JSON action must be an object, got {args!r}')
                 return ToolCall(name, args)
         return ToolCall("bash", {"command": action})
 

@@ -139,7 +139,7 @@ class BunshinEnvironment:
                 }
             else:
                 output = {"output": r.output, "returncode": r.exit_code, "exception_info": ""}
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - shown to the agent, as mini-swe-agent's local env does
             output = {
                 "output": "",
                 "returncode": -1,

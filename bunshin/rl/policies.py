@@ -118,7 +118,7 @@ class ReplayPolicy:
 
     # -- files ------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike, **kwargs: Any) -> "ReplayPolicy":
+    def load(cls, path: str | os.PathLike, **kwargs: Any) -> ReplayPolicy:
         """Traces from a JSONL file: one trace per line, a JSON list of ``[name, args]`` pairs
         (a bare string is a bash command). Blank lines are skipped. ``kwargs`` go to the
         constructor (think_s, jitter, seed)."""
@@ -152,8 +152,8 @@ class ReplayPolicy:
         """Write the traces as JSONL (the format :meth:`load` reads), atomically."""
         tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
-            for trace in self.traces:
-                f.write(json.dumps([[c.name, c.args] for c in trace], ensure_ascii=False) + "\n")
+            f.writelines(json.dumps([[c.name, c.args] for c in trace], ensure_ascii=False) + "\n"
+                         for trace in self.traces)
         os.replace(tmp, path)
 
 
