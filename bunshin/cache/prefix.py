@@ -17,12 +17,14 @@ import dataclasses
 import logging
 import os
 import random
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
-from ..errors import ForkError
+from ..errors import BunshinError, ForkError
 from ..runtime.result import Result
 from .errors import CacheError
 from .states import State, StateTable
@@ -37,6 +39,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("bunshin.cache")
 
 __all__ = ["CacheStats", "PrefixCache", "SnapshotPolicy"]
+
+
+@dataclass
+class Spilled:
+    """A state evicted to disk: its image directory and what a hit returns."""
+
+    path: Path
+    parent: bytes
+    shell: tuple[int, str] | None
+    result: Result
+    exec_time: float
 
 SnapshotPolicy = float | Callable[[ToolCall, Result], bool]
 """When to keep a state after a miss: calls that took at least this many seconds (0: every
@@ -54,6 +67,8 @@ class CacheStats:
     snapshots: int = 0       # states kept
     snapshot_failures: int = 0  # snapshots refused (e.g. pid-namespace depth): state not kept
     evictions: int = 0       # states closed to fit the budget
+    spills: int = 0          # evicted states written to ``spill_dir`` (CRIU) before closing
+    unspills: int = 0        # spilled states restored on a hit
     verified: int = 0        # hits re-executed to check them
     mismatches: int = 0      # verified hits whose fresh result differed from the recorded one
     saved_seconds: float = 0.0  # recorded execution time of the hits
@@ -71,12 +86,15 @@ class PrefixCache:
     with the record (``stats.verified``/``stats.mismatches``); a verified hit keeps the freshly
     executed state. ``record_limit``: bytes of each stream recorded; a node whose output was
     longer keeps no state (a hit could not return its whole output). ``seed`` seeds the verify
-    sampler.
+    sampler. ``spill_dir``: where evicted states go (CRIU images, one directory per node, see
+    :mod:`bunshin.criu`) to be restored on a hit instead of re-executed; None: evicted states
+    are closed. Spilled states belong to this cache object: ``close()`` removes them.
     """
 
     def __init__(self, path: str | os.PathLike, *, memory_budget: int = 1 << 30,
                  snapshot: SnapshotPolicy = 0.0, cacheable: Callable[[ToolCall], bool] | None = None,
-                 verify: float = 0.0, record_limit: int = 1 << 20, seed: int | None = None) -> None:
+                 verify: float = 0.0, record_limit: int = 1 << 20, seed: int | None = None,
+                 spill_dir: str | os.PathLike | None = None) -> None:
         if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
             raise CacheError(f"memory_budget must be an int ≥ 0 (bytes), got {memory_budget!r}")
         if not callable(snapshot) and (isinstance(snapshot, bool) or not isinstance(snapshot, (int, float))
@@ -100,6 +118,10 @@ class PrefixCache:
         self._inflight: set[bytes] = set()
         self._stats = CacheStats()
         self._closed = False
+        self.spill_dir = Path(spill_dir) if spill_dir is not None else None
+        self._spilled: dict[bytes, Spilled] = {}
+        if self.spill_dir is not None:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
 
     # -- configuration ------------------------------------------------------------------
     def register_tool(self, name: str, fn: ToolFn, *, replace: bool = False) -> None:
@@ -138,11 +160,22 @@ class PrefixCache:
             return list(self._states.states)
 
     def spill(self, node: bytes) -> None:
-        """Persist node ``node``'s state to disk through CRIU and drop it from memory.
+        """Write node ``node``'s live state to ``spill_dir`` through CRIU and drop it from
+        memory; a later hit restores it (``Template.load``)."""
+        if self.spill_dir is None:
+            raise CacheError("this cache has no spill_dir; pass PrefixCache(..., spill_dir=...)")
+        with self._cond:
+            self._check_open()
+            st = self._states.get(node)
+            if st is None or st.pins:
+                raise CacheError(f"node {node.hex()} has no live state to spill (or it is in use)")
+            self._states.remove(node)
+        self._evict([st])
 
-        Not available yet: CRIU spill arrives with issue 8; until then eviction closes states.
-        """
-        raise NotImplementedError("CRIU spill: issue 8")
+    def spilled_states(self) -> list[bytes]:
+        """Node keys whose state is on disk (``spill_dir``), not in memory."""
+        with self._cond:
+            return [k for k in self._spilled if k not in self._states.states]
 
     def close(self) -> None:
         """Close every live state and the LMDB environment."""
@@ -157,6 +190,10 @@ class PrefixCache:
         for st in states:
             st.template.close()
             self._mark_template(st.key, None)
+        for k, sp in list(self._spilled.items()):
+            shutil.rmtree(sp.path, ignore_errors=True)
+            self._mark_template(k, None)
+        self._spilled.clear()
         self.store.close()
 
     def __enter__(self) -> Self:
@@ -196,23 +233,66 @@ class PrefixCache:
         except CacheError as e:  # closed meanwhile: the record says less, nothing is lost
             log.debug("cache: %s", e)
 
-    def _admit(self, st: State) -> None:
-        """Keep ``st`` and close whatever no longer fits the budget."""
+    def _admit(self, st: State, *, new: bool = True) -> None:
+        """Keep ``st`` and evict whatever no longer fits the budget. ``new``: a fresh snapshot
+        (counted), not a state restored from ``spill_dir``."""
         with self._cond:
             if self._closed:
-                victims = [st]
-            else:
-                self._states.add(st)
-                self._stats.snapshots += 1
-                victims = self._states.over_budget(self.store.reuse_probability)
-                self._stats.evictions += len(victims)
-        kept = all(v is not st for v in victims)
-        if kept:
+                st.template.close()
+                return
+            self._states.add(st)
+            self._stats.snapshots += new
+            victims = self._states.over_budget(self.store.reuse_probability)
+            self._stats.evictions += len(victims)
+        if all(v is not st for v in victims):
             self._mark_template(st.key, f"{os.getpid()}:{st.template.id}", st.cost)
+        self._evict(victims)
+
+    def _evict(self, victims: list[State]) -> None:
+        """Spill (when there is a ``spill_dir`` and the state is not on disk yet) and close."""
         for v in victims:
+            spilled = v.key in self._spilled
+            if self.spill_dir is not None and not spilled:
+                path = self.spill_dir / v.key.hex()
+                try:
+                    v.template.save(path)
+                    spilled = True
+                    with self._cond:
+                        self._spilled[v.key] = Spilled(path, v.parent, v.shell, v.result, v.exec_time)
+                        self._stats.spills += 1
+                except BunshinError as e:
+                    log.info("cache: state %s not spilled: %s", v.key.hex()[:12], e)
             v.template.close()
-            if v is not st:
-                self._mark_template(v.key, None)
+            holder = f"criu:{self._spilled[v.key].path}" if spilled else None
+            self._mark_template(v.key, holder)
+
+    def _unspill(self, key: bytes) -> State | None:
+        """Restore the spilled state of ``key`` into memory, pinned once; None if it fails
+        (the caller then executes). The caller holds ``key`` in ``_inflight``."""
+        from ..fork.template import Template
+        from .states import template_cost
+
+        sp = self._spilled.get(key)
+        if sp is None:
+            return None
+        try:
+            tpl = Template.load(sp.path)
+        except BunshinError as e:
+            log.warning("cache: spilled state %s cannot be restored: %s", key.hex()[:12], e)
+            with self._cond:
+                self._spilled.pop(key, None)
+            shutil.rmtree(sp.path, ignore_errors=True)
+            return None
+        try:
+            cost = template_cost(tpl)
+        except BaseException:
+            tpl.close()
+            raise
+        st = State(key=key, parent=sp.parent, template=tpl, shell=sp.shell, result=sp.result,
+                   exec_time=sp.exec_time, cost=cost, pins=1)
+        self._count(unspills=1)
+        self._admit(st, new=False)
+        return st
 
     def _snapshot(self, ws: Workspace):
         try:

@@ -85,6 +85,12 @@ class CachedSession:
                 if not waited:
                     cache._inflight.add(key)
                 break
+        if st is None and not waited and key in cache._spilled:
+            st = cache._unspill(key)  # on disk: restore it rather than execute
+            if st is not None:
+                with cache._cond:
+                    cache._inflight.discard(key)
+                    cache._cond.notify_all()
         if st is not None:
             return self._hit(tc, key, st)
         return self._miss(tc, parent, key, owner=not waited)

@@ -11,8 +11,8 @@ until the next measurement. Eviction drops the states of least value until the t
 
 with the re-execution time of the node's own call, and the reuse probability the smoothed share
 of the parent's visits that went to this node (``MetaStore.reuse_probability``). States in use
-(being forked from) are never evicted. Evicted templates are closed; spilling them to disk
-through CRIU is ``PrefixCache.spill`` (issue 8).
+(being forked from) are never evicted. Evicted templates are closed — after being written to
+disk through CRIU when the cache has a ``spill_dir`` (restored on a hit: ``PrefixCache``).
 """
 
 from __future__ import annotations
