@@ -24,6 +24,8 @@ _LAZY = {
     "GroupResult": "bunshin.rl.engine",
     "MODES": "bunshin.rl.engine",
     "MemorySampler": "bunshin.rl.metrics",
+    "WorkspaceEnv": "bunshin.rl.gym",
+    "BunshinEnvironment": "bunshin.rl.minisweagent",
 }
 
 __all__ = ["Final", "History", "Policy", "PolicyError", "RolloutError", "Task", "Trajectory",
