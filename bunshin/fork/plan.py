@@ -26,6 +26,7 @@ class FdInfo:
     dev: int
     handler: object = None  # the resource ops that own it (set by plan_tree)
     dup_of: int | None = None  # an earlier fd of the same process sharing the open file
+    cloexec: bool | None = None  # FD_CLOEXEC, read from the first fork's clone (frozen: cannot change)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import struct
 
 from ..compel import Tracee
 from ..errors import ForkError
+from .plan import FdInfo
 
 # x86_64 system call numbers
 SYS = {
@@ -64,12 +65,18 @@ class Remote:
     def openat(self, path: str, flags: int, mode: int = 0) -> int:
         return self.call("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, self.path(path), flags, mode)
 
-    def install(self, newfd: int, fd: int) -> None:
-        """Move ``newfd`` to number ``fd``, replacing the inherited descriptor there and keeping
-        its close-on-exec flag (read here: /proc's fdinfo shows O_CLOEXEC from open(), which
-        dup2 does not carry, so it cannot be trusted)."""
-        fdflags = self.call("fcntl", fd, 1, 0, ok_errnos=(9,))  # F_GETFD; EBADF: none there
-        cloexec = fdflags > 0 and fdflags & 1
+    def install(self, newfd: int, f: int | FdInfo) -> None:
+        """Move ``newfd`` to descriptor ``f`` (a number, or the plan's FdInfo), replacing the
+        inherited descriptor there and keeping its close-on-exec flag. The flag is read in the
+        clone (/proc's fdinfo shows O_CLOEXEC from open(), which dup2 does not carry, so it
+        cannot be trusted) once per template: the plan's FdInfo remembers it for later forks."""
+        fd = f if isinstance(f, int) else f.fd
+        cloexec = None if isinstance(f, int) else f.cloexec
+        if cloexec is None:
+            fdflags = self.call("fcntl", fd, 1, 0, ok_errnos=(9,))  # F_GETFD; EBADF: none there
+            cloexec = bool(fdflags > 0 and fdflags & 1)
+            if not isinstance(f, int):
+                f.cloexec = cloexec
         if newfd != fd:
             self.call("dup3", newfd, fd, os.O_CLOEXEC if cloexec else 0)
             self.call("close", newfd)

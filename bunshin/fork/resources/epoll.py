@@ -48,7 +48,7 @@ def fixup(ctx, proc, r, f) -> None:
     if sharing.reuse(ctx, "epoll", proc, r, f):  # the first clone holding it filled it already
         return
     watches = _watches(proc, f)
-    r.install(r.call("epoll_create1", os.O_CLOEXEC), f.fd)
+    r.install(r.call("epoll_create1", os.O_CLOEXEC), f)
     sharing.remember(ctx, "epoll", proc, f, f.fd)
     ctx.shared.setdefault("epoll-pending", {}).setdefault(proc.hostpid, []).append((f.fd, watches))
 

@@ -29,7 +29,7 @@ def fixup(ctx, proc, r, f) -> None:
     if count:
         # eventfd2 takes a 32-bit initial value; a write adds the full 64-bit count
         r.call("write", newfd, r.put(struct.pack("Q", count)), 8)
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
     sharing.remember(ctx, "eventfd", proc, f, f.fd)
 
 

@@ -29,7 +29,7 @@ def fixup(ctx, proc, r, f) -> None:
     elif f.pos:
         # a directory's position is an opaque cookie; replay it as getdents would
         r.call("lseek", newfd, f.pos, os.SEEK_SET)
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
 
 
 def _copy_deleted(ctx, proc, r, f) -> int:

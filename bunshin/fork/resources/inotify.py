@@ -103,7 +103,7 @@ def fixup(ctx, proc, r, f) -> None:
         next_wd = wd + 1
     if holes:
         _drain(r, newfd)  # removing the hole watches queued IN_IGNORED events
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
     sharing.remember(ctx, "inotify", proc, f, f.fd)
 
 

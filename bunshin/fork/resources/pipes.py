@@ -63,7 +63,7 @@ def fixup(ctx, proc, r, f) -> None:
         _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{newfd}")
         made[key] = (proc.vpid, f.fd)
     r.call("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
 
 
 OPS = SimpleNamespace(kind="pipe", claims=claims, fixup=fixup)

@@ -111,7 +111,7 @@ def _master(ctx, index: int, template_slave: str) -> int:
 def fixup(ctx, proc, r, f) -> None:
     if f.target in _MASTERS:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
-        r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f.fd)
+        r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
         return
     index = int(f.target[9:])
     if index in _inner_indexes(ctx):
@@ -121,7 +121,7 @@ def fixup(ctx, proc, r, f) -> None:
     newfd = r.openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
     if proc.sid == proc.vpid and index == ctx.ctty(proc):
         r.call("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
 
 
 OPS = SimpleNamespace(kind="pty", claims=claims, fixup=fixup)

@@ -39,7 +39,7 @@ def reuse(ctx, kind: str, proc, r, f) -> bool:
     where = find(ctx, kind, proc, f)
     if where is None:
         return False
-    r.install(grab(r, where), f.fd)
+    r.install(grab(r, where), f)
     return True
 
 

@@ -105,7 +105,7 @@ def fixup_fd(ctx, proc, r, f) -> None:
                     f.target.replace(_DELETED, "").lstrip("/"))
     if f.pos:
         r.call("lseek", fd, f.pos, os.SEEK_SET)
-    r.install(fd, f.fd)
+    r.install(fd, f)
 
 
 def finish(ctx) -> None:

@@ -21,7 +21,7 @@ def fixup(ctx, proc, r, f) -> None:
     mask = int(sharing.fdinfo(proc.hostpid, f.fd)["sigmask"], 16)
     newfd = r.call("signalfd4", -1 & 0xFFFFFFFFFFFFFFFF, r.put(struct.pack("Q", mask)), 8,
                    os.O_CLOEXEC | (f.flags & os.O_NONBLOCK))
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
     sharing.remember(ctx, "signalfd", proc, f, f.fd)
 
 

@@ -219,7 +219,7 @@ def fixup(ctx, proc, r, f) -> None:
         finally:
             s.close()
     r.call("fcntl", newfd, 4, f.flags & os.O_NONBLOCK)  # F_SETFL
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
     if where is None:
         sharing.remember(ctx, "inet", proc, f, f.fd)
         if sk.type == socket.SOCK_STREAM:

@@ -265,7 +265,7 @@ def fixup(ctx, proc, r, f) -> None:
     else:
         newfd = r.call("socket", socket.AF_UNIX, f.sk.type | socket.SOCK_CLOEXEC, 0)
     r.call("fcntl", newfd, 4, f.flags & os.O_NONBLOCK)  # F_SETFL
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
     made[f.ino] = (proc.vpid, f.fd)
 
 

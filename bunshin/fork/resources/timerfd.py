@@ -62,7 +62,7 @@ def fixup(ctx, proc, r, f) -> None:
             raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: timerfd has {ticks} unread "
                             "expirations and this kernel cannot set them (CONFIG_CHECKPOINT_RESTORE)",
                             pid=proc.hostpid, step="timerfd")
-    r.install(newfd, f.fd)
+    r.install(newfd, f)
     sharing.remember(ctx, "timerfd", proc, f, f.fd)
 
 
