@@ -116,7 +116,7 @@ def _table(console, res: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"e2e: {res['workload']}, group of {res['group']}, think {res['think_s']} s")
-    for c in ("mode", "latency s", "peak MiB", "GB·s", "× fresh (lat/peak/GB·s)", "cache hits", "spec hits"):
+    for c in ("mode", "latency s", "peak MiB", "GB·s", "× fresh: peak / GB·s / lat", "cache hits", "spec hits"):
         t.add_column(c, justify="right")
     for m, r in res["modes"].items():
         if "peak_bytes" not in r:
