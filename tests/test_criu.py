@@ -180,7 +180,16 @@ def test_template_save_load_fork(family, tmp_path):
     assert u.shared_bytes > 1 << 20  # forks of the loaded template share its memory
 
 
-def test_ksm_marks_restored_processes_mergeable(family, tmp_path):
+@pytest.fixture
+def ksm_run():
+    """Puts /sys/kernel/mm/ksm/run back as it was (restore_workspace(ksm=True) starts KSM)."""
+    p = Path("/sys/kernel/mm/ksm/run")
+    before = p.read_text().strip()
+    yield
+    p.write_text(before)
+
+
+def test_ksm_marks_restored_processes_mergeable(family, ksm_run, tmp_path):
     with bunshin.Workspace.create() as ws:
         ws.spawn(["python3", "-c", "import time\nb = bytearray(8 << 20)\nwhile True: time.sleep(1)"])
         criu.dump_workspace(ws, tmp_path / "img")

@@ -1,0 +1,305 @@
+"""CRIU persistence and the CRIU baseline (bunshin.criu), measured in one run.
+
+1. Save and load vs workspace size: a workspace (init + a bash session + a Python worker holding
+   S MiB of distinct pages, S = 0 means no worker) is snapshotted; `tpl.save(dir)` (a fork of the
+   template dumped by CRIU, layers copied) and `Template.load(dir)` (CRIU restore + snapshot) are
+   timed, with the image size; `dump_workspace(ws)` / `restore_workspace(dir)` (the baseline's
+   per-rollout restore) are timed too.
+2. n clones from one image of the medium workspace:
+   * restore-n: `restore_workspace(dir)` n times (n independent workspaces: the CRIU baseline);
+   * load-then-fork-n: `Template.load(dir)` once, then `tpl.fork(n)` (memory shared CoW);
+   * restore-n + KSM: `restore_workspace(dir, ksm=True)` n times (PR_SET_MEMORY_MERGE on every
+     restored process), then KSM is left to merge (pages_to_scan raised for the run, put back
+     after) until pages_sharing stops growing; the merge wall time and ksmd's CPU are reported.
+   Memory = distinct physical pages mapped by the family (bunshin.memory.pids_usage: each page
+   once; for load-then-fork the frozen template's processes are counted), and Σ cgroup memory.
+   The worker's pages are random (identical across clones of one image, distinct within one),
+   so KSM can only merge across clones, as with real heaps.
+
+usage: python bench/criu.py [--quick]   (last stdout line: JSON; PNG in bench/out/)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, memory_facts, png_path  # noqa: E402
+
+import bunshin  # noqa: E402
+from bunshin import criu  # noqa: E402
+from bunshin.criu import runner  # noqa: E402
+from bunshin.memory import pids_usage  # noqa: E402
+
+_M = 1 << 20
+WORKER = r"""
+import os, signal, sys
+mib = int(sys.argv[1])
+buf = bytearray(os.urandom(mib << 20))   # distinct pages; every clone of one image has the same
+open("/tmp/ready", "w").close()
+while True:
+    signal.pause()
+"""
+KSM = Path("/sys/kernel/mm/ksm")
+
+
+def build(mib: int) -> bunshin.Workspace:
+    ws = bunshin.Workspace.create()
+    try:
+        ws.shell().run("cd /tmp && X=1")
+        if mib:
+            ws.write_file("/worker.py", WORKER)
+            ws.spawn(["python3", "/worker.py", str(mib)])
+            end = time.monotonic() + 120
+            while not ws.run("test -e /tmp/ready").ok:
+                if time.monotonic() > end:
+                    raise RuntimeError("worker not ready")
+                time.sleep(0.05)
+        return ws
+    except BaseException:
+        ws.close()
+        raise
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def cg_bytes(wss) -> int:
+    return sum(w.cgroup.stats().memory_current or 0 for w in wss)
+
+
+def size_sweep(sizes: list[int], tmp: Path, reps: int) -> list[dict]:
+    out = []
+    for mib in sizes:
+        ws = build(mib)
+        try:
+            d_dump = tmp / f"dump-{mib}"
+            t = time.perf_counter()
+            criu.dump_workspace(ws, d_dump)
+            dump_s = time.perf_counter() - t
+            tpl = ws.snapshot()
+            saves, loads, restores = [], [], []
+            try:
+                for i in range(reps):
+                    d = tmp / f"tpl-{mib}-{i}"
+                    t = time.perf_counter()
+                    tpl.save(d)
+                    saves.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    t2 = bunshin.Template.load(d)
+                    loads.append(time.perf_counter() - t)
+                    t2.close()
+                    if i:
+                        shutil.rmtree(d)
+            finally:
+                tpl.close()
+            for _ in range(reps):
+                t = time.perf_counter()
+                w = criu.restore_workspace(d_dump)
+                restores.append(time.perf_counter() - t)
+                w.close()
+            img = tmp / f"tpl-{mib}-0"
+            pages = sum(p.stat().st_size for p in (img / "criu").glob("pages-*.img"))
+            out.append({"worker_mib": mib, "image_bytes": du(img), "pages_bytes": pages,
+                        "save_s": statistics.median(saves), "load_s": statistics.median(loads),
+                        "dump_workspace_s": dump_s, "restore_workspace_s": statistics.median(restores),
+                        "restore_workspace_all_s": restores, "reps": reps})
+            print(f"size {mib:5d} MiB: save {out[-1]['save_s']*1e3:.0f} ms, load "
+                  f"{out[-1]['load_s']*1e3:.0f} ms, restore {out[-1]['restore_workspace_s']*1e3:.0f} ms, "
+                  f"image {out[-1]['image_bytes']/_M:.1f} MiB", file=sys.stderr, flush=True)
+        finally:
+            ws.close()
+    return out
+
+
+def family_bytes(groups: dict[str, list[int]]) -> dict:
+    u = pids_usage(groups)
+    return {"distinct_bytes": u.total_bytes, "shared_bytes": u.shared_bytes, "pss_bytes": u.pss_bytes}
+
+
+def ksmd_cpu_s() -> float:
+    import os
+
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if (p / "comm").read_text().strip() == "ksmd":
+                    f = (p / "stat").read_text().rsplit(")", 1)[1].split()
+                    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+            except OSError:
+                continue
+    return 0.0
+
+
+def ksm_settle(timeout: float) -> float:
+    """Wait until KSM's pages_sharing stops growing (1 s unchanged); seconds waited."""
+    t0 = time.monotonic()
+    last, since = -1, time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        cur = int((KSM / "pages_sharing").read_text())
+        if cur != last:
+            last, since = cur, time.monotonic()
+        elif time.monotonic() - since >= 1.0 and int((KSM / "full_scans").read_text()) > 0:
+            break
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def scaling(img: Path, ns: list[int], ksm_ns: list[int], ksm_timeout: float) -> dict:
+    res: dict = {"restore_n": [], "load_fork_n": [], "restore_n_ksm": []}
+    for n in ns:
+        wss = []
+        try:
+            t = time.perf_counter()
+            for _ in range(n):
+                wss.append(criu.restore_workspace(img))
+            dt = time.perf_counter() - t
+            m = family_bytes({w.id: w.host_pids() for w in wss})
+            res["restore_n"].append({"n": n, "time_s": dt, **m, "cgroup_bytes": cg_bytes(wss)})
+        finally:
+            for w in wss:
+                w.close()
+        kids = []
+        tpl = None
+        try:
+            t = time.perf_counter()
+            tpl = bunshin.Template.load(img)
+            kids = tpl.fork(n)
+            dt = time.perf_counter() - t
+            m = family_bytes({"template": tpl.host_pids(), **{k.id: k.host_pids() for k in kids}})
+            res["load_fork_n"].append({"n": n, "time_s": dt, **m, "cgroup_bytes": cg_bytes(kids)})
+        finally:
+            for k in kids:
+                k.close()
+            if tpl is not None:
+                tpl.close()
+        print(f"n={n}: restore-n {res['restore_n'][-1]['time_s']:.2f} s "
+              f"{res['restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; load+fork-n "
+              f"{res['load_fork_n'][-1]['time_s']:.2f} s {res['load_fork_n'][-1]['distinct_bytes']/_M:.0f} MiB",
+              file=sys.stderr, flush=True)
+    saved = {k: (KSM / k).read_text().strip() for k in ("run", "pages_to_scan", "sleep_millisecs")}
+    try:
+        (KSM / "pages_to_scan").write_text("4096")  # ~16 MiB per 20 ms pass: KSM at full tilt
+        (KSM / "sleep_millisecs").write_text("20")
+        for n in ksm_ns:
+            wss = []
+            try:
+                t = time.perf_counter()
+                for _ in range(n):
+                    wss.append(criu.restore_workspace(img, ksm=True))
+                dt = time.perf_counter() - t
+                before = family_bytes({w.id: w.host_pids() for w in wss})
+                cpu0 = ksmd_cpu_s()
+                waited = ksm_settle(ksm_timeout)
+                m = family_bytes({w.id: w.host_pids() for w in wss})
+                res["restore_n_ksm"].append({
+                    "n": n, "time_s": dt, "merge_wait_s": waited, "ksmd_cpu_s": ksmd_cpu_s() - cpu0,
+                    "distinct_bytes_before_merge": before["distinct_bytes"], **m,
+                    "cgroup_bytes": cg_bytes(wss),
+                    "pages_sharing": int((KSM / "pages_sharing").read_text())})
+                print(f"n={n}: restore-n+KSM {dt:.2f} s, {m['distinct_bytes']/_M:.0f} MiB after "
+                      f"{waited:.1f} s of merging", file=sys.stderr, flush=True)
+            finally:
+                for w in wss:
+                    w.close()
+    finally:
+        for k in ("pages_to_scan", "sleep_millisecs", "run"):
+            (KSM / k).write_text(saved[k])
+    res["ksm_settings_restored"] = saved
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller sweep (under 2 minutes)")
+    args = ap.parse_args()
+    info = runner.criu()
+    sizes = [0, 64, 256] if args.quick else [0, 64, 256, 1024]
+    mib = 128 if args.quick else 256
+    ns = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16]
+    ksm_ns = [ns[-1]] if args.quick else ns
+    tmp = Path(tempfile.mkdtemp(prefix="bunshin-bench-criu-"))
+    try:
+        sweep = size_sweep(sizes, tmp, 2 if args.quick else 3)
+        ws = build(mib)
+        try:
+            img = tmp / "medium"
+            criu.dump_workspace(ws, img)
+        finally:
+            ws.close()
+        sc = scaling(img, ns, ksm_ns, 20 if args.quick else 60)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    nmax = ns[-1]
+    r, f = sc["restore_n"][-1], sc["load_fork_n"][-1]
+    k = sc["restore_n_ksm"][-1]
+    med = next(s for s in sweep if s["worker_mib"] == 256)
+    res = {
+        "quick": args.quick, "criu": runner.version_string(info), "memory": memory_facts(),
+        "sizes": sweep, "scaling_worker_mib": mib, "ns": ns, **sc,
+        "restore_workspace_p50_ms_small": sweep[0]["restore_workspace_s"] * 1e3,
+        "restore_workspace_p50_ms_256mib": med["restore_workspace_s"] * 1e3,
+        "save_ms_256mib": med["save_s"] * 1e3, "load_ms_256mib": med["load_s"] * 1e3,
+        "image_mib_256mib": med["image_bytes"] / _M,
+        f"restore_n{nmax}_time_over_load_fork_n{nmax}": r["time_s"] / f["time_s"],
+        f"restore_n{nmax}_memory_over_load_fork_n{nmax}": r["distinct_bytes"] / f["distinct_bytes"],
+        f"restore_ksm_n{nmax}_memory_over_load_fork_n{nmax}": k["distinct_bytes"] / f["distinct_bytes"],
+        f"restore_ksm_n{nmax}_merge_wait_s": k["merge_wait_s"],
+        "counted": ("distinct = physical pages mapped by any process of the family, once (pagemap "
+                    "PFNs); load-then-fork counts the frozen template's processes; times are wall "
+                    "clock on a shared 2-core VM; restore-n is sequential"),
+    }
+    plot(res)
+    emit("criu", res)
+
+
+def plot(res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.6))
+    s = res["sizes"]
+    x = [p["worker_mib"] for p in s]
+    a.plot(x, [p["save_s"] * 1e3 for p in s], "o-", label="tpl.save")
+    a.plot(x, [p["load_s"] * 1e3 for p in s], "s-", label="Template.load")
+    a.plot(x, [p["restore_workspace_s"] * 1e3 for p in s], "^-", label="restore_workspace")
+    a.set_xlabel("worker MiB")
+    a.set_ylabel("ms")
+    a2 = a.twinx()
+    a2.bar(x, [p["image_bytes"] / _M for p in s], width=12, alpha=0.25, color="gray", label="image MiB")
+    a2.set_ylabel("image MiB")
+    a.set_title(f"CRIU {res['criu']}: save / load vs workspace size")
+    a.legend(fontsize=8, loc="upper left")
+    ns = res["ns"]
+    for key, lab, st in (("restore_n", "restore-n (CRIU baseline)", "o-"),
+                         ("load_fork_n", "load once + fork n (Bunshin)", "s-"),
+                         ("restore_n_ksm", "restore-n + KSM", "^-")):
+        pts = res[key]
+        b.plot([p["n"] for p in pts], [p["time_s"] for p in pts], st, label=lab)
+        c.plot([p["n"] for p in pts], [p["distinct_bytes"] / _M for p in pts], st, label=lab)
+    b.set_xlabel("n")
+    b.set_ylabel("s")
+    b.set_title("time to n running clones")
+    c.set_xlabel("n")
+    c.set_ylabel("MiB (distinct pages)")
+    c.set_title(f"memory of n clones ({res['scaling_worker_mib']} MiB worker)")
+    for ax in (b, c):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path("criu"), dpi=110)
+
+
+if __name__ == "__main__":
+    main()
