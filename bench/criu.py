@@ -24,19 +24,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, memory_facts, png_path  # noqa: E402
+from _common import emit, memory_facts, png_path
 
-import bunshin  # noqa: E402
-from bunshin import criu  # noqa: E402
-from bunshin.criu import runner  # noqa: E402
-from bunshin.memory import pids_usage  # noqa: E402
+import bunshin
+from bunshin import criu
+from bunshin.criu import runner
+from bunshin.memory import pids_usage
 
 _M = 1 << 20
 WORKER = r"""

@@ -16,4 +16,4 @@ from .dump import dump_workspace, save
 from .images import read_meta
 from .restore import load, restore_workspace
 
-__all__ = ["dump_workspace", "save", "load", "restore_workspace", "read_meta"]
+__all__ = ["dump_workspace", "load", "read_meta", "restore_workspace", "save"]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("bunshin.criu")
 
 
-def _layers(ws: "Workspace") -> tuple[list[Path], list[str]]:
+def _layers(ws: Workspace) -> tuple[list[Path], list[str]]:
     """(the workspace's own layers, topmost first; the rootfs lowers below them)."""
     state = config.state_dir().resolve()
     own = [ws._dir.upper]
@@ -33,7 +33,7 @@ def _layers(ws: "Workspace") -> tuple[list[Path], list[str]]:
     return own, rootfs
 
 
-def _freezer_dir(ws: "Workspace") -> str | None:
+def _freezer_dir(ws: Workspace) -> str | None:
     dirs = ws.cgroup.dirs()
     for d in dirs:
         if "/freezer/" in d:
@@ -41,7 +41,7 @@ def _freezer_dir(ws: "Workspace") -> str | None:
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
 
 
-def dump_workspace(ws: "Workspace", path: str | os.PathLike) -> dict:
+def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
 
     Everything a restore needs: the process tree and its namespaces (CRIU), the workspace's
@@ -50,6 +50,7 @@ def dump_workspace(ws: "Workspace", path: str | os.PathLike) -> dict:
     """
     info = runner.criu()
     start = time.perf_counter()
+    existed = Path(path).exists()
     out = images.prepare(path)
     try:
         with ws._close_lock:
@@ -58,8 +59,10 @@ def dump_workspace(ws: "Workspace", path: str | os.PathLike) -> dict:
                 raise ForkError(f"workspace {ws.id}: {ws._calls} tool call(s) running; wait for them "
                                 "before dumping (their pipes lead to the trainer)")
             meta = _dump_locked(ws, out, info)
-    except BaseException:
-        images.discard(out)
+    except BaseException as e:
+        if isinstance(e, CheckpointError):
+            runner.keep_log(e, "dump")
+        images.discard(out, keep_dir=existed)
         raise
     meta["dump_seconds"] = time.perf_counter() - start
     images.write_meta(out, meta)
@@ -67,7 +70,7 @@ def dump_workspace(ws: "Workspace", path: str | os.PathLike) -> dict:
     return meta
 
 
-def _dump_locked(ws: "Workspace", out: Path, info) -> dict:
+def _dump_locked(ws: Workspace, out: Path, info) -> dict:
     shells = [sh for sh in list(ws._shells) if sh.alive]
     idents = [sh._identity() for sh in shells]  # (pty index, bash pid, nonce)
     masters = {idx: sh._master for (idx, _pid, _n), sh in zip(idents, shells)}
@@ -86,6 +89,7 @@ def _dump_locked(ws: "Workspace", out: Path, info) -> dict:
             logfile = out / "criu" / "dump.log"
             argv = [info.path, "dump", "-t", str(ws.init_pid), "-D", str(out / "criu"),
                     "-o", "dump.log", "-v4", "--leave-running", "--network-lock", "skip",
+                    "--tcp-established", "--file-locks",
                     "--external", f"unix[{prep.stand_in_ino}]"]
             frz = _freezer_dir(ws)
             if frz:
@@ -124,7 +128,7 @@ def _init_binary() -> dict:
     return {"path": str(p), "size": st.st_size}
 
 
-def save(tpl: "Template", path: str | os.PathLike) -> dict:
+def save(tpl: Template, path: str | os.PathLike) -> dict:
     """Write the frozen template ``tpl`` into ``path``: a fork of it is dumped, then closed (the
     template itself is never touched; its init has its children's inits as children, which CRIU
     would take along)."""
@@ -135,4 +139,4 @@ def save(tpl: "Template", path: str | os.PathLike) -> dict:
         kid.close()
 
 
-__all__ = ["dump_workspace", "save", "CheckpointError"]
+__all__ = ["CheckpointError", "dump_workspace", "save"]

@@ -50,7 +50,8 @@ def scan(init_pid: int, pids: list[int], ws_dir: Path) -> list[External]:
     """Every file (fd, mapping, executable) of ``pids`` not on a mount of the workspace's."""
     from .. import config
 
-    inside = {int(ln.split()[0]) for ln in open(f"/proc/{init_pid}/mountinfo")}
+    with open(f"/proc/{init_pid}/mountinfo") as fh:
+        inside = {int(ln.split()[0]) for ln in fh}
     state = str(config.state_dir()) + "/"  # a fork's init keeps its first ancestor's log
     found: dict[str, External] = {}
 

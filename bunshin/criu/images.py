@@ -51,7 +51,8 @@ def prepare(path: str | os.PathLike) -> Path:
 
 def copy_layer(src: Path, dst: Path) -> None:
     """Copy an overlay layer exactly: whiteouts (0/0 char devices), opaque-dir xattrs, owners."""
-    r = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], capture_output=True, text=True)
+    r = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], capture_output=True,
+                       text=True, check=False)
     if r.returncode != 0:
         raise ImageError(f"copying layer {src} into {dst} failed: {r.stderr.strip()[-300:]}")
 
@@ -123,6 +124,11 @@ def read_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
-def discard(path: Path) -> None:
-    """Remove a half-written image directory (only ever one this process created)."""
-    shutil.rmtree(path, ignore_errors=True)
+def discard(path: Path, keep_dir: bool = False) -> None:
+    """Remove a half-written image (only ever one this process wrote): the directory, or
+    with ``keep_dir`` (it existed, empty, before) its contents."""
+    if not keep_dir:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for p in path.iterdir():
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()

@@ -18,7 +18,6 @@ import logging
 import os
 import shlex
 import socket
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,7 +37,7 @@ _SCRIPT = ('for f in $BX_CGROUPS; do echo $$ > "$f" || exit 71; done; '
 _KSM_RUN = Path("/sys/kernel/mm/ksm/run")
 
 
-def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> "Workspace":
+def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspace:
     """A running Workspace restored from the images at ``path`` (see :func:`dump_workspace`).
 
     Independent of the original and of other restores (own pid, mount, net, ipc and uts
@@ -83,7 +82,8 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> "Workspa
                 info.path, "restore", "-D", str(images.criu_dir(src)), "-W", str(work),
                 "-o", "restore.log", "-v4", "--root", str(d.root), "--restore-detached",
                 "--restore-sibling", "--shell-job", "--pidfile", str(work / "pid"),
-                "--manage-cgroups=ignore", "--network-lock", "skip"]
+                "--manage-cgroups=ignore", "--network-lock", "skip", "--tcp-established",
+                "--file-locks"]
         for spec in inherit:
             argv += ["--inherit-fd", spec]
         env = runner.environ()
@@ -110,10 +110,7 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> "Workspa
         if ours is not None:
             ours.close()
         if isinstance(e, CheckpointError):
-            keep = _keep_log(d.path / "criu" / "restore.log")
-            if keep:
-                e.args = (str(e).replace(str(d.path / "criu" / "restore.log"), keep),)
-                e.log = keep
+            runner.keep_log(e, "restore")
         d.remove()
         raise
     finally:
@@ -132,22 +129,8 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> "Workspa
     return ws
 
 
-def _keep_log(logfile: Path) -> str | None:
-    """Copy a failed restore's log out of the state directory that is about to go."""
-    import tempfile
-
-    try:
-        data = logfile.read_bytes()
-    except OSError:
-        return None
-    fd, name = tempfile.mkstemp(prefix="bunshin-criu-restore-", suffix=".log")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    return name
-
-
 def _workspace(src: Path, meta: dict, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
-               masters: dict[int, int], lowers: list[str]) -> "Workspace":
+               masters: dict[int, int], lowers: list[str]) -> Workspace:
     from ..runtime.channel import Channel
     from ..runtime.workspace import Workspace
 
@@ -167,7 +150,7 @@ def _workspace(src: Path, meta: dict, d, cg, init_pid: int, pidfd: int, ctl: soc
     ws = Workspace._from_fork(origin, d, cg, init_pid, pidfd, chan, masters, cfg["hostname"])
     ws._template = None
     ws._init_is_child = True
-    for idx, m in masters.items():
+    for m in masters.values():
         if not any(sh._master == m for sh in ws._shells):
             os.close(m)
     return ws
@@ -182,7 +165,7 @@ def _ksm_on() -> None:
         raise BunshinError(f"cannot start KSM ({_KSM_RUN}): {e.strerror}; is CONFIG_KSM set?") from None
 
 
-def load(path: str | os.PathLike) -> "Template":
+def load(path: str | os.PathLike) -> Template:
     """A frozen Template restored from images: restore once, then freeze it as a template
     (``ws.snapshot()``), so that ``tpl.fork(n)`` shares its memory among the children."""
     ws = restore_workspace(path)
@@ -192,4 +175,4 @@ def load(path: str | os.PathLike) -> "Template":
         ws.close()
 
 
-__all__ = ["restore_workspace", "load"]
+__all__ = ["load", "restore_workspace"]

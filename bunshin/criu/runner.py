@@ -22,12 +22,7 @@ def criu() -> CriuInfo:
     """The usable CRIU ≥ 4, checked once per binary; :class:`CriuError` otherwise."""
     from ..criu_locate import candidate
 
-    try:
-        cand = candidate()
-    except CriuError:
-        raise
-    except Exception as e:  # UnsupportedKernel from a bad BUNSHIN_CRIU
-        raise CriuError(str(e)) from None
+    cand = candidate()  # CriuError for a BUNSHIN_CRIU that is not executable
     if cand is None:
         raise CriuError("no CRIU found; run `bunshin criu provision` for a private CRIU 4 "
                         "(or set BUNSHIN_CRIU to a CRIU >= 4)")
@@ -69,7 +64,7 @@ def run(argv: list[str], *, what: str, logfile: Path, pass_fds=(), timeout: floa
     log.debug("%s: %s", what, " ".join(argv))
     try:
         p = subprocess.run(argv, pass_fds=tuple(pass_fds), capture_output=True, text=True,
-                           timeout=timeout, env=env)
+                           timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
         raise CheckpointError(f"{what}: CRIU did not finish within {timeout} s (log: {logfile})",
                               log=str(logfile)) from None
@@ -77,9 +72,31 @@ def run(argv: list[str], *, what: str, logfile: Path, pass_fds=(), timeout: floa
         raise CheckpointError(f"{what}: cannot run CRIU: {e}") from None
     if p.returncode != 0:
         extra = (p.stderr or "").strip()[-300:]
+        if "Can't get 1:16 opt" in errors_in(logfile):
+            extra += ("\n  CRIU < 4.2 cannot dump TCP/UDP sockets on Linux >= 6.16 "
+                      "(checkpoint-restore/criu#2705): `bunshin criu provision --suite sid` "
+                      "installs 4.2, or close the workspace's inet sockets first")
         raise CheckpointError(f"{what} failed (CRIU exit {p.returncode}); log {logfile}:\n  "
                               f"{errors_in(logfile)}" + (f"\n  {extra}" if extra else ""),
                               log=str(logfile))
+
+
+def keep_log(e: CheckpointError, prefix: str) -> None:
+    """Copy the log of a failed CRIU run (``e.log``) to a temporary file before its directory
+    is removed, and point ``e`` (message and ``log``) at the copy."""
+    import tempfile
+
+    if not e.log:
+        return
+    try:
+        data = Path(e.log).read_bytes()
+    except OSError:
+        return
+    fd, name = tempfile.mkstemp(prefix=f"bunshin-criu-{prefix}-", suffix=".log")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    e.args = (str(e).replace(e.log, name),)
+    e.log = name
 
 
 def environ() -> dict:
