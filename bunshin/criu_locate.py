@@ -2,8 +2,9 @@
 
 Search order: ``$BUNSHIN_CRIU`` (a path; if set, nothing else is tried), then the private install
 at ``config.cache_dir()/criu/bin/criu``, then ``criu`` on ``PATH``. CRIU 3.x is refused: it cannot
-dump on kernels >= 6.13 because of the vdso layout. :func:`provision_criu` installs Debian 13's
-CRIU 4 (with its own loader and libraries, so the host's glibc does not matter) into a private
+dump on kernels >= 6.13 because of the vdso layout; CRIU 4.0-4.1 works but cannot dump TCP/UDP
+sockets on kernels >= 6.16 (checkpoint-restore/criu#2705, fixed in 4.2): such a CRIU is used, and
+its ``reason`` says so. :func:`provision_criu` installs Debian testing's (forky) CRIU 4.2 (with its own loader and libraries, so the host's glibc does not matter) into a private
 prefix without touching apt's system configuration.
 """
 
@@ -27,6 +28,8 @@ __all__ = ["CriuInfo", "find_criu", "require_criu", "provision_criu", "MIN_VERSI
 log = logging.getLogger("bunshin.criu")
 
 MIN_VERSION = (4, 0, 0)
+INET_FIXED = (4, 2, 0)  # CRIU < 4.2 fails on inet sockets on Linux >= 6.16 (criu#2705)
+DEFAULT_SUITE = "forky"  # Debian testing: CRIU 4.2.1 (trixie, Debian 13, has 4.1.1)
 _REFUSED_3X = (
     "CRIU 3.x fails on kernels ≥ 6.13 (vdso layout); "
     "provision a private CRIU 4: `bunshin criu provision`"
@@ -122,7 +125,15 @@ def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuIn
     tail = "\n".join(out.splitlines()[-5:])
     ok = rc == 0
     reason = "criu check: looks good" if ok else f"criu check failed (exit {rc}): {tail}"
+    if ok and version < INET_FIXED and _kernel() >= (6, 16):
+        reason += ("; but CRIU < 4.2 cannot dump TCP/UDP sockets on Linux >= 6.16 (criu#2705): "
+                   "`bunshin criu provision` installs 4.2")
     return CriuInfo(str(path), version, ok, reason, source, ok, tail, pycriu)
+
+
+def _kernel() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(m[1]), int(m[2])) if m else (0, 0)
 
 
 def find_criu(check: bool = True) -> CriuInfo | None:
@@ -202,7 +213,7 @@ def _stage_install(stage: Path, prefix: Path, suite: str) -> None:
     shutil.rmtree(apt_root / "cache", ignore_errors=True)
 
 
-def provision_criu(prefix: Path | None = None, suite: str = "trixie") -> CriuInfo:
+def provision_criu(prefix: Path | None = None, suite: str = DEFAULT_SUITE) -> CriuInfo:
     """Install Debian ``suite``'s CRIU (and python3-pycriu) privately into ``prefix``.
 
     ``prefix`` defaults to ``config.cache_dir()/criu``; the result is ``prefix/bin/criu``, a
@@ -241,7 +252,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prov = sub.add_parser("provision", help="install Debian's CRIU 4 privately (no apt changes)")
     prov.add_argument("--prefix", type=Path, default=None,
                       help=f"install here (default {private_prefix()})")
-    prov.add_argument("--suite", default="trixie", help="Debian suite to take CRIU from")
+    prov.add_argument("--suite", default=DEFAULT_SUITE,
+                      help="Debian suite to take CRIU from (trixie has 4.1.1: no inet sockets on Linux >= 6.16)")
 
 
 def _describe(info: CriuInfo) -> str:

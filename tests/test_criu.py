@@ -373,7 +373,7 @@ def test_tcp_connection_inside_the_workspace(family, tmp_path):
         os.unlink(ei.value.log)
         assert ws.run("echo alive").stdout == b"alive\n"
         pytest.skip(f"CRIU {_runner.version_string(_INFO)} cannot dump TCP sockets on this kernel "
-                    "(fixed in 4.2: `bunshin criu provision --suite sid`)")
+                    "(fixed in 4.2: `bunshin criu provision`)")
     criu.dump_workspace(ws, tmp_path / "img")
     ws.close()
     w = criu.restore_workspace(tmp_path / "img")

@@ -74,8 +74,8 @@ def run(argv: list[str], *, what: str, logfile: Path, pass_fds=(), timeout: floa
         extra = (p.stderr or "").strip()[-300:]
         if "Can't get 1:16 opt" in errors_in(logfile):
             extra += ("\n  CRIU < 4.2 cannot dump TCP/UDP sockets on Linux >= 6.16 "
-                      "(checkpoint-restore/criu#2705): `bunshin criu provision --suite sid` "
-                      "installs 4.2, or close the workspace's inet sockets first")
+                      "(checkpoint-restore/criu#2705): `bunshin criu provision` installs 4.2 "
+                      "(Debian forky), or close the workspace's inet sockets first")
         raise CheckpointError(f"{what} failed (CRIU exit {p.returncode}); log {logfile}:\n  "
                               f"{errors_in(logfile)}" + (f"\n  {extra}" if extra else ""),
                               log=str(logfile))
