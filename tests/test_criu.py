@@ -380,3 +380,24 @@ def test_tcp_connection_inside_the_workspace(family, tmp_path):
     family.append(w)
     w.kill(client, 10)
     assert _wait_file(w, "/tmp/got", b"SECOND") == b"SECOND"  # the connection continued
+
+
+def test_a_restored_state_can_be_saved_again(family, tmp_path):
+    with bunshin.Workspace.create() as ws:
+        ws.shell().run("cd /tmp && V=gen1")
+        criu.dump_workspace(ws, tmp_path / "gen1")
+    w1 = criu.restore_workspace(tmp_path / "gen1")
+    family.append(w1)
+    w1._shells[0].run("V=${V}-gen2")
+    criu.dump_workspace(w1, tmp_path / "gen2")  # a restored workspace dumps like any other
+    assert w1._shells[0].run("echo $V").stdout == b"gen1-gen2\n"
+    tpl = bunshin.Template.load(tmp_path / "gen2")
+    try:
+        tpl.save(tmp_path / "gen3")  # and so does a loaded template
+    finally:
+        tpl.close()
+    w3 = criu.restore_workspace(tmp_path / "gen3")
+    family.append(w3)
+    assert w3._shells[0].run("echo $V $PWD").stdout == b"gen1-gen2 /tmp\n"
+    # layers are not squashed: the fork's upper, the template's, and gen2's two
+    assert criu.read_meta(tmp_path / "gen3")["layers"] == 4
