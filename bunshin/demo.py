@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     group = int(args.group)
     if group < 1:
         raise RolloutError(f"--group must be ≥ 1, got {group}")
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 110)
     tr = traces(group)
     results: dict[str, dict] = {}
     timelines: dict[str, tuple[list[float], list[int]]] = {}

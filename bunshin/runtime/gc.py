@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 
+from .. import config
 from . import cgroup, state
 
 log = logging.getLogger("bunshin.gc")
@@ -31,8 +32,18 @@ def collect(*, dry_run: bool = False) -> list[str]:
     for name in backend.list():
         if name in live_cgroups:
             continue
+        try:
+            cg = backend.open(name)
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            continue
+        if cg.pids():
+            # Not in this state directory, yet running: another trainer's, with another
+            # BUNSHIN_STATE_DIR but the same cgroup prefix. Its own gc will judge it.
+            log.warning("cgroup %s has processes but no workspace in %s: left alone", name,
+                        config.state_dir())
+            continue
         if not dry_run:
-            backend.open(name).destroy()
+            cg.destroy()
         removed.append(f"cgroup:{name}")
     if not dry_run and not live_cgroups:
         from . import statefs
