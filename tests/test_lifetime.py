@@ -59,3 +59,20 @@ def test_gc_spares_live_workspaces(ws):
 
     assert ws.id not in gc.collect()
     assert ws.run("echo alive").stdout == b"alive\n"
+
+
+def test_gc_spares_a_running_cgroup_of_another_state_dir(no_leaks):
+    """Two trainers may share the cgroup prefix with different state directories: a group with
+    processes that this state directory does not know is not ours to remove."""
+    from bunshin.runtime import cgroup, gc
+
+    cg = cgroup.backend().create("ws-other-trainer")
+    p = subprocess.Popen(["sleep", "1000"])
+    try:
+        cg.add(p.pid)
+        assert "cgroup:ws-other-trainer" not in gc.collect()
+        assert cg.pids() == [p.pid] and p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+    assert "cgroup:ws-other-trainer" in gc.collect()
