@@ -105,3 +105,18 @@ def test_default_workload_forks(no_leaks):
             for kid in kids:
                 kid.close()
             tpl.close()
+
+
+@pytest.mark.slow
+def test_verify_reports_a_step_that_misbehaves(no_leaks):
+    w = build("server", 1)
+    k = w.params["shared_prefix_steps"]
+    w.expect[0][k] = 7  # no redis-cli call exits 7
+    w.traces[0].append(ToolCall("bash", {"command": "redis-cli get meta:users | grep -q '^20000$'"}))
+    w.expect[0].append(0)
+    w.traces[0].append(ToolCall("bash", {"command": "false"}))
+    w.expect[0].append(0)
+    rep = verify(w)
+    assert len(rep.failures) == 2, rep.failures
+    assert f"trace 0 step {k} " in rep.failures[0] and "expected 7" in rep.failures[0]
+    assert f"step {len(w.traces[0]) - 1} " in rep.failures[1]
