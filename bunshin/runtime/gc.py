@@ -17,11 +17,14 @@ def collect(*, dry_run: bool = False) -> list[str]:
     """Remove every workspace whose owning process is gone. Returns the ids removed."""
     removed = []
     live_cgroups = set()
+    dead_cgroups = set()  # of this state directory's dead workspaces: frozen templates included
     for d in state.all_dirs():
         meta = d.read_meta()
         if meta is not None and state.owner_alive(meta):
             live_cgroups.add(meta.cgroup)
             continue
+        if meta is not None:
+            dead_cgroups.add(meta.cgroup)
         removed.append(d.id)
         if dry_run:
             continue
@@ -36,8 +39,8 @@ def collect(*, dry_run: bool = False) -> list[str]:
             cg = backend.open(name)
         except Exception:  # noqa: BLE001 - removed meanwhile
             continue
-        if cg.pids():
-            # Not in this state directory, yet running: another trainer's, with another
+        if name not in dead_cgroups and not _ours(cg.pids()):
+            # Running and not from this state directory: another trainer's, with another
             # BUNSHIN_STATE_DIR but the same cgroup prefix. Its own gc will judge it.
             log.warning("cgroup %s has processes but no workspace in %s: left alone", name,
                         config.state_dir())
@@ -54,6 +57,23 @@ def collect(*, dry_run: bool = False) -> list[str]:
         except Exception as e:  # noqa: BLE001 - busy mounts are reported, not fatal
             log.warning("state file system stays mounted: %s", e)
     return removed
+
+
+def _ours(pids: list[int]) -> bool:
+    """True when no process runs in the group, or one of them is an init (or a fork of one:
+    it shares the argv) whose root lies in this state directory."""
+    if not pids:
+        return True
+    mine = str(config.state_dir()).rstrip("/") + "/"
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--root" in argv[:-1] and os.fsdecode(argv[argv.index(b"--root") + 1]).startswith(mine):
+            return True
+    return False
 
 
 def _kill_if_ours(pid: int) -> None:
