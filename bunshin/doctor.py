@@ -14,7 +14,7 @@ import sys
 from . import kerndat
 from .kerndat import KernDat
 
-__all__ = ["Check", "checks", "missing_needs", "main", "add_arguments"]
+__all__ = ["Check", "add_arguments", "backend_checks", "checks", "main", "missing_needs"]
 
 _REQUIRED_NS = ("mnt", "pid", "net", "ipc", "uts")
 _NS_COST = {
@@ -52,6 +52,29 @@ def _criu_check(kd: KernDat) -> Check:
         detail += "; pycriu available"
     cost = "" if c.usable else f"CRIU {version} found and refused: {c.reason}"
     return Check("CRIU ≥ 4", c.usable, False, detail, cost)
+
+
+_USER_COST = {
+    "fork parents": "clones of a workspace's processes are children of its init (getppid() "
+                    "is 1 in a fork); /dev/bunshin REPARENT keeps the tree exact",
+    "memory accounting": "family_usage reads /proc/PID/pagemap: several times slower than "
+                         "/dev/bunshin GROUP_STATS",
+}
+
+
+def backend_checks() -> list[Check]:
+    """Which backend this process uses (``BUNSHIN_KMOD``: auto, 0, 1) and why; one row per job."""
+    from ._core.kmod import ENV, KmodUnavailable, backend
+
+    try:
+        b = backend()
+    except KmodUnavailable as e:
+        return [Check("backend", False, False, str(e),
+                      f"every fork and accounting call fails while {ENV}=1 and the module is unusable")]
+    rows = [Check("backend", True, False, f"{b.name} ({ENV}={b.mode}): {b.reason}", "")]
+    for job, how in b.uses.items():
+        rows.append(Check(job, how.startswith("kmod"), False, how, _USER_COST[job]))
+    return rows
 
 
 def checks(kd: KernDat) -> list[Check]:
@@ -123,6 +146,7 @@ def checks(kd: KernDat) -> list[Check]:
     out.append(Check("/dev/bunshin", kd.bunshin_dev, False, abi,
                      "no /dev/bunshin → user-space fork engine (ptrace) is used; kmod/ makes "
                      "forks faster and parent links exact"))
+    out.extend(backend_checks())
     out.append(_criu_check(kd))
     return out
 

@@ -44,7 +44,9 @@ static long do_reparent(struct task_struct *task, struct task_struct *parent,
 		ret = -EINVAL; /* the new parent is the task or below it: a cycle */
 		goto out;
 	}
-	if (task->ptrace) {
+	/* A tracer of ours keeps its tracee; only the real parent moves. */
+	if (req->flags & BUNSHIN_REPARENT_TRACED ? task->parent != current || !task->ptrace
+						   : task->ptrace) {
 		ret = -EBUSY;
 		goto out;
 	}
@@ -69,7 +71,7 @@ long bunshin_reparent(void __user *uarg)
 
 	if (copy_from_user(&req, uarg, sizeof(req)))
 		return -EFAULT;
-	if (req.flags || req.pad || req.pad2 || req.pid <= 0 || req.new_parent <= 0 ||
+	if ((req.flags & ~BUNSHIN_REPARENT_TRACED) || req.pad || req.pad2 || req.pid <= 0 || req.new_parent <= 0 ||
 	    req.pid == req.new_parent)
 		return -EINVAL;
 	for (i = 0; i < ARRAY_SIZE(req.reserved); i++)

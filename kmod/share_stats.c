@@ -2,6 +2,7 @@
 /*
  * BUNSHIN_IOC_SHARE_STATS: walk the page tables of a set of mms and count
  * the physical pages each maps, and how many of them the others map too.
+ * BUNSHIN_IOC_GROUP_STATS: the same walk where a member is a group of mms.
  * The counting rules are in include/uapi/linux/bunshin.h.
  */
 #define pr_fmt(fmt) "bunshin: share_stats: " fmt
@@ -14,6 +15,7 @@
 #include <linux/ptrace.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
+#include <linux/sort.h>
 #include <linux/uaccess.h>
 #include <linux/xarray.h>
 #include <linux/bunshin.h>
@@ -26,23 +28,31 @@
 struct share_member {
 	struct mm_struct *mm;
 	u64 mapped;	/* page-table entries counted */
+	u32 tag;	/* its group (SHARE_STATS: its own index) */
+};
+
+/* What pages are counted per: an mm (SHARE_STATS) or a group (GROUP_STATS). */
+struct share_tag {
 	u64 distinct;	/* distinct pfns */
-	u64 unique;	/* distinct pfns no other member maps */
+	u64 unique;	/* distinct pfns no other tag maps */
 };
 
 /*
- * pfns: pfn -> xa_mk_value(last_member << 2 | n), n = 1 for one member,
- * 2 for two or more.  Members are walked one after another, so a pfn whose
- * last member is the one being walked was already seen in this mm: that is
- * how a page mapped twice by one mm stays one distinct page.  The map grows
+ * pfns: pfn -> xa_mk_value(last_tag << 2 | n), n = 1 for one tag, 2 for two
+ * or more.  Members are walked one after another, those of one tag
+ * consecutively, so a pfn whose last tag is the one being walked was already
+ * seen in this tag: that is how a page mapped twice stays one distinct
+ * page of its mm or group.  The map grows
  * with the distinct pages of the set (a dense pfn range costs ~9 bytes per
  * page), is charged to the caller's memcg and freed before returning.
  */
 struct share_state {
 	struct xarray pfns;
 	struct share_member *members;
+	struct share_tag *tags;
 	u32 nmembers;
-	u32 cur;
+	u32 ntags;
+	u32 cur;		/* member being walked */
 	u32 *slot_of;		/* pids[i] -> member index */
 	u32 *first_pid_of;	/* member -> lowest i with that mm */
 	unsigned long buf[PTRS_PER_PTE];	/* pfns read under one pte lock */
@@ -60,17 +70,17 @@ static int share_note(struct share_state *st, unsigned long pfn)
 	m->mapped++;
 	old = xa_load(&st->pfns, pfn);
 	if (!old) {
-		v = (unsigned long)st->cur << 2 | 1;
+		v = (unsigned long)m->tag << 2 | 1;
 	} else {
-		if (xa_to_value(old) >> 2 == st->cur)
+		if (xa_to_value(old) >> 2 == m->tag)
 			return 0;
-		v = (unsigned long)st->cur << 2 | SHARE_MULTI;
+		v = (unsigned long)m->tag << 2 | SHARE_MULTI;
 	}
 	err = xa_err(xa_store(&st->pfns, pfn, xa_mk_value(v),
 			      GFP_KERNEL_ACCOUNT));
 	if (err)
 		return err;
-	m->distinct++;
+	st->tags[m->tag].distinct++;
 	return 0;
 }
 
@@ -209,14 +219,21 @@ static struct mm_struct *share_get_mm(pid_t nr)
 	return mm;
 }
 
-/* Resolve every pid before walking anything, so a bad pid costs no walk. */
-static int share_add_pids(struct share_state *st, const s32 *pids, u32 npids)
+/*
+ * Resolve every pid before walking anything, so a bad pid costs no walk.
+ * @groups (GROUP_STATS) gives each pid's tag; NULL tags each mm by itself.
+ */
+static int share_add_pids(struct share_state *st, const s32 *pids,
+			  const u32 *groups, u32 npids)
 {
 	u32 i, j;
 
 	for (i = 0; i < npids; i++) {
-		struct mm_struct *mm = share_get_mm(pids[i]);
+		struct mm_struct *mm;
 
+		if (groups && groups[i] >= st->ntags)
+			return -EINVAL;
+		mm = share_get_mm(pids[i]);
 		if (IS_ERR(mm))
 			return PTR_ERR(mm);
 		for (j = 0; j < st->nmembers; j++)
@@ -224,14 +241,26 @@ static int share_add_pids(struct share_state *st, const s32 *pids, u32 npids)
 				break;
 		if (j < st->nmembers) {
 			bunshin_put_mm(mm);
+			if (groups && st->members[j].tag != groups[i])
+				return -EINVAL;	/* one mm in two groups */
 		} else {
 			st->members[j].mm = mm;
+			st->members[j].tag = groups ? groups[i] : j;
 			st->first_pid_of[j] = i;
 			st->nmembers++;
 		}
 		st->slot_of[i] = j;
 	}
+	if (!groups)
+		st->ntags = st->nmembers;
 	return 0;
+}
+
+static int share_cmp_tag(const void *a, const void *b)
+{
+	const struct share_member *x = a, *y = b;
+
+	return x->tag < y->tag ? -1 : x->tag > y->tag;
 }
 
 static int share_walk(struct share_state *st)
@@ -249,7 +278,7 @@ static int share_walk(struct share_state *st)
 	return err;
 }
 
-static void share_tally(struct share_state *st, struct bunshin_share_stats *req)
+static void share_tally(struct share_state *st, u64 *shared, u64 *total)
 {
 	unsigned long pfn;
 	void *entry;
@@ -258,10 +287,10 @@ static void share_tally(struct share_state *st, struct bunshin_share_stats *req)
 		unsigned long v = xa_to_value(entry);
 
 		if ((v & 3) == SHARE_MULTI)
-			req->shared_pages++;
+			*shared += 1;
 		else
-			st->members[v >> 2].unique++;
-		if (!(++req->total_pages % PTRS_PER_PTE))
+			st->tags[v >> 2].unique++;
+		if (!(++*total % PTRS_PER_PTE))
 			cond_resched();
 	}
 }
@@ -294,12 +323,13 @@ static int share_copy_out(struct share_state *st, const s32 *pids, u32 npids,
 		return -ENOMEM;
 	for (i = 0; i < npids; i++) {
 		const struct share_member *m = &st->members[st->slot_of[i]];
+		const struct share_tag *t = &st->tags[m->tag];
 
 		out[i].pid = pids[i];
 		out[i].mm_slot = st->first_pid_of[st->slot_of[i]];
 		out[i].mapped_pages = m->mapped;
-		out[i].unique_pages = m->unique;
-		out[i].shared_pages = m->distinct - m->unique;
+		out[i].unique_pages = t->unique;
+		out[i].shared_pages = t->distinct - t->unique;
 	}
 	if (copy_to_user(u64_to_user_ptr(stats_ptr), out, npids * sizeof(*out)))
 		err = -EFAULT;
@@ -307,13 +337,15 @@ static int share_copy_out(struct share_state *st, const s32 *pids, u32 npids,
 	return err;
 }
 
-static struct share_state *share_alloc(u32 npids)
+static struct share_state *share_alloc(u32 npids, u32 ntags)
 {
 	struct share_state *st = kzalloc(sizeof(*st), GFP_KERNEL_ACCOUNT);
 
 	if (!st)
 		return NULL;
+	st->ntags = ntags;
 	st->members = kvcalloc(npids, sizeof(*st->members), GFP_KERNEL_ACCOUNT);
+	st->tags = kvcalloc(ntags, sizeof(*st->tags), GFP_KERNEL_ACCOUNT);
 	st->slot_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
 	st->first_pid_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
 	xa_init(&st->pfns);
@@ -331,6 +363,7 @@ static void share_free(struct share_state *st)
 	bunshin_ref_put(BUNSHIN_REF_PFNS);
 	kvfree(st->first_pid_of);
 	kvfree(st->slot_of);
+	kvfree(st->tags);
 	kvfree(st->members);
 	kfree(st);
 }
@@ -354,27 +387,124 @@ long bunshin_share_stats(void __user *uarg)
 			    req.npids * sizeof(*pids));
 	if (IS_ERR(pids))
 		return PTR_ERR(pids);
-	st = share_alloc(req.npids);
+	st = share_alloc(req.npids, req.npids);
 	if (!st) {
 		kvfree(pids);
 		return -ENOMEM;
 	}
 	err = -ENOMEM;
-	if (!st->members || !st->slot_of || !st->first_pid_of)
+	if (!st->members || !st->tags || !st->slot_of || !st->first_pid_of)
 		goto out;
 
-	err = share_add_pids(st, pids, req.npids);
+	err = share_add_pids(st, pids, NULL, req.npids);
 	if (!err)
 		err = share_walk(st);
 	if (err)
 		goto out;
-	share_tally(st, &req);
+	req.shared_pages = req.total_pages = 0;
+	share_tally(st, &req.shared_pages, &req.total_pages);
 	req.nmms = st->nmembers;
 	err = share_copy_out(st, pids, req.npids, req.stats_ptr);
 	if (!err && copy_to_user(uarg, &req, sizeof(req)))
 		err = -EFAULT;
 out:
 	share_free(st);
+	kvfree(pids);
+	return err;
+}
+
+static int group_check(const struct bunshin_group_stats *req)
+{
+	size_t i;
+
+	if (req->flags || req->pad ||
+	    req->stats_size != sizeof(struct bunshin_group_usage))
+		return -EINVAL;
+	for (i = 0; i < ARRAY_SIZE(req->reserved); i++)
+		if (req->reserved[i])
+			return -EINVAL;
+	if (!req->npids || !req->ngroups || req->ngroups > req->npids)
+		return -EINVAL;
+	if (req->npids > BUNSHIN_SHARE_STATS_MAX_PIDS)
+		return -E2BIG;
+	return 0;
+}
+
+static int group_copy_out(struct share_state *st, u32 ngroups, u64 stats_ptr)
+{
+	struct bunshin_group_usage *out;
+	u32 i;
+	int err = 0;
+
+	out = kvcalloc(ngroups, sizeof(*out), GFP_KERNEL_ACCOUNT);
+	if (!out)
+		return -ENOMEM;
+	for (i = 0; i < st->nmembers; i++) {
+		out[st->members[i].tag].mapped_pages += st->members[i].mapped;
+		out[st->members[i].tag].nmms++;
+	}
+	for (i = 0; i < ngroups; i++) {
+		out[i].distinct_pages = st->tags[i].distinct;
+		out[i].shared_pages = st->tags[i].distinct - st->tags[i].unique;
+	}
+	if (copy_to_user(u64_to_user_ptr(stats_ptr), out, ngroups * sizeof(*out)))
+		err = -EFAULT;
+	kvfree(out);
+	return err;
+}
+
+long bunshin_group_stats(void __user *uarg)
+{
+	struct bunshin_group_stats req;
+	struct share_state *st;
+	u32 *groups = NULL;
+	s32 *pids;
+	long err;
+
+	if (!capable(CAP_SYS_ADMIN) && !capable(CAP_CHECKPOINT_RESTORE))
+		return -EPERM;
+	if (copy_from_user(&req, uarg, sizeof(req)))
+		return -EFAULT;
+	err = group_check(&req);
+	if (err)
+		return err;
+
+	pids = vmemdup_user(u64_to_user_ptr(req.pids_ptr),
+			    req.npids * sizeof(*pids));
+	if (IS_ERR(pids))
+		return PTR_ERR(pids);
+	groups = vmemdup_user(u64_to_user_ptr(req.groups_ptr),
+			      req.npids * sizeof(*groups));
+	if (IS_ERR(groups)) {
+		kvfree(pids);
+		return PTR_ERR(groups);
+	}
+	st = share_alloc(req.npids, req.ngroups);
+	err = -ENOMEM;
+	if (!st)
+		goto free_arrays;
+	if (!st->members || !st->tags || !st->slot_of || !st->first_pid_of)
+		goto out;
+
+	err = share_add_pids(st, pids, groups, req.npids);
+	if (err)
+		goto out;
+	/* one group's mms walked one after another (see struct share_state) */
+	sort(st->members, st->nmembers, sizeof(*st->members), share_cmp_tag,
+	     NULL);
+	err = share_walk(st);
+	if (err)
+		goto out;
+	req.shared_pages = req.total_pages = 0;
+	share_tally(st, &req.shared_pages, &req.total_pages);
+	req.nmms = st->nmembers;
+	err = group_copy_out(st, req.ngroups, req.stats_ptr);
+	if (!err && copy_to_user(uarg, &req, sizeof(req)))
+		err = -EFAULT;
+out:
+	share_free(st);
+free_arrays:
+	kvfree(groups);
 	kvfree(pids);
 	return err;
 }

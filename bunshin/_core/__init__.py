@@ -1,7 +1,8 @@
 """The compiled core: syscalls and hot loops (Cython and C), and the workspace init binary.
 
-Backends are chosen here, once. ``BUNSHIN_BACKEND`` overrides the automatic choice of the
-fork engine (``ptrace`` for the user-space engine, ``kmod`` for /dev/bunshin).
+Backends are chosen here, once: :func:`backend` (``bunshin._core.kmod``) says whether the kernel
+module (/dev/bunshin) or user space serves fork parent links and memory accounting, and why;
+``BUNSHIN_KMOD`` (``auto``, ``0``, ``1``) overrides the automatic choice.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import _syscalls
+from .kmod import Backend, KmodUnavailable, backend
 
-__all__ = ["init_path", "PROTO"]
+__all__ = ["Backend", "KmodUnavailable", "PROTO", "backend", "init_path"]
 
 PROTO: dict[str, int] = _syscalls.PROTO
 

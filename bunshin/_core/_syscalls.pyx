@@ -104,7 +104,8 @@ def openat2(int dirfd, path, unsigned long long flags, unsigned long long mode=0
 
 
 cdef extern from "mount_api.h":
-    int bx_overlay_mount_fd(const char **lowers, int nlowers, const char *upper, const char *work) nogil
+    int bx_overlay_mount_fd(const char **lowers, int nlowers, const char *upper, const char *work,
+                            char *msg, size_t msglen) nogil
 
 cdef extern from "unistd.h":
     long syscall(long nr, ...) nogil
@@ -118,15 +119,18 @@ def overlay_mount_fd(list lowers, upper, work):
     cdef const char *cu = bu
     cdef const char *cw = bw
     cdef int n = len(keep), fd
+    cdef char msg[1024]
+    msg[0] = 0
     if arr == NULL:
         raise MemoryError()
     try:
         for i in range(n):
             arr[i] = <const char *>keep[i]
         with nogil:
-            fd = bx_overlay_mount_fd(arr, n, cu, cw)
+            fd = bx_overlay_mount_fd(arr, n, cu, cw, msg, sizeof(msg))
         if fd < 0:
-            raise OSError(-fd, f"overlay mount: {os.strerror(-fd)}")
+            why = msg.decode(errors="replace")
+            raise OSError(-fd, f"overlay mount: {os.strerror(-fd)}" + (f" ({why})" if why else ""))
         return fd
     finally:
         free(arr)

@@ -1,5 +1,8 @@
 #ifndef BUNSHIN_MOUNT_API_H
 #define BUNSHIN_MOUNT_API_H
-/* An overlay (lowers topmost first) as a detached mount; returns its fd or -errno. */
-int bx_overlay_mount_fd(const char *const *lowers, int nlowers, const char *upper, const char *work);
+#include <stddef.h>
+/* An overlay (lowers topmost first) as a detached mount; returns its fd or -errno, and on
+ * failure leaves the file system's own messages (the fs context log) in msg. */
+int bx_overlay_mount_fd(const char *const *lowers, int nlowers, const char *upper, const char *work,
+			char *msg, size_t msglen);
 #endif

@@ -5,7 +5,10 @@ is cloned into new pid/mnt/net/ipc/uts namespaces and told (REROOT) to move into
 every other process is cloned into the child's pid namespace with its own PID (clone3 +
 set_tid) through a short-lived intermediate, so that its parent becomes the child's init; then
 each clone joins the child's namespaces and every descriptor is recreated by its resource's
-fixup. All ptrace work for one fork happens in the calling thread.
+fixup. With the kernel module loaded, each clone is then moved under the clone of its parent
+(REPARENT, while still stopped under ptrace), so the child's process tree is the template's;
+without it, every clone stays a child of the child's init. All ptrace work for one fork
+happens in the calling thread (REPARENT of a traced clone must come from its tracer).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from .._core import PROTO, _syscalls
+from .._core.kmod import backend
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from .plan import ProcPlan
@@ -218,6 +222,29 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> 
         level = len(_nspid(tp.pid)) - 1
         tp.syscall(61, mid_levels[level], 0, _WALL, 0)  # wait4 in the template process
     return child
+
+
+def reparent_clones(plans: list[ProcPlan], clones: dict[int, Tracee]) -> int:
+    """Put each clone (``{vpid: clone}``, all stopped and traced by this thread) under the clone
+    of its template parent, when the module can (REPARENT); returns how many moved. Without it
+    the clones stay children of the child's init: the user-space engine cannot do better."""
+    k = backend().reparent
+    if k is None:
+        return 0
+    moved = 0
+    for proc in plans:
+        parent = clones.get(proc.ppid)
+        child = clones.get(proc.vpid)
+        if parent is None or child is None:  # init's children (ppid 1) are already right
+            continue
+        try:
+            k.reparent(child.pid, parent.pid, traced=True)
+        except OSError as e:
+            raise ForkError(f"/dev/bunshin REPARENT of process {proc.vpid} ({proc.name}) under "
+                            f"{proc.ppid}: {e.strerror}", pid=child.pid, step="reparent",
+                            errno=e.errno) from None
+        moved += 1
+    return moved
 
 
 def discard_clone(c: Tracee) -> None:

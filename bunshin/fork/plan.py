@@ -62,6 +62,15 @@ def _fdinfo(pid: int, fd: int) -> dict[str, str]:
         return dict(line.split(":", 1) for line in f if ":" in line)
 
 
+def _ns_ppid(host_ppid: int, level: int) -> int:
+    """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside."""
+    try:
+        nspid = _status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
+    except (OSError, KeyError):
+        return 0
+    return int(nspid[-1]) if len(nspid) == level else 0
+
+
 def read_proc(hostpid: int) -> ProcPlan:
     """Everything the engine needs to know about one (stopped) process."""
     st = _status(hostpid)
@@ -75,7 +84,7 @@ def read_proc(hostpid: int) -> ProcPlan:
     plan = ProcPlan(
         hostpid=hostpid,
         vpid=vpid,
-        ppid=int(st["PPid"]),  # 0 when the parent is outside the workspace's namespace
+        ppid=_ns_ppid(int(st["PPid"]), len(nspid)),  # PPid is the host's pid
         pgid=int(st["NSpgid"].split()[-1]),
         sid=int(st["NSsid"].split()[-1]),
         threads=[hostpid, *tids],

@@ -149,6 +149,7 @@ class TemplateCore:
                 engine.fix_process(ctx, pl, c)
                 pin.release_clone(pl.hostpid, c)
                 cg.add(c.pid)
+            engine.reparent_clones(self.plans, {pl.vpid: c for pl, c in zip(self.plans[1:], clones)})
             engine.finish_child(ctx)
             masters = ctx.shared.get("pty_masters", {})
             ws = Workspace._from_fork(self, d, cg, ci.pid, pidfd, chan, masters, host)

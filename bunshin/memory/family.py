@@ -1,7 +1,13 @@
-"""Shared and private memory of a fork family, from the PFNs its processes map."""
+"""Shared and private memory of a fork family, from the PFNs its processes map.
+
+Two backends give the same answer: the kernel module's GROUP_STATS walks the page tables in the
+kernel when /dev/bunshin is loaded (``bunshin._core.backend()``; ``BUNSHIN_KMOD=0`` turns it
+off), else /proc/PID/pagemap is read and counted here.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._core import _pagemap
+from .._core.kmod import backend
+from ..errors import PermissionDenied
 from .pagemap import PAGE_SIZE, read_pfns
 
 __all__ = ["FamilyUsage", "Usage", "family_usage", "pids_usage"]
@@ -89,6 +97,48 @@ def _sample_all(pids: list[int], pss: bool) -> list[tuple[np.ndarray, int] | Non
         return list(ex.map(_sample, pids, [pss] * len(pids)))
 
 
+def _has_mm(pid: int) -> bool:
+    """Running with an address space (not exited, not a zombie, not a kernel thread)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return bool(f.read(1))
+    except OSError:
+        return False
+
+
+def _kernel_counts(checked: list[tuple[str, list[int]]]):
+    """(rss, shared, total, shared_total) in pages from the module's GROUP_STATS, or None when
+    it is not there or cannot answer this question (the pagemap path then does)."""
+    k = backend().group_stats
+    if k is None:
+        return None
+    members = [(g, pid) for g, (_, pids) in enumerate(checked) for pid in pids]
+    for _ in range(4):
+        live = sorted({g for g, _ in members})
+        if not live:
+            z = np.zeros(len(checked), dtype=np.int64)
+            return z, z.copy(), 0, 0
+        index = {g: i for i, g in enumerate(live)}
+        try:
+            shared_total, total, _, usage = k.group_stats(
+                [pid for _, pid in members], [index[g] for g, _ in members], len(live))
+        except OSError as e:
+            if e.errno == errno.ESRCH:  # a pid exited meanwhile: skipped, as pagemap does
+                members = [(g, pid) for g, pid in members if _has_mm(pid)]
+                continue
+            if e.errno == errno.EPERM:
+                raise PermissionDenied("/dev/bunshin GROUP_STATS needs CAP_SYS_ADMIN and ptrace "
+                                       "access to every process (run as root)") from None
+            # EINVAL (one address space in two workspaces), E2BIG (over 4096 pids), ...
+            return None
+        rss = np.zeros(len(checked), dtype=np.int64)
+        shared = np.zeros(len(checked), dtype=np.int64)
+        rss[live] = usage[:, 1]
+        shared[live] = usage[:, 2]
+        return rss, shared, int(total), int(shared_total)
+    return None  # pids keep exiting under us: let the pagemap path count what is left
+
+
 def pids_usage(groups: Mapping[str, Sequence[int]], *, pss: bool = True) -> FamilyUsage:
     """Account a family given as ``{label: [host pid, ...]}``, one entry per workspace.
 
@@ -98,18 +148,15 @@ def pids_usage(groups: Mapping[str, Sequence[int]], *, pss: bool = True) -> Fami
     leaves every ``pss_bytes`` None. Needs root (PFNs are hidden from others).
     """
     checked = _check_groups(groups)
-    owners = [(g, pid) for g, (_, pids) in enumerate(checked) for pid in pids]
-    parts, gids, pss_sum = [], [], [0 if pss else None] * len(checked)
-    for (g, _), got in zip(owners, _sample_all([pid for _, pid in owners], pss)):
-        if got is None:
-            continue
-        parts.append(got[0])
-        gids.append(g)
+    pss_sum = [0 if pss else None] * len(checked)
+    counted = _kernel_counts(checked)
+    if counted is not None:
+        rss, shared, total, shared_total = counted
         if pss:
-            pss_sum[g] += got[1]
-    top = max((int(p.max()) for p in parts if p.size), default=0)
-    rss, shared, total, shared_total = _pagemap.count_family(
-        parts, np.array(gids, dtype=np.int_), len(checked), top)
+            for g, (_, pids) in enumerate(checked):
+                pss_sum[g] = sum(_pss(pid) for pid in pids)
+    else:
+        rss, shared, total, shared_total = _pagemap_counts(checked, pss, pss_sum)
     per = {
         label: Usage(rss_bytes=int(rss[g]) * PAGE_SIZE,
                      private_bytes=int(rss[g] - shared[g]) * PAGE_SIZE,
@@ -118,6 +165,20 @@ def pids_usage(groups: Mapping[str, Sequence[int]], *, pss: bool = True) -> Fami
     }
     return FamilyUsage(total_bytes=total * PAGE_SIZE, shared_bytes=shared_total * PAGE_SIZE,
                        per_workspace=per, pss_bytes=sum(pss_sum) if pss else None)
+
+
+def _pagemap_counts(checked: list[tuple[str, list[int]]], pss: bool, pss_sum: list):
+    owners = [(g, pid) for g, (_, pids) in enumerate(checked) for pid in pids]
+    parts, gids = [], []
+    for (g, _), got in zip(owners, _sample_all([pid for _, pid in owners], pss)):
+        if got is None:
+            continue
+        parts.append(got[0])
+        gids.append(g)
+        if pss:
+            pss_sum[g] += got[1]
+    top = max((int(p.max()) for p in parts if p.size), default=0)
+    return _pagemap.count_family(parts, np.array(gids, dtype=np.int_), len(checked), top)
 
 
 def family_usage(workspaces: Iterable[object] | Mapping[str, object], *, pss: bool = True) -> FamilyUsage:

@@ -45,8 +45,13 @@ strays() {
 st=0
 if insmod /host$KO; then
   # output goes to a file rather than a pipe, so a process that outlives
-  # the tests cannot hold the run open
-  chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/run/home \
+  # the tests cannot hold the run open.  The tests get a mount namespace
+  # whose / is the host tree moved over the initramfs, as after switch_root
+  # on a booted system: a plain chroot would leave the initramfs as the
+  # namespace root, where workspaces cannot pivot_root and /proc/PID/fd
+  # links of their files read /host/...
+  unshare -m sh -c 'cd /host && mount --move . / && exec chroot . "$@"' guest-tests \
+      /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/run/home \
       TMPDIR=/run/tmp RESULTS_DIR=/run/results LANG=C.UTF-8 TERM=dumb \
       PYTHONDONTWRITEBYTECODE=1 BUNSHIN_GUEST_PYTHON="$PY" BUNSHIN_HOST="$HOSTINFO" \
       /bin/bash "$TESTS/guest-tests.sh" > $R/output.log 2>&1 < /dev/null &

@@ -1,13 +1,33 @@
 #!/bin/bash
 # Runs inside the QEMU guest (chroot of the host root) once bunshin.ko is
-# loaded: the pytest suite, then the benchmark; exit 0 only if both pass.
+# loaded: the module's pytest suite, the library's fork suite (with the module
+# as its backend: exact parent links), then the benchmarks; exit 0 only if all
+# pass.
 set -u -o pipefail
 cd "$(dirname "$0")"
+TESTS=$PWD
+REPO=$(cd ../.. && pwd)
 PY=${BUNSHIN_GUEST_PYTHON:?}
 args=()
 [ -s "$RESULTS_DIR/pytest.args" ] && mapfile -d '' args < "$RESULTS_DIR/pytest.args"
 rc=0
 "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
     test_kmod.py "${args[@]}" || rc=1
+
+# The library's own suite needs what a host has: a cgroup hierarchy and a
+# state directory on a file system of its own (a tmpfs here, so no loop device).
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup || rc=1
+mkdir -p /run/bunshin-state && mount -t tmpfs -o mode=700 bunshin-state /run/bunshin-state || rc=1
+FORK_TESTS=
+. "$RESULTS_DIR/guest.env"   # run.sh -f
+read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_fork.py}"
+if [ "${fork_tests[*]}" != none ]; then
+  (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_STATE_DIR=/run/bunshin-state \
+     BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+     "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 \
+       --junitxml="$RESULTS_DIR/junit-fork.xml" "${fork_tests[@]}") || rc=1
+fi
 "$PY" bench_share_stats.py | tee "$RESULTS_DIR/bench.log" || rc=1
+(cd "$REPO" && BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+   "$PY" "$TESTS/bench_guest.py") | tee -a "$RESULTS_DIR/bench.log" || rc=1
 exit $rc

@@ -61,6 +61,23 @@ def share_stats(pids):
     return per_pid, {"shared": len(shared), "total": len(pages)}
 
 
+def group_stats(pids, groups):
+    """(per-group {mapped, distinct, shared}, set {shared, total}) like GROUP_STATS:
+    a page is shared when two groups map it."""
+    mapped, distinct = {}, {}
+    for pid, g in dict.fromkeys(zip(pids, groups)):
+        pfns = present_pfns(pid)
+        pfns = pfns[~zero_pfn_mask(pfns)]
+        mapped[g] = mapped.get(g, 0) + len(pfns)
+        distinct[g] = np.union1d(distinct.get(g, np.zeros(0, np.uint64)), pfns)
+    pages, members = np.unique(np.concatenate(list(distinct.values())), return_counts=True)
+    shared = pages[members >= 2]
+    per_group = {g: {"mapped": mapped[g], "distinct": len(own),
+                     "shared": int(np.isin(own, shared, assume_unique=True).sum())}
+                 for g, own in distinct.items()}
+    return per_group, {"shared": len(shared), "total": len(pages)}
+
+
 def zero_entries(pid):
     """How many present pagemap entries of pid map a zero page."""
     return int(zero_pfn_mask(present_pfns(pid)).sum())

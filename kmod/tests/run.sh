@@ -6,15 +6,18 @@
 # read-only (virtio-fs), loads the module, runs guest-tests.sh (pytest suite
 # + benchmark), unloads it and checks the kernel log.
 #
-# usage: kmod/tests/run.sh [-t SECS] [-m MiB] [-o OUTDIR] [-- PYTEST_ARGS...]
+# usage: kmod/tests/run.sh [-t SECS] [-m MiB] [-o OUTDIR] [-f TESTS] [-- PYTEST_ARGS...]
 #   -t SECS   wall-clock limit for the guest (default 480)
 #   -m MiB    guest memory (default 1024)
 #   -o DIR    results directory (default: a new run dir in the cache)
+#   -f TESTS  the library's tests to run in the guest with the module as backend
+#             (pytest node ids, space-separated, from the repository root;
+#             default: tests/test_kmod_backend.py tests/test_fork.py; "none" skips)
 # env: BUNSHIN_CACHE_DIR (default ~/.cache/bunshin; kernels live in its kmod/),
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;
 #       126 insmod/rmmod failed or the kernel logged BUG/WARNING/Oops.
-# Results: OUTDIR/{output.log,junit.xml,bench.log,dmesg.txt,console.log,rc}
+# Results: OUTDIR/{output.log,junit.xml,junit-fork.xml,bench.log,dmesg.txt,console.log,rc}
 set -euo pipefail
 
 TESTS=$(cd "$(dirname "$0")" && pwd)
@@ -23,10 +26,10 @@ CACHE=${BUNSHIN_CACHE_DIR:-$HOME/.cache/bunshin}/kmod
 PY=${BUNSHIN_GUEST_PYTHON:-/root/.pyenv/versions/3.11.7/bin/python3}
 QEMU=qemu-system-x86_64
 VIRTIOFSD=/usr/lib/qemu/virtiofsd
-TIMEOUT=480 MEM=1024 OUT=
-while getopts "t:m:o:h" o; do
+TIMEOUT=480 MEM=1024 OUT= FORK_TESTS=
+while getopts "t:m:o:f:h" o; do
   case $o in
-    t) TIMEOUT=$OPTARG;; m) MEM=$OPTARG;; o) OUT=$OPTARG;;
+    t) TIMEOUT=$OPTARG;; m) MEM=$OPTARG;; o) OUT=$OPTARG;; f) FORK_TESTS=$OPTARG;;
     *) sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 125;;
   esac
 done
@@ -153,7 +156,7 @@ OUT=${OUT:-$RUN/results}
 mkdir -p "$RUN/build" "$RUN/sock" "$OUT"
 scratch+=("$RUN/build" "$RUN/sock")
 OUT=$(realpath "$OUT")
-rm -f "$OUT"/{rc,output.log,junit.xml,bench.log,dmesg.txt,console.log,pytest.args}
+rm -f "$OUT"/{rc,output.log,junit.xml,junit-fork.xml,bench.log,dmesg.txt,console.log,pytest.args}
 # keep the last few runs for inspection
 ls -1d "$CACHE"/runs/*/ 2>/dev/null | head -n -5 | xargs -r rm -rf
 
@@ -163,8 +166,8 @@ cp -r "$KMOD"/Kbuild "$KMOD"/*.c "$KMOD"/*.h "$KMOD"/include "$RUN/build/"
 # CONFIG_CC_VERSION_TEXT identical to the running kernel's.
 make -s -C "/lib/modules/$KVER/build" M="$RUN/build" CC=gcc-12 modules >&2 \
   || die "module build failed"
-printf 'KO=%q\nTESTS=%q\nPY=%q\nHOSTINFO=%q\n' "$RUN/build/bunshin.ko" "$TESTS" "$PY" \
-  "$(uname -r) $(nproc) cpus" > "$OUT/guest.env"
+printf 'KO=%q\nTESTS=%q\nPY=%q\nHOSTINFO=%q\nFORK_TESTS=%q\n' "$RUN/build/bunshin.ko" "$TESTS" \
+  "$PY" "$(uname -r) $(nproc) cpus" "$FORK_TESTS" > "$OUT/guest.env"
 printf '%s\0' "$@" > "$OUT/pytest.args"     # NUL-separated: quoting survives
 
 # --- virtiofsd + qemu --------------------------------

@@ -3,6 +3,7 @@
 SHARE_STATS answers are compared exactly with pagemap_walk.py, the same
 count done in user space while the processes are stopped.
 """
+import ctypes
 import errno
 import os
 import signal
@@ -99,7 +100,7 @@ def test_get_version_matches_header(dev):
     v = dev.get_version()
     assert v.abi_version == ABI.BUNSHIN_ABI_VERSION
     assert v.features == (ABI.feature(ABI.BUNSHIN_NR_GET_VERSION) | ABI.feature(ABI.BUNSHIN_NR_SHARE_STATS)
-                          | ABI.feature(ABI.BUNSHIN_NR_REPARENT))
+                          | ABI.feature(ABI.BUNSHIN_NR_REPARENT) | ABI.feature(ABI.BUNSHIN_NR_GROUP_STATS))
     major, minor, patch = map(int, Path("/sys/module/bunshin/version").read_text().split("."))
     assert (v.module_version >> 16, v.module_version >> 8 & 0xff, v.module_version & 0xff) == \
         (major, minor, patch)
@@ -270,14 +271,21 @@ def user_pids():
 
 
 def test_every_process_in_the_guest(dev):
-    for _ in range(3):
-        try:
-            req, stats = dev.share_stats(user_pids())
-            break
-        except ProcessLookupError:
-            continue  # one exited between listing and the call
+    extra = [subprocess.Popen(["sleep", "100"]) for _ in range(2)]  # whatever else runs
+    try:
+        for _ in range(3):
+            try:
+                pids = user_pids()
+                req, stats = dev.share_stats(pids)
+                break
+            except ProcessLookupError:
+                continue  # one exited between listing and the call
+    finally:
+        for p in extra:
+            p.kill()
+            p.wait()
     check_invariants(req, stats)
-    assert req.nmms == len(stats) > 3 and req.shared_pages > 0
+    assert req.nmms == len(stats) > 3 and req.shared_pages > 0, pids
 
 
 # --- bad input -------------------------------------------------------------------
@@ -457,7 +465,10 @@ def test_reparent_bad_input(dev):
     a = subprocess.Popen(["sleep", "100"])
     b = subprocess.Popen(["sleep", "100"])
     try:
-        assert errno_of(dev.reparent, a.pid, b.pid, flags=1) == errno.EINVAL
+        assert errno_of(dev.reparent, a.pid, b.pid, flags=2) == errno.EINVAL
+        # TRACED says the caller traces pid: it does not
+        assert errno_of(dev.reparent, a.pid, b.pid,
+                        flags=ABI.BUNSHIN_REPARENT_TRACED) == errno.EBUSY
         assert errno_of(dev.reparent, a.pid, b.pid, reserved=1) == errno.EINVAL
         assert errno_of(dev.reparent, a.pid, a.pid) == errno.EINVAL
         # a cycle: our own parent cannot become a child of our child
@@ -491,3 +502,105 @@ def test_reparent_needs_privilege(dev):
         for p in (a, b):
             p.kill()
             p.wait()
+
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4206, 0x4207
+
+
+def _ptrace(req, pid, data=0):
+    if libc.ptrace(req, pid, None, ctypes.c_void_p(data)) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def test_reparent_traced_moves_only_the_real_parent(dev):
+    """A clone made by injection is traced by the engine until its fixups are done: its real
+    parent moves while the caller stays its tracer, and it runs under the new parent only."""
+    adopter = subprocess.Popen([sys.executable, "-c", ADOPTER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(["sleep", "100"])
+    try:
+        new_parent = int(adopter.stdout.readline())
+        _ptrace(PTRACE_SEIZE, child.pid)
+        _ptrace(PTRACE_INTERRUPT, child.pid)
+        os.waitpid(child.pid, 0x40000000)  # __WALL: the interrupt stop
+        assert errno_of(dev.reparent, child.pid, new_parent) == errno.EBUSY
+        req = dev.reparent(child.pid, new_parent, flags=ABI.BUNSHIN_REPARENT_TRACED)
+        assert req.old_parent == os.getpid()
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        assert f"\nPPid:\t{new_parent}\n" in status and f"\nTracerPid:\t{os.getpid()}\n" in status
+        # a thread that is not the tracer may not
+        box = []
+        t = threading.Thread(target=lambda: box.append(
+            errno_of(dev.reparent, child.pid, os.getpid(), flags=ABI.BUNSHIN_REPARENT_TRACED)))
+        t.start()
+        t.join()
+        assert box == [errno.EBUSY]
+        _ptrace(PTRACE_DETACH, child.pid)
+        assert _ppid(child.pid) == new_parent
+        with pytest.raises(ChildProcessError):
+            os.waitpid(child.pid, os.WNOHANG)
+        os.kill(child.pid, signal.SIGTERM)
+        adopter.stdin.write("go\n")
+        adopter.stdin.flush()
+        pid, code = adopter.stdout.readline().split()
+        assert int(pid) == child.pid and int(code) == -signal.SIGTERM
+    finally:
+        for p in (child, adopter):
+            if p.poll() is None:
+                p.kill()
+        adopter.wait()
+        child.returncode = 0
+
+
+# -- GROUP_STATS ----------------------------------------------------------------------------
+
+def test_group_stats_match_pagemap_and_share_stats(dev, victims):
+    fam = victims("family", FAMILY_SIZE, CHILDREN, ready=CHILDREN + 1)
+    parent = fam.proc.pid
+    children = [p for p in fam.pids if p != parent]
+    fam.rewrite_half(children[:1])
+    pids = [parent, *children]
+    groups = [0, 0, 1, 2]  # the parent and its first child are one workspace
+    fam.stop()
+    try:
+        for _ in range(3):
+            req, st = dev.group_stats(pids, groups)
+            user = pagemap_walk.group_stats(pids, groups)
+            req2, st2 = dev.group_stats(pids, groups)
+            kernel = {g: {"mapped": s.mapped_pages, "distinct": s.distinct_pages,
+                          "shared": s.shared_pages} for g, s in enumerate(st)}
+            if [bytes(x) for x in st] == [bytes(x) for x in st2]:
+                break
+        assert (kernel, {"shared": req.shared_pages, "total": req.total_pages}) == user
+        assert req.nmms == 4 and [s.nmms for s in st] == [2, 1, 1]
+        # one group per pid is SHARE_STATS
+        sreq, sst = dev.share_stats(pids)
+        oreq, ost = dev.group_stats(pids, range(4))
+        assert (oreq.shared_pages, oreq.total_pages) == (sreq.shared_pages, sreq.total_pages)
+        assert [(g.distinct_pages - g.shared_pages, g.shared_pages) for g in ost] == \
+            [(s.unique_pages, s.shared_pages) for s in sst]
+        # pages the parent shares only with its first child are private to group 0
+        assert st[0].distinct_pages - st[0].shared_pages > \
+            sst[0].unique_pages + sst[1].unique_pages
+    finally:
+        fam.cont()
+
+
+def test_group_stats_bad_input(dev):
+    me = os.getpid()
+    assert errno_of(dev.group_stats, [me], [0], ngroups=0) == errno.EINVAL
+    assert errno_of(dev.group_stats, [me], [1], ngroups=1) == errno.EINVAL
+    assert errno_of(dev.group_stats, [me], [0], ngroups=2) == errno.EINVAL  # more groups than pids
+    assert errno_of(dev.group_stats, [me, me], [0, 1]) == errno.EINVAL  # one mm, two groups
+    assert errno_of(dev.group_stats, [me], [0], flags=1) == errno.EINVAL
+    assert errno_of(dev.group_stats, [me], [0], pad=1) == errno.EINVAL
+    assert errno_of(dev.group_stats, [me], [0], reserved=1) == errno.EINVAL
+    assert errno_of(dev.group_stats, [me], [0], stats_size=8) == errno.EINVAL
+    assert errno_of(dev.group_stats, [me], [0], groups_ptr=8) == errno.EFAULT
+    assert errno_of(dev.group_stats, [me], [0], stats_ptr=8) == errno.EFAULT
+    assert errno_of(dev.group_stats, [0x3fffffff], [0]) == errno.ESRCH
+    req, st = dev.group_stats([me, me], [1, 1], ngroups=2)  # an empty group reads as zeros
+    assert bytes(st[0]) == bytes(len(bytes(st[0]))) and st[1].distinct_pages > 0

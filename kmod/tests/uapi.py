@@ -44,8 +44,15 @@ class Header:
         m = re.fullmatch(r"'(.)'", expr)
         if m:
             return ord(m.group(1))
-        if re.fullmatch(r"\d+", expr):
-            return int(expr)
+        m = re.fullmatch(r"\((.+)\)", expr)
+        if m:
+            return self.value(m.group(1))
+        m = re.fullmatch(r"(.+?)\s*<<\s*(.+)", expr)
+        if m:
+            return self.value(m.group(1)) << self.value(m.group(2))
+        m = re.fullmatch(r"(\d+)U?L?L?", expr)
+        if m:
+            return int(m.group(1))
         return self.value(self.defines[expr])
 
     def __getattr__(self, name):
@@ -94,6 +101,25 @@ class Device:
         fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_SHARE_STATS, req, True)
         return req, list(stats)[: len(pids)]
 
+
+    def group_stats(self, pids, groups, ngroups=None, **override):
+        """GROUP_STATS over pids, pids[i] in group groups[i]; override sets request
+        fields to exercise bad input."""
+        ngroups = max(groups, default=-1) + 1 if ngroups is None else ngroups
+        pid_array = (ctypes.c_int32 * max(len(pids), 1))(*pids)
+        group_array = (ctypes.c_uint32 * max(len(pids), 1))(*groups)
+        stats = (ABI.bunshin_group_usage * max(ngroups, 1))()
+        req = ABI.bunshin_group_stats(
+            pids_ptr=ctypes.addressof(pid_array), groups_ptr=ctypes.addressof(group_array),
+            stats_ptr=ctypes.addressof(stats), npids=len(pids), ngroups=ngroups,
+            stats_size=ctypes.sizeof(ABI.bunshin_group_usage))
+        reserved = override.pop("reserved", None)
+        if reserved:
+            req.reserved[0] = reserved
+        for field, value in override.items():
+            setattr(req, field, value)
+        fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_GROUP_STATS, req, True)
+        return req, list(stats)[:ngroups]
 
     def reparent(self, pid, new_parent, **override):
         """REPARENT pid under new_parent; override sets request fields (flags, pad, reserved)."""

@@ -26,12 +26,13 @@
 #define BUNSHIN_FEATURE(nr) (1ULL << (nr))
 
 /*
- * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT.
+ * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT, 4 GROUP_STATS.
  * Reserved, not yet defined: 3 FORK.
  */
 #define BUNSHIN_NR_GET_VERSION 0
 #define BUNSHIN_NR_SHARE_STATS 1
 #define BUNSHIN_NR_REPARENT 2
+#define BUNSHIN_NR_GROUP_STATS 4
 
 struct bunshin_version {
 	__u32 abi_version;	/* out: BUNSHIN_ABI_VERSION of the module */
@@ -118,14 +119,22 @@ struct bunshin_share_stats {
  * pid in the tree (a cycle); ESRCH a pid that does not exist or is exiting
  * (zombies included); EXDEV the two are in different pid namespaces; EPERM
  * no CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, or no PTRACE_MODE_ATTACH access
- * to either task; EBUSY @pid is being ptraced by someone other than its
- * parent's tracer (its tracer keeps it; moving the real parent under it is
- * allowed only when not traced, to keep ptrace's parent bookkeeping simple).
+ * to either task; EBUSY @pid is ptraced and flags lacks
+ * BUNSHIN_REPARENT_TRACED, or that flag is set and the calling thread is not
+ * @pid's tracer.
+ *
+ * BUNSHIN_REPARENT_TRACED (module 0.2.0 and later): @pid is traced by the
+ * calling thread, typically a clone made by injection that has not run yet.
+ * Only its real parent moves; the caller stays its tracer, and when it
+ * detaches @new_parent becomes its parent, so the clone never runs under a
+ * wrong parent.  Threads traced by another tracer keep that tracer too.
  */
+#define BUNSHIN_REPARENT_TRACED (1U << 0)
+
 struct bunshin_reparent {
 	__s32 pid;		/* in: the task to move (a pid_t) */
 	__s32 new_parent;	/* in: its new parent (a pid_t) */
-	__u32 flags;		/* in: must be 0 */
+	__u32 flags;		/* in: 0 or BUNSHIN_REPARENT_TRACED */
 	__u32 pad;		/* in: must be 0 */
 	__s32 old_parent;	/* out: the parent it had (caller's pid ns; 0 if not visible) */
 	__u32 pad2;		/* out: 0 */
@@ -134,5 +143,43 @@ struct bunshin_reparent {
 
 #define BUNSHIN_IOC_REPARENT \
 	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_REPARENT, struct bunshin_reparent)
+
+/*
+ * GROUP_STATS (module 0.2.0 and later): SHARE_STATS where the members of the
+ * set are groups of pids (say, the processes of one workspace each) rather
+ * than single mms.  groups[i] names the group of pids[i]; a page mapped by
+ * several mms of one group is one page of that group and counts as shared
+ * only when another group maps it too.  Counting rules, permissions and
+ * errors are those of SHARE_STATS, plus EINVAL when ngroups is 0 or larger
+ * than npids, a group index is >= ngroups, or one mm (two threads, CLONE_VM)
+ * appears in two groups.  A group with no pids reads as zeros.
+ */
+struct bunshin_group_usage {
+	__u64 mapped_pages;	/* out: counted entries of the group's distinct mms */
+	__u64 distinct_pages;	/* out: distinct pages the group maps */
+	__u64 shared_pages;	/* out: of those, the pages another group maps */
+	__u32 nmms;		/* out: distinct mms in the group */
+	__u32 pad;		/* out: 0 */
+	__u64 reserved[4];	/* out: 0 */
+};
+
+struct bunshin_group_stats {
+	__u64 pids_ptr;		/* in: user address of __s32 pids[npids] */
+	__u64 groups_ptr;	/* in: user address of __u32 groups[npids] */
+	__u64 stats_ptr;	/* in: user address of struct bunshin_group_usage
+				 *	[ngroups]; the array is written */
+	__u32 npids;		/* in: 1..BUNSHIN_SHARE_STATS_MAX_PIDS */
+	__u32 ngroups;		/* in: 1..npids */
+	__u32 stats_size;	/* in: sizeof(struct bunshin_group_usage) */
+	__u32 flags;		/* in: must be 0 */
+	__u64 shared_pages;	/* out: distinct pages mapped by >= 2 groups */
+	__u64 total_pages;	/* out: distinct pages mapped by >= 1 group */
+	__u32 nmms;		/* out: distinct mms among the pids */
+	__u32 pad;		/* in: must be 0; out: 0 */
+	__u64 reserved[4];	/* in: must be 0; out: 0 */
+};
+
+#define BUNSHIN_IOC_GROUP_STATS \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_GROUP_STATS, struct bunshin_group_stats)
 
 #endif /* _UAPI_LINUX_BUNSHIN_H */

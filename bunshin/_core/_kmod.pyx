@@ -1,0 +1,163 @@
+# cython: language_level=3
+"""The /dev/bunshin ioctls, typed from the module's uapi header (kmod/include/uapi/linux/bunshin.h).
+
+Thin wrappers: each takes an open descriptor of /dev/bunshin, raises OSError with the
+kernel's errno, and leaves policy (which backend, what an errno means) to ``bunshin._core.kmod``.
+"""
+
+from libc.errno cimport errno
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.string cimport memset
+import os
+
+import numpy as np
+
+cdef extern from "sys/ioctl.h":
+    int ioctl(int fd, unsigned long req, ...) nogil
+
+cdef extern from "linux/bunshin.h":
+    int BUNSHIN_ABI_VERSION
+    int BUNSHIN_NR_GET_VERSION, BUNSHIN_NR_SHARE_STATS, BUNSHIN_NR_REPARENT, BUNSHIN_NR_GROUP_STATS
+    int BUNSHIN_SHARE_STATS_MAX_PIDS
+    unsigned int BUNSHIN_REPARENT_TRACED
+    unsigned long BUNSHIN_IOC_GET_VERSION, BUNSHIN_IOC_SHARE_STATS, BUNSHIN_IOC_REPARENT
+    unsigned long BUNSHIN_IOC_GROUP_STATS
+    struct bunshin_version:
+        uint32_t abi_version
+        uint32_t module_version
+        uint64_t features
+    struct bunshin_pid_stats:
+        int32_t pid
+        uint32_t mm_slot
+        uint64_t mapped_pages
+        uint64_t shared_pages
+        uint64_t unique_pages
+    struct bunshin_share_stats:
+        uint64_t pids_ptr
+        uint64_t stats_ptr
+        uint32_t npids
+        uint32_t stats_size
+        uint32_t flags
+        uint32_t nmms
+        uint64_t shared_pages
+        uint64_t total_pages
+    struct bunshin_reparent:
+        int32_t pid
+        int32_t new_parent
+        uint32_t flags
+        int32_t old_parent
+    struct bunshin_group_usage:
+        uint64_t mapped_pages
+        uint64_t distinct_pages
+        uint64_t shared_pages
+        uint32_t nmms
+    struct bunshin_group_stats:
+        uint64_t pids_ptr
+        uint64_t groups_ptr
+        uint64_t stats_ptr
+        uint32_t npids
+        uint32_t ngroups
+        uint32_t stats_size
+        uint32_t flags
+        uint64_t shared_pages
+        uint64_t total_pages
+        uint32_t nmms
+
+ABI_VERSION = BUNSHIN_ABI_VERSION
+NR = {"GET_VERSION": BUNSHIN_NR_GET_VERSION, "SHARE_STATS": BUNSHIN_NR_SHARE_STATS,
+      "REPARENT": BUNSHIN_NR_REPARENT, "GROUP_STATS": BUNSHIN_NR_GROUP_STATS}
+MAX_PIDS = BUNSHIN_SHARE_STATS_MAX_PIDS
+REPARENT_TRACED = BUNSHIN_REPARENT_TRACED
+
+
+cdef _fail():
+    e = errno
+    raise OSError(e, os.strerror(e))
+
+
+def get_version(int fd):
+    """GET_VERSION: ``(abi_version, module_version, features)``."""
+    cdef bunshin_version v
+    cdef int r
+    memset(&v, 0, sizeof(v))
+    with nogil:
+        r = ioctl(fd, BUNSHIN_IOC_GET_VERSION, &v)
+    if r < 0:
+        _fail()
+    return v.abi_version, v.module_version, v.features
+
+
+def share_stats(int fd, pids):
+    """SHARE_STATS: ``(shared_pages, total_pages, nmms, stats)``; ``stats`` is an (n, 3) uint64
+    array of mapped, shared and unique pages per pid."""
+    cdef int32_t[::1] p = np.ascontiguousarray(pids, dtype=np.int32)
+    cdef Py_ssize_t n = p.shape[0], i
+    cdef bunshin_share_stats req
+    cdef int r
+    if n == 0:
+        raise OSError(22, "SHARE_STATS needs at least one pid")
+    cdef unsigned char[::1] buf = np.zeros(n * sizeof(bunshin_pid_stats), dtype=np.uint8)
+    cdef bunshin_pid_stats *s = <bunshin_pid_stats *>&buf[0]
+    memset(&req, 0, sizeof(req))
+    req.pids_ptr = <uint64_t>&p[0]
+    req.stats_ptr = <uint64_t>s
+    req.npids = <uint32_t>n
+    req.stats_size = sizeof(bunshin_pid_stats)
+    with nogil:
+        r = ioctl(fd, BUNSHIN_IOC_SHARE_STATS, &req)
+    if r < 0:
+        _fail()
+    out = np.empty((n, 3), dtype=np.uint64)
+    cdef uint64_t[:, ::1] o = out
+    for i in range(n):
+        o[i, 0] = s[i].mapped_pages
+        o[i, 1] = s[i].shared_pages
+        o[i, 2] = s[i].unique_pages
+    return req.shared_pages, req.total_pages, req.nmms, out
+
+
+def group_stats(int fd, pids, groups, int ngroups):
+    """GROUP_STATS: ``(shared_pages, total_pages, nmms, usage)``; ``usage`` is an
+    (ngroups, 3) uint64 array of mapped, distinct and shared pages per group."""
+    cdef int32_t[::1] p = np.ascontiguousarray(pids, dtype=np.int32)
+    cdef uint32_t[::1] g = np.ascontiguousarray(groups, dtype=np.uint32)
+    cdef Py_ssize_t n = p.shape[0], i
+    cdef bunshin_group_stats req
+    cdef int r
+    if n == 0 or g.shape[0] != n or ngroups <= 0:
+        raise OSError(22, "GROUP_STATS needs one group per pid and at least one pid")
+    cdef unsigned char[::1] buf = np.zeros(ngroups * sizeof(bunshin_group_usage), dtype=np.uint8)
+    cdef bunshin_group_usage *s = <bunshin_group_usage *>&buf[0]
+    memset(&req, 0, sizeof(req))
+    req.pids_ptr = <uint64_t>&p[0]
+    req.groups_ptr = <uint64_t>&g[0]
+    req.stats_ptr = <uint64_t>s
+    req.npids = <uint32_t>n
+    req.ngroups = <uint32_t>ngroups
+    req.stats_size = sizeof(bunshin_group_usage)
+    with nogil:
+        r = ioctl(fd, BUNSHIN_IOC_GROUP_STATS, &req)
+    if r < 0:
+        _fail()
+    out = np.empty((ngroups, 3), dtype=np.uint64)
+    cdef uint64_t[:, ::1] o = out
+    for i in range(ngroups):
+        o[i, 0] = s[i].mapped_pages
+        o[i, 1] = s[i].distinct_pages
+        o[i, 2] = s[i].shared_pages
+    return req.shared_pages, req.total_pages, req.nmms, out
+
+
+def reparent(int fd, int pid, int new_parent, unsigned int flags=0):
+    """REPARENT ``pid`` under ``new_parent`` (host pids); returns the old parent's pid."""
+    cdef bunshin_reparent req
+    cdef int r
+    memset(&req, 0, sizeof(req))
+    req.pid = pid
+    req.new_parent = new_parent
+    req.flags = flags
+    with nogil:
+        r = ioctl(fd, BUNSHIN_IOC_REPARENT, &req)
+    if r < 0:
+        _fail()
+    return req.old_parent

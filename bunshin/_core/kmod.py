@@ -1,0 +1,182 @@
+"""Which backend serves forks and accounting: the kernel module (/dev/bunshin) or user space.
+
+Chosen once per process, here and nowhere else (as psutil does). ``BUNSHIN_KMOD`` overrides:
+
+- ``auto`` (default): use /dev/bunshin when it is there and speaks this library's ABI;
+  otherwise the user-space engine (ptrace, /proc/PID/pagemap), and :func:`backend` says why.
+- ``0``: never use the module.
+- ``1``: require it; :func:`backend` raises :class:`KmodUnavailable` naming what is wrong.
+
+Each verb is used only when the module serves it (its feature bit, and for REPARENT of a
+traced clone module 0.2.0); the rest falls back on its own, so an older module still helps.
+The device stays open for the life of the process (``rmmod`` waits for it to exit).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from dataclasses import dataclass, field
+
+
+from ..errors import UnsupportedKernel
+from . import _kmod
+
+__all__ = ["DEVICE", "ENV", "Backend", "Kmod", "KmodUnavailable", "backend", "reset"]
+
+DEVICE = "/dev/bunshin"
+ENV = "BUNSHIN_KMOD"
+_MODES = ("auto", "0", "1")
+_TRACED_SINCE = (0, 2, 0)  # module version that accepts BUNSHIN_REPARENT_TRACED
+
+
+class KmodUnavailable(UnsupportedKernel):
+    """BUNSHIN_KMOD=1 asked for the kernel module and it cannot be used (or the value is bad)."""
+
+
+def _version(code: int) -> tuple[int, int, int]:
+    return code >> 16, (code >> 8) & 0xFF, code & 0xFF
+
+
+@dataclass(frozen=True)
+class Kmod:
+    """An open /dev/bunshin that speaks this library's ABI. Every call raises OSError with the
+    kernel's errno; callers decide what an errno means for them."""
+
+    fd: int
+    abi_version: int
+    module_version: tuple[int, int, int]
+    features: int
+
+    def serves(self, verb: str) -> bool:
+        """Whether the module has ``verb`` (``"SHARE_STATS"``, ``"REPARENT"``, ``"GROUP_STATS"``)."""
+        return bool(self.features >> _kmod.NR[verb] & 1)
+
+    @property
+    def reparents_traced(self) -> bool:
+        """REPARENT accepts a clone the caller still traces (the fork engine's case)."""
+        return self.serves("REPARENT") and self.module_version >= _TRACED_SINCE
+
+    def group_stats(self, pids, groups, ngroups: int):
+        """GROUP_STATS: (shared, total, nmms, per-group [mapped, distinct, shared] pages)."""
+        return _kmod.group_stats(self.fd, pids, groups, ngroups)
+
+    def share_stats(self, pids):
+        """SHARE_STATS: (shared, total, nmms, per-pid [mapped, shared, unique] pages)."""
+        return _kmod.share_stats(self.fd, pids)
+
+    def reparent(self, pid: int, new_parent: int, traced: bool = False) -> int:
+        """Move host pid ``pid`` under ``new_parent``; ``traced``: the calling thread traces it."""
+        return _kmod.reparent(self.fd, pid, new_parent, _kmod.REPARENT_TRACED if traced else 0)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The choice made for this process, and why (shown by ``bunshin doctor``)."""
+
+    mode: str
+    """The ``BUNSHIN_KMOD`` value it was made under (``auto``, ``0`` or ``1``)."""
+    kmod: Kmod | None
+    """The module, or None for the user-space engine."""
+    reason: str
+    uses: dict[str, str] = field(default_factory=dict)
+    """What each job goes through: ``{"fork parents": ..., "memory accounting": ...}``."""
+
+    @property
+    def name(self) -> str:
+        return "kmod" if self.kmod is not None else "user"
+
+    @property
+    def reparent(self) -> Kmod | None:
+        """The module when forks can make exact parent links with it."""
+        return self.kmod if self.kmod is not None and self.kmod.reparents_traced else None
+
+    @property
+    def group_stats(self) -> Kmod | None:
+        """The module when memory accounting can count in the kernel."""
+        return self.kmod if self.kmod is not None and self.kmod.serves("GROUP_STATS") else None
+
+
+_lock = threading.Lock()
+_chosen: Backend | None = None
+
+
+def _open() -> tuple[Kmod | None, str]:
+    if not os.path.exists(DEVICE):
+        return None, f"{DEVICE} is absent (bunshin.ko not loaded; see kmod/README.md)"
+    try:
+        fd = os.open(DEVICE, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        return None, f"cannot open {DEVICE}: {e.strerror} (root only)"
+    try:
+        abi, code, features = _kmod.get_version(fd)
+    except OSError as e:
+        os.close(fd)
+        return None, f"{DEVICE} did not answer GET_VERSION: {e.strerror}"
+    if abi != _kmod.ABI_VERSION:
+        os.close(fd)
+        return None, (f"{DEVICE} speaks ABI v{abi}, this library v{_kmod.ABI_VERSION}: "
+                      "rebuild and reload kmod/")
+    return Kmod(fd, abi, _version(code), features), ""
+
+
+def _uses(k: Kmod | None) -> dict[str, str]:
+    if k is None:
+        return {"fork parents": "user space: clones are parented to the workspace's init",
+                "memory accounting": "user space: /proc/PID/pagemap"}
+    v = ".".join(map(str, k.module_version))
+    return {
+        "fork parents": ("kmod REPARENT: each clone under the clone of its parent"
+                         if k.reparents_traced else
+                         f"user space: module {v} cannot reparent a traced clone (needs "
+                         f"{'.'.join(map(str, _TRACED_SINCE))}); clones are parented to init"),
+        "memory accounting": ("kmod GROUP_STATS" if k.serves("GROUP_STATS") else
+                              f"user space: /proc/PID/pagemap (module {v} has no GROUP_STATS)"),
+    }
+
+
+def _choose() -> Backend:
+    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if mode not in _MODES:
+        raise KmodUnavailable(f"{ENV}={os.environ[ENV]!r}: use auto, 0 (user space) or 1 "
+                              "(require /dev/bunshin)")
+    if mode == "0":
+        why = f"{ENV}=0"
+        return Backend(mode, None, why, _uses(None))
+    k, why = _open()
+    if k is None:
+        if mode == "1":
+            raise KmodUnavailable(f"{ENV}=1 requires the kernel module, but {why}")
+        return Backend(mode, None, why, _uses(None))
+    v = ".".join(map(str, k.module_version))
+    reason = f"{DEVICE}: ABI v{k.abi_version}, module {v}" + (f" ({ENV}=1)" if mode == "1" else "")
+    return Backend(mode, k, reason, _uses(k))
+
+
+def backend() -> Backend:
+    """The backend of this process, chosen on first use (raises KmodUnavailable only for
+    ``BUNSHIN_KMOD=1`` without a usable module, or a bad value)."""
+    global _chosen
+    b = _chosen
+    if b is not None:
+        return b
+    with _lock:
+        if _chosen is None:
+            _chosen = _choose()
+        return _chosen
+
+
+def reset() -> None:
+    """Forget the choice (tests, or after loading the module): the next call chooses again."""
+    global _chosen
+    with _lock:
+        if _chosen is not None and _chosen.kmod is not None:
+            os.close(_chosen.kmod.fd)
+        _chosen = None
+
+
+def gone(e: OSError) -> bool:
+    """ESRCH from a stats verb: some pid exited (or is a zombie) meanwhile."""
+    return e.errno == errno.ESRCH
+

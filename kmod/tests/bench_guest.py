@@ -1,0 +1,131 @@
+"""The library with the module against the library without it, in one guest run.
+
+- accounting: bunshin.memory.pids_usage over a stopped fork family, GROUP_STATS in the kernel
+  (BUNSHIN_KMOD=1) against the library's own /proc/PID/pagemap path (BUNSHIN_KMOD=0, Cython);
+  both answers must be equal.
+- fork: Template.fork of a small workspace (init, a shell with two background jobs, a Python
+  process) with REPARENT (exact parent links) against the user-space engine alone.
+
+Rounds alternate the two backends; under QEMU/TCG only the ratios mean anything. Needs root, a
+cgroup hierarchy and a state directory (guest-tests.sh provides them). The last line of output
+is the JSON result.
+"""
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import bunshin
+from bunshin._core import kmod
+from bunshin.memory import pids_usage
+
+ROUNDS = 7
+FAMILY_MIB = 64
+CHILDREN = 3
+FORKS = 2
+
+FAMILY = r"""
+import mmap, os, sys, time
+size = int(sys.argv[1])
+buf = mmap.mmap(-1, size)
+for off in range(0, size, 4096):
+    buf[off] = 1
+for i in range(int(sys.argv[2])):
+    if os.fork() == 0:
+        for off in range(0, size // 2 if i % 2 else 0, 4096):
+            buf[off] = 2
+        print(os.getpid(), flush=True)
+        time.sleep(1000)
+        os._exit(0)
+print(os.getpid(), flush=True)
+time.sleep(1000)
+"""
+
+
+def backend(mode):
+    os.environ[kmod.ENV] = mode
+    kmod.reset()
+    return kmod.backend()
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def bench_accounting():
+    p = subprocess.Popen([sys.executable, "-c", FAMILY, str(FAMILY_MIB << 20), str(CHILDREN)],
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = sorted(int(p.stdout.readline()) for _ in range(CHILDREN + 1))
+        os.killpg(p.pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        groups = {f"ws{i}": [pid] for i, pid in enumerate(pids)}
+        groups["ws0"].append(groups.pop(f"ws{CHILDREN}")[0])  # one workspace of two processes
+        times = {"1": [], "0": []}
+        answers = {}
+        for _ in range(ROUNDS):
+            for mode in ("1", "0"):
+                backend(mode)
+                dt, answers[mode] = timed(lambda: pids_usage(groups, pss=False))
+                times[mode].append(dt)
+        if answers["1"] != answers["0"]:
+            sys.exit(f"GROUP_STATS and pagemap disagree:\n{answers['1']}\n{answers['0']}")
+        k, u = statistics.median(times["1"]), statistics.median(times["0"])
+        return {"processes": len(pids), "workspaces": len(groups),
+                "total_mib": round(answers["0"].total_bytes / 2**20, 1),
+                "shared_mib": round(answers["0"].shared_bytes / 2**20, 1),
+                "kmod_median_s": round(k, 6), "pagemap_median_s": round(u, 6),
+                "pagemap_over_kmod": round(u / k, 2)}
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def bench_fork():
+    ws = bunshin.Workspace.create()
+    try:
+        ws.shell().run("sleep 1000 & sleep 1001 &")
+        ws.spawn(["python3", "-c", "import time; time.sleep(1000)"])
+        time.sleep(1)
+        nproc = len(ws.processes())
+        tpl = ws.snapshot()
+        try:
+            times = {"1": [], "0": []}
+            for _ in range(ROUNDS):
+                for mode in ("1", "0"):
+                    backend(mode)
+                    dt, kids = timed(lambda: tpl.fork(FORKS))
+                    times[mode].append(dt / FORKS)
+                    ppids = {p.pid: p.ppid for p in kids[0].processes()}
+                    for k in kids:
+                        k.close()
+                    exact = sum(1 for v in ppids.values() if v not in (0, 1))
+                    if (mode == "1") != (exact == 2):  # the two background jobs under bash
+                        sys.exit(f"BUNSHIN_KMOD={mode}: parent links {ppids}")
+        finally:
+            tpl.close()
+    finally:
+        ws.close()
+    k, u = statistics.median(times["1"]), statistics.median(times["0"])
+    return {"processes": nproc, "forks_per_call": FORKS,
+            "reparent_median_ms": round(k * 1e3, 2), "user_median_ms": round(u * 1e3, 2),
+            "user_over_reparent": round(u / k, 3)}
+
+
+def main():
+    if backend("1").reparent is None:
+        sys.exit("the module lacks REPARENT of traced clones or GROUP_STATS")
+    out = {"bench": "kmod_vs_user_space",
+           "machine": f"qemu-tcg guest {platform.release()}, host {os.environ.get('BUNSHIN_HOST', '?')}",
+           "rounds": ROUNDS, "accounting": bench_accounting(), "fork": bench_fork()}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

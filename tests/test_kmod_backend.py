@@ -1,0 +1,183 @@
+"""The backend choice (kernel module or user space) and that both backends give one answer.
+
+On a host without /dev/bunshin these check the fallback and the BUNSHIN_KMOD override's
+errors; kmod/tests/run.sh runs this file again inside a guest with bunshin.ko loaded, where
+the module's answers are compared with the user-space ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import bunshin
+from bunshin import doctor
+from bunshin._core import kmod
+from bunshin.memory import pids_usage
+
+HAVE_DEVICE = os.path.exists(kmod.DEVICE)
+needs_module = pytest.mark.skipif(not HAVE_DEVICE, reason="bunshin.ko not loaded (run kmod/tests/run.sh)")
+no_module = pytest.mark.skipif(HAVE_DEVICE, reason="checks the fallback; /dev/bunshin is here")
+
+
+@pytest.fixture
+def mode(monkeypatch):
+    """Choose the backend for the duration of a test: mode("0"), mode("1"), mode("auto")."""
+
+    def choose(value: str | None):
+        if value is None:
+            monkeypatch.delenv(kmod.ENV, raising=False)
+        else:
+            monkeypatch.setenv(kmod.ENV, value)
+        kmod.reset()
+
+    yield choose
+    monkeypatch.delenv(kmod.ENV, raising=False)
+    kmod.reset()
+
+
+def test_public_names():
+    assert set(kmod.__all__) == {"DEVICE", "ENV", "Backend", "Kmod", "KmodUnavailable", "backend",
+                                 "reset"}
+    assert bunshin._core.backend is kmod.backend
+
+
+@no_module
+def test_falls_back_to_user_space_without_the_device(mode):
+    mode(None)
+    b = kmod.backend()
+    assert b.name == "user" and b.kmod is None and b.reparent is None and b.group_stats is None
+    assert "/dev/bunshin is absent" in b.reason
+    assert all(how.startswith("user space") for how in b.uses.values())
+    rows = {c.name: c for c in doctor.backend_checks()}
+    assert rows["backend"].ok and rows["backend"].detail.startswith("user (BUNSHIN_KMOD=auto)")
+    assert not rows["fork parents"].ok and "getppid() is 1" in rows["fork parents"].cost
+
+
+def test_zero_turns_the_module_off(mode):
+    mode("0")
+    b = kmod.backend()
+    assert b.name == "user" and b.reason == "BUNSHIN_KMOD=0"
+    mode("auto")
+    assert kmod.backend().mode == "auto"
+
+
+@no_module
+def test_one_requires_the_module(mode):
+    mode("1")
+    with pytest.raises(kmod.KmodUnavailable, match=r"BUNSHIN_KMOD=1 requires the kernel module, "
+                                                   r"but /dev/bunshin is absent"):
+        kmod.backend()
+    with pytest.raises(bunshin.BunshinError, match="BUNSHIN_KMOD=1"):
+        pids_usage({"me": [os.getpid()]}, pss=False)
+    (row,) = doctor.backend_checks()
+    assert not row.ok and "BUNSHIN_KMOD=1 requires" in row.detail
+
+
+def test_a_bad_value_names_the_good_ones(mode):
+    mode("yes")
+    with pytest.raises(kmod.KmodUnavailable, match=r"BUNSHIN_KMOD='yes': use auto, 0 .* or 1"):
+        kmod.backend()
+
+
+# -- with the module loaded (inside the guest) ---------------------------------------------
+
+@needs_module
+def test_module_is_chosen_and_serves_every_job(mode):
+    mode(None)
+    b = kmod.backend()
+    assert b.name == "kmod" and b.reparent is not None and b.group_stats is not None
+    assert b.reason.startswith("/dev/bunshin: ABI v1, module ")
+    assert all(how.startswith("kmod") for how in b.uses.values())
+    assert all(c.ok for c in doctor.backend_checks())
+    mode("1")
+    assert kmod.backend().name == "kmod"
+
+
+FAMILY = r"""
+import mmap, os, sys, time
+size = int(sys.argv[1])
+buf = mmap.mmap(-1, size)
+for off in range(0, size, 4096):
+    buf[off] = 1
+kids = []
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        if i == 0:                      # one child rewrites half: its own copy
+            for off in range(0, size // 2, 4096):
+                buf[off] = 2
+        print(os.getpid(), flush=True)
+        time.sleep(1000)
+        os._exit(0)
+    kids.append(pid)
+print(os.getpid(), flush=True)
+time.sleep(1000)
+"""
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] == b"T"
+
+
+def _usage(mode_value: str, mode, groups):
+    mode(mode_value)
+    return pids_usage(groups, pss=False)
+
+
+@needs_module
+def test_both_backends_agree_on_a_fork_family(mode):
+    p = subprocess.Popen([sys.executable, "-c", FAMILY, str(16 << 20)], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        pids = sorted(int(p.stdout.readline()) for _ in range(4))
+        parent = p.pid
+        kids = [x for x in pids if x != parent]
+        for x in pids:
+            os.kill(x, signal.SIGSTOP)
+        while not all(_stopped(x) for x in pids):
+            time.sleep(0.01)
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # a pid that has exited is skipped by both backends
+        groups = {"a": [parent, kids[0]], "b": [kids[1], gone.pid], "c": [kids[2]],
+                  "d": []}  # "d": a workspace whose processes all exited
+        for _ in range(3):  # the kernel may move pages of stopped processes (compaction)
+            k1 = _usage("1", mode, groups)
+            u = _usage("0", mode, groups)
+            k2 = _usage("1", mode, groups)
+            if k1 == k2:
+                break
+        assert k1 == k2 == u
+        assert u.shared_bytes > 8 << 20 and u.per_workspace["d"].rss_bytes == 0
+        # a page the parent shares only with kids[0] is private to workspace "a"
+        assert u.per_workspace["a"].private_bytes > 0
+        mode("1")
+        with_pss = pids_usage(groups)
+        mode("0")
+        assert with_pss.pss_bytes == pids_usage(groups).pss_bytes > 0
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+@needs_module
+def test_both_backends_agree_on_forked_workspaces(family, mode):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.spawn(["python3", "-c", "b = bytearray(8 << 20); import time; time.sleep(1000)"])
+    time.sleep(1.0)
+    family.extend(ws.fork(2))
+    for _ in range(3):
+        mode("1")
+        k = bunshin.memory.family_usage(family, pss=False)
+        mode("0")
+        u = bunshin.memory.family_usage(family, pss=False)
+        if k == u:
+            break
+    assert k == u and k.shared_bytes > 8 << 20
