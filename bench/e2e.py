@@ -48,6 +48,9 @@ def run_mode(mode: str, wl, args, progress) -> dict:
     d["timeline"] = {"t": [round(x, 3) for x in g.memory.times], "bytes": g.memory.bytes}
     failed = sum(1 for t in g.trajectories for turn in t.turns if turn.exit_code != 0)
     d["calls_failed"] = failed
+    d["calls_unexpected"] = sum(1 for t in g.trajectories for k, turn in enumerate(t.turns)
+                                if k < len(wl.expect[t.index]) and wl.expect[t.index][k] is not None
+                                and turn.exit_code != wl.expect[t.index][k])
     return d
 
 
@@ -67,19 +70,22 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="small group, short think time (< 2 min)")
     p.add_argument("--workload", default=DEFAULT, choices=sorted(WORKLOADS))
     p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
-    p.add_argument("--think", type=float, default=None, help="seconds of generation per step (default 1.0; quick 0.3)")
-    p.add_argument("--jitter", type=float, default=0.5, help="think time varies by ± this fraction")
+    p.add_argument("--think", type=float, default=None,
+                   help="seconds of generation per step (default: the workload's params['think_s'])")
+    p.add_argument("--jitter", type=float, default=None, help="think time varies by ± this fraction "
+                   "(default: the workload's params['think_jitter'])")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
     p.add_argument("--ksm", action="store_true", help="criu mode: restore with KSM merging on")
     args = p.parse_args()
     args.group = args.group or (4 if args.quick else 8)
-    args.think = args.think if args.think is not None else (0.3 if args.quick else 1.0)
     logging.basicConfig(level=logging.WARNING)
     from rich.console import Console
     from rich.progress import Progress
 
     wl = WORKLOADS[args.workload](args.group, seed=args.seed, quick=args.quick)
+    args.think = args.think if args.think is not None else wl.params.get("think_s", 0.5)
+    args.jitter = args.jitter if args.jitter is not None else wl.params.get("think_jitter", 0.3)
     modes: dict[str, dict] = {}
     criu = find_criu()
     console = Console(stderr=True)

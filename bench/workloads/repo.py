@@ -15,8 +15,8 @@ suite, 660+ tests, ~2 s). Setup (every step offline; the workspace has loopback 
    resident set reaches ``server_mib`` MiB; it answers ``/health``, ``/def?name=`` and
    ``/refs?name=``. ``ready`` polls ``/health``.
 
-Traces: a shared exploration prefix (``ls``, git, ``grep -n`` of the API, ``pyproject.toml``,
-a language-server query), then per member one target function (chunked, first, ilen, take,
+Traces: a shared exploration prefix (``ls``, git, ``grep -n`` of the API, a baseline run of
+the whole test suite, ``pyproject.toml``, a language-server query), then per member one target function (chunked, first, ilen, take,
 tail, nth) and one plan: ``fix`` (break it with a realistic bug, see the test fail, read the
 diff, revert, tests pass), ``refactor`` (a behaviour-preserving edit, targeted then whole-file
 tests), ``addtest`` (write a new test file with ``write_file``, run it, probe with the python
@@ -267,6 +267,8 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         bash("cd /repo && ls"),
         bash("git log --oneline -3 && git status --short | wc -l"),
         bash("grep -n '^def ' more_itertools/more.py | head -60"),
+        # an agent's usual first move: the baseline of the test suite before touching anything
+        bash("python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tail -3"),
     ]
     if not quick:
         shared += [
