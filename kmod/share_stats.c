@@ -60,30 +60,6 @@ struct share_state {
 
 #define SHARE_MULTI 2UL
 
-static int share_note(struct share_state *st, unsigned long pfn)
-{
-	struct share_member *m = &st->members[st->cur];
-	unsigned long v;
-	void *old;
-	int err;
-
-	m->mapped++;
-	old = xa_load(&st->pfns, pfn);
-	if (!old) {
-		v = (unsigned long)m->tag << 2 | 1;
-	} else {
-		if (xa_to_value(old) >> 2 == m->tag)
-			return 0;
-		v = (unsigned long)m->tag << 2 | SHARE_MULTI;
-	}
-	err = xa_err(xa_store(&st->pfns, pfn, xa_mk_value(v),
-			      GFP_KERNEL_ACCOUNT));
-	if (err)
-		return err;
-	st->tags[m->tag].distinct++;
-	return 0;
-}
-
 /* Between batches: a long walk must stay killable and let others run. */
 static int share_yield(void)
 {
@@ -93,31 +69,78 @@ static int share_yield(void)
 	return 0;
 }
 
+/*
+ * Note @n pfns of the member being walked: @pfns[i], or @first + i when @pfns
+ * is NULL (a huge page).  One xarray lock per batch, and consecutive pfns
+ * step to the next slot instead of walking down from the root again; nodes
+ * are allocated outside the lock (xas_nomem) and the batch resumes where it
+ * stopped.
+ */
+static int share_note_many(struct share_state *st, const unsigned long *pfns,
+			   unsigned long first, unsigned int n)
+{
+	struct share_member *m = &st->members[st->cur];
+	struct share_tag *t = &st->tags[m->tag];
+	unsigned long tagv = (unsigned long)m->tag << 2;
+	XA_STATE(xas, &st->pfns, 0);
+	unsigned int i = 0;
+
+	do {
+		bool placed = false;	/* xas sits on the slot of the previous pfn */
+
+		xas_lock(&xas);
+		for (; i < n; i++) {
+			unsigned long pfn = pfns ? pfns[i] : first + i;
+			unsigned long v;
+			void *old;
+
+			if (placed && pfn == xas.xa_index + 1) {
+				old = xas_next(&xas);
+			} else {
+				xas_set(&xas, pfn);
+				old = xas_load(&xas);
+			}
+			placed = true;
+			if (!old) {
+				v = tagv | 1;
+			} else if ((xa_to_value(old) >> 2) == m->tag) {
+				m->mapped++;	/* seen in this mm or group already */
+				continue;
+			} else {
+				v = tagv | SHARE_MULTI;
+			}
+			xas_store(&xas, xa_mk_value(v));
+			if (xas_error(&xas))
+				break;	/* no node: allocate unlocked, then resume at i */
+			m->mapped++;
+			t->distinct++;
+		}
+		xas_unlock(&xas);
+	} while (xas_nomem(&xas, GFP_KERNEL_ACCOUNT));
+	if (xas_error(&xas))
+		return xas_error(&xas);
+	return share_yield();
+}
+
+/* A huge page: in batches, so the lock is never held for more than a pte table's worth. */
 static int share_note_run(struct share_state *st, unsigned long pfn,
 			  unsigned long n)
 {
-	unsigned long i;
-	int err;
+	while (n) {
+		unsigned int k = min_t(unsigned long, n, PTRS_PER_PTE);
+		int err = share_note_many(st, NULL, pfn, k);
 
-	for (i = 0; i < n; i++) {
-		err = share_note(st, pfn + i);
 		if (err)
 			return err;
+		pfn += k;
+		n -= k;
 	}
-	return share_yield();
+	return 0;
 }
 
 static int share_note_buf(struct share_state *st, unsigned int n)
 {
-	unsigned int i;
-	int err;
-
-	for (i = 0; i < n; i++) {
-		err = share_note(st, st->buf[i]);
-		if (err)
-			return err;
-	}
-	return share_yield();
+	return share_note_many(st, st->buf, 0, n);
 }
 
 /* pmd_trans_huge_lock() from huge_mm.h, calling the resolved symbol. */
@@ -348,7 +371,7 @@ static struct share_state *share_alloc(u32 npids, u32 ntags)
 	st->tags = kvcalloc(ntags, sizeof(*st->tags), GFP_KERNEL_ACCOUNT);
 	st->slot_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
 	st->first_pid_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
-	xa_init(&st->pfns);
+	xa_init_flags(&st->pfns, XA_FLAGS_ACCOUNT);
 	bunshin_ref_get(BUNSHIN_REF_PFNS);
 	return st;
 }
