@@ -17,6 +17,7 @@ static const struct {
 	{ "mm_access", (void **)&bunshin_ks.mm_access },
 	{ "__pmd_trans_huge_lock", (void **)&bunshin_ks.__pmd_trans_huge_lock },
 	{ "huge_zero_pfn", (void **)&bunshin_ks.huge_zero_pfn },
+	{ "max_pfn", (void **)&bunshin_ks.max_pfn },
 	{ "ptrace_may_access", (void **)&bunshin_ks.ptrace_may_access },
 	{ "tasklist_lock", (void **)&bunshin_ks.tasklist_lock },
 };

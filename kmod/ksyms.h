@@ -22,6 +22,7 @@ struct bunshin_ksyms {
 	spinlock_t *(*__pmd_trans_huge_lock)(pmd_t *pmd,
 					     struct vm_area_struct *vma);
 	unsigned long *huge_zero_pfn;
+	unsigned long *max_pfn;		/* highest pfn of RAM + 1 */
 	bool (*ptrace_may_access)(struct task_struct *task, unsigned int mode);
 	rwlock_t *tasklist_lock;
 };

@@ -11,10 +11,12 @@
 #include <linux/hugetlb.h>
 #include <linux/huge_mm.h>
 #include <linux/mm.h>
+#include <linux/moduleparam.h>
 #include <linux/pagewalk.h>
 #include <linux/ptrace.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
+#include <linux/sizes.h>
 #include <linux/sort.h>
 #include <linux/uaccess.h>
 #include <linux/xarray.h>
@@ -45,6 +47,11 @@ struct share_tag {
  * page of its mm or group.  The map grows
  * with the distinct pages of the set (a dense pfn range costs ~9 bytes per
  * page), is charged to the caller's memcg and freed before returning.
+ *
+ * dense: the same values in a plain array indexed by pfn (0: not seen), used
+ * instead when an array over all of RAM is small next to the work (see
+ * share_pick_dense()): one load and one store per page, no lock, no tree.
+ * A pfn beyond it (memory hot-added since) goes to the xarray.
  */
 struct share_state {
 	struct xarray pfns;
@@ -55,6 +62,8 @@ struct share_state {
 	u32 cur;		/* member being walked */
 	u32 *slot_of;		/* pids[i] -> member index */
 	u32 *first_pid_of;	/* member -> lowest i with that mm */
+	u16 *dense;
+	unsigned long ndense;
 	unsigned long buf[PTRS_PER_PTE];	/* pfns read under one pte lock */
 };
 
@@ -76,8 +85,8 @@ static int share_yield(void)
  * are allocated outside the lock (xas_nomem) and the batch resumes where it
  * stopped.
  */
-static int share_note_many(struct share_state *st, const unsigned long *pfns,
-			   unsigned long first, unsigned int n)
+static int share_note_xa(struct share_state *st, const unsigned long *pfns,
+			 unsigned long first, unsigned int n)
 {
 	struct share_member *m = &st->members[st->cur];
 	struct share_tag *t = &st->tags[m->tag];
@@ -117,8 +126,39 @@ static int share_note_many(struct share_state *st, const unsigned long *pfns,
 		}
 		xas_unlock(&xas);
 	} while (xas_nomem(&xas, GFP_KERNEL_ACCOUNT));
-	if (xas_error(&xas))
-		return xas_error(&xas);
+	return xas_error(&xas);
+}
+
+static int share_note_many(struct share_state *st, const unsigned long *pfns,
+			   unsigned long first, unsigned int n)
+{
+	struct share_member *m = &st->members[st->cur];
+	struct share_tag *t = &st->tags[m->tag];
+	u16 tagv = m->tag << 2;
+	unsigned int i;
+	int err;
+
+	if (!st->dense) {
+		err = share_note_xa(st, pfns, first, n);
+		return err ? err : share_yield();
+	}
+	for (i = 0; i < n; i++) {
+		unsigned long pfn = pfns ? pfns[i] : first + i;
+		u16 old;
+
+		if (unlikely(pfn >= st->ndense)) {
+			err = share_note_xa(st, &pfn, 0, 1);
+			if (err)
+				return err;
+			continue;
+		}
+		old = st->dense[pfn];
+		m->mapped++;
+		if (old && old >> 2 == m->tag)
+			continue;
+		st->dense[pfn] = tagv | (old ? SHARE_MULTI : 1);
+		t->distinct++;
+	}
 	return share_yield();
 }
 
@@ -301,21 +341,61 @@ static int share_walk(struct share_state *st)
 	return err;
 }
 
+static void share_count(struct share_state *st, unsigned long v, u64 *shared, u64 *total)
+{
+	if ((v & 3) == SHARE_MULTI)
+		*shared += 1;
+	else
+		st->tags[v >> 2].unique++;
+	*total += 1;
+}
+
 static void share_tally(struct share_state *st, u64 *shared, u64 *total)
 {
 	unsigned long pfn;
 	void *entry;
 
-	xa_for_each(&st->pfns, pfn, entry) {
-		unsigned long v = xa_to_value(entry);
-
-		if ((v & 3) == SHARE_MULTI)
-			*shared += 1;
-		else
-			st->tags[v >> 2].unique++;
-		if (!(++*total % PTRS_PER_PTE))
+	for (pfn = 0; pfn < st->ndense; pfn++) {
+		if (st->dense[pfn])
+			share_count(st, st->dense[pfn], shared, total);
+		if (!(pfn % (64 * PTRS_PER_PTE)))
 			cond_resched();
 	}
+
+	xa_for_each(&st->pfns, pfn, entry) {
+		share_count(st, xa_to_value(entry), shared, total);
+		if (!(*total % PTRS_PER_PTE))
+			cond_resched();
+	}
+}
+
+static bool share_dense = true;
+module_param(share_dense, bool, 0644);
+MODULE_PARM_DESC(share_dense, "count in a pfn-indexed array when it pays (N: always the xarray)");
+
+/* Cap on the dense array: 2^27 pfns (512 GiB of RAM) make 256 MiB. */
+#define SHARE_DENSE_MAX (1UL << 27)
+
+/*
+ * The dense array costs 2 bytes per pfn of RAM whatever the set maps, the
+ * xarray ~9 bytes per distinct page mapped: take the array when it is at
+ * most 8 MiB (machines up to 16 GiB) or no bigger than the xarray would be.
+ * Without memory for it the xarray serves.
+ */
+static void share_pick_dense(struct share_state *st)
+{
+	unsigned long n = READ_ONCE(*bunshin_ks.max_pfn), rss = 0;
+	u32 i;
+
+	if (!READ_ONCE(share_dense))
+		return;
+	for (i = 0; i < st->nmembers; i++)
+		rss += get_mm_rss(st->members[i].mm);
+	if (!n || n > SHARE_DENSE_MAX || (n * sizeof(u16) > SZ_8M && n > rss * 4))
+		return;
+	st->dense = kvcalloc(n, sizeof(u16), GFP_KERNEL_ACCOUNT | __GFP_NOWARN);
+	if (st->dense)
+		st->ndense = n;
 }
 
 static int share_check(const struct bunshin_share_stats *req)
@@ -383,6 +463,7 @@ static void share_free(struct share_state *st)
 	for (i = 0; i < st->nmembers; i++)
 		bunshin_put_mm(st->members[i].mm);
 	xa_destroy(&st->pfns);
+	kvfree(st->dense);
 	bunshin_ref_put(BUNSHIN_REF_PFNS);
 	kvfree(st->first_pid_of);
 	kvfree(st->slot_of);
@@ -420,8 +501,10 @@ long bunshin_share_stats(void __user *uarg)
 		goto out;
 
 	err = share_add_pids(st, pids, NULL, req.npids);
-	if (!err)
+	if (!err) {
+		share_pick_dense(st);
 		err = share_walk(st);
+	}
 	if (err)
 		goto out;
 	req.shared_pages = req.total_pages = 0;
@@ -515,6 +598,7 @@ long bunshin_group_stats(void __user *uarg)
 	/* one group's mms walked one after another (see struct share_state) */
 	sort(st->members, st->nmembers, sizeof(*st->members), share_cmp_tag,
 	     NULL);
+	share_pick_dense(st);
 	err = share_walk(st);
 	if (err)
 		goto out;

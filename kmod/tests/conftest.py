@@ -114,3 +114,15 @@ def victims():
     yield start
     for v in started:
         v.close()
+
+
+DENSE = Path("/sys/module/bunshin/parameters/share_dense")
+
+
+@pytest.fixture(params=["dense", "xarray"])
+def store(request):
+    """Run a counting test with each of the module's two pfn stores (share_stats.c)."""
+    old = DENSE.read_text().strip()
+    DENSE.write_text("Y" if request.param == "dense" else "N")
+    yield request.param
+    DENSE.write_text(old)

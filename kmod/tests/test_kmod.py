@@ -131,7 +131,7 @@ def test_reference_counters_move(dev):
 
 # --- SHARE_STATS on real processes ---------------------------------------------
 
-def test_fork_family_shares_then_diverges(dev, victims):
+def test_fork_family_shares_then_diverges(dev, store, victims):
     half = FAMILY_SIZE // PAGE // 2
     fam = victims("family", FAMILY_SIZE, CHILDREN, ready=CHILDREN + 1)
     parent = fam.proc.pid
@@ -167,7 +167,7 @@ def test_unrelated_processes_share_tmpfs_file(dev, victims):
     assert total["shared"] >= size // PAGE
 
 
-def test_page_mapped_twice_by_one_mm_is_one_page(dev, victims):
+def test_page_mapped_twice_by_one_mm_is_one_page(dev, store, victims):
     path, size = Path(os.environ.get("TMPDIR", "/tmp")) / "bunshin-twice", 4 << 20
     v = victims("file", path, size, "twice")
     try:
@@ -190,7 +190,7 @@ def hugetlbfs(tmp_path):
     nr.write_text(old)
 
 
-def test_hugetlb_pages_counted(dev, hugetlbfs, victims):  # victims go before the fs
+def test_hugetlb_pages_counted(dev, store, hugetlbfs, victims):  # victims go before the fs
     size = 4 << 20
     a = victims("file", hugetlbfs / "shared", size)
     b = victims("file", hugetlbfs / "shared", size)
@@ -199,7 +199,7 @@ def test_hugetlb_pages_counted(dev, hugetlbfs, victims):  # victims go before th
     assert per[a.pids[0]]["mapped"] >= size // PAGE
 
 
-def test_zero_pages_not_counted(dev, victims):
+def test_zero_pages_not_counted(dev, store, victims):
     size = 8 << 20
     v = victims("zero", size)
     v.stop()
@@ -557,7 +557,7 @@ def test_reparent_traced_moves_only_the_real_parent(dev):
 
 # -- GROUP_STATS ----------------------------------------------------------------------------
 
-def test_group_stats_match_pagemap_and_share_stats(dev, victims):
+def test_group_stats_match_pagemap_and_share_stats(dev, store, victims):
     fam = victims("family", FAMILY_SIZE, CHILDREN, ready=CHILDREN + 1)
     parent = fam.proc.pid
     children = [p for p in fam.pids if p != parent]
