@@ -135,3 +135,41 @@ def test_bad_policy_and_task_are_refused():
         RolloutEngine(object(), TASK, 1)
     with pytest.raises(RolloutError, match="unknown tools"):
         RolloutEngine(Scripted([[]]), Task("t", "p", tools=("bash", "browser")), 1)
+
+
+def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks):
+    import time
+
+    import bunshin
+    from bunshin.memory import pids_usage
+    from bunshin.rl.metrics import MemorySampler, cgroup_frozen, cgroup_pids
+
+    ws = bunshin.Workspace.create()
+    tpl = kids = None
+    try:
+        ws.write_file("/hog.py", HOG)
+        ws.spawn(["python3", "/hog.py"])
+        while not ws.run("test -e /tmp/hog-ready").ok:
+            time.sleep(0.02)
+        tpl = ws.snapshot()
+        kids = tpl.fork(2)
+        s = MemorySampler()
+        assert s.footprint() == pids_usage(cgroup_pids(), pss=False).total_bytes
+        frozen = {p for name in cgroup_frozen() for p in cgroup_pids()[name]}
+        assert frozen and set(s._cache) == frozen  # only the template's processes are cached
+        # a child writes its copy of the hog: new private pages, seen although the template is cached
+        before = s.footprint()
+        kids[0].write_file("/dirty.py", "b = bytearray(32 << 20)\nb[::4096] = b'y' * (len(b) // 4096)\n"
+                           "import time; open('/tmp/dirty', 'w').close(); time.sleep(1e6)\n")
+        kids[0].spawn(["python3", "/dirty.py"])
+        while not kids[0].run("test -e /tmp/dirty").ok:
+            time.sleep(0.02)
+        after = s.footprint()
+        assert after - before >= 32 << 20
+        assert after == pids_usage(cgroup_pids(), pss=False).total_bytes
+    finally:
+        for k in kids or []:
+            k.close()
+        if tpl is not None:
+            tpl.close()
+        ws.close()

@@ -7,6 +7,10 @@ restored clone is in a cgroup under :func:`bunshin.config.cgroup_prefix` — wit
 it. From the samples it reports the peak and the integral over time (GB·s, trapezoids over the
 real sample times). Sampling takes time on big families; the thread never uses more than half a
 core: it sleeps at least as long as its last sample took, and reports that cost.
+
+Frozen processes (templates, cached states) cannot change their page tables, so their PFNs are
+read once and reused for ``revalidate_s`` seconds (the kernel may still migrate a page now and
+then; re-reading bounds that error in time). The cache is keyed by pid and start time.
 """
 
 from __future__ import annotations
@@ -16,11 +20,15 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-__all__ = ["CpuMeter", "MemoryReport", "MemorySampler", "cgroup_pids", "machine_cpu_seconds"]
+import numpy as np
+
+__all__ = ["CpuMeter", "MemoryReport", "MemorySampler", "cgroup_frozen", "cgroup_pids", "machine_cpu_seconds"]
 
 PidSource = Callable[[], Mapping[str, Sequence[int]]]
+FrozenSource = Callable[[], set[str]]
 
 
 def cgroup_pids() -> dict[str, list[int]]:
@@ -41,6 +49,30 @@ def cgroup_pids() -> dict[str, list[int]]:
         if pids:
             out[name] = pids
     return out
+
+
+def cgroup_frozen() -> set[str]:
+    """Names of the groups under Bunshin's prefix whose processes are all frozen."""
+    from ..runtime import cgroup
+
+    be = cgroup.backend()
+    out = set()
+    for name in be.list():
+        try:
+            if be.open(name).frozen():
+                out.add(name)
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            continue
+    return out
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            st = f.read()
+    except OSError:
+        return None
+    return int(st[st.rindex(b")") + 2 :].split()[19])
 
 
 @dataclass
@@ -77,26 +109,63 @@ class MemorySampler:
     >>> s.report.peak_bytes, s.report.gb_s  # doctest: +SKIP
     """
 
-    def __init__(self, interval: float = 0.1, source: PidSource | None = None) -> None:
+    def __init__(self, interval: float = 0.1, source: PidSource | None = None, *,
+                 frozen: FrozenSource | None = None, revalidate_s: float = 5.0) -> None:
         from .types import RolloutError
 
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
             raise RolloutError(f"interval must be seconds > 0, got {interval!r}")
         self.interval = float(interval)
         self.source = source or cgroup_pids
+        self.frozen = frozen or (cgroup_frozen if source is None else set)
+        self.revalidate_s = revalidate_s
+        self._cache: dict[int, tuple[int, np.ndarray, float]] = {}  # pid -> (start, pfns, read at)
+        self._pool: ThreadPoolExecutor | None = None
         self.report = MemoryReport()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self.error: BaseException | None = None
 
+    def _pfns(self, pid: int, frozen: bool, now: float) -> np.ndarray | None:
+        from ..memory.pagemap import read_pfns
+
+        if not frozen:
+            return read_pfns(pid)
+        start = _start_time(pid)
+        hit = self._cache.get(pid)
+        if hit is not None and hit[0] == start and now - hit[2] < self.revalidate_s:
+            return hit[1]
+        pfns = read_pfns(pid)
+        if pfns is not None and start is not None:
+            self._cache[pid] = (start, pfns, now)
+        return pfns
+
+    def footprint(self) -> int:
+        """Distinct resident pages of everything the source lists, in bytes (not recorded)."""
+        from .._core import _pagemap
+        from ..memory.pagemap import PAGE_SIZE
+
+        now = time.monotonic()
+        groups = self.source()
+        frozen = self.frozen() if groups else set()
+        jobs = [(pid, name in frozen) for name, pids in groups.items() for pid in pids]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(min(2, os.cpu_count() or 1), thread_name_prefix="bunshin-sampler")
+        parts = [a for a in self._pool.map(lambda j: self._pfns(j[0], j[1], now), jobs) if a is not None]
+        live = {pid for pid, _ in jobs}
+        for pid in [p for p in self._cache if p not in live]:
+            del self._cache[pid]
+        if not parts:
+            return 0
+        top = max((int(p.max()) for p in parts if p.size), default=0)
+        _, _, total, _ = _pagemap.count_family(parts, np.zeros(len(parts), dtype=np.int_), 1, top)
+        return int(total) * PAGE_SIZE
+
     def sample(self) -> int:
         """One sample now (also recorded); the footprint in bytes."""
-        from ..memory import pids_usage
-
         t = time.monotonic()
-        groups = self.source()
-        total = pids_usage(groups, pss=False).total_bytes if groups else 0
+        total = self.footprint()
         done = time.monotonic()
         self.report.times.append(t - self._t0)
         self.report.bytes.append(total)
@@ -131,6 +200,9 @@ class MemorySampler:
         if self.error is not None:
             raise self.error
         self.sample()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         return self.report
 
     def __enter__(self) -> MemorySampler:
