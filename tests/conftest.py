@@ -121,3 +121,21 @@ def wait_file(w, path: str, timeout: float = 15) -> str:
             return w.read_file(path).decode()
         time.sleep(0.02)
     raise AssertionError(f"{path} never appeared in {w.id}")
+
+
+def wait_for_bytes(w, path: str, want: bytes, timeout: float = 15) -> bytes:
+    """Contents of ``path`` in workspace ``w`` once they contain ``want`` (or, at the timeout,
+    whatever they are then, for the caller's assertion to show)."""
+    import bunshin
+
+    deadline = time.monotonic() + timeout
+    data = b""
+    while time.monotonic() < deadline:
+        try:
+            data = w.read_file(path)
+        except bunshin.ToolCallError:
+            data = b""
+        if want in data:
+            return data
+        time.sleep(0.02)
+    return data

@@ -24,6 +24,7 @@ except CriuError as e:  # no CRIU >= 4 here: say why, run nothing
                 allow_module_level=True)
 
 from bunshin import criu
+from conftest import wait_for_bytes
 
 
 def _tree_digest(path: Path) -> dict[str, str]:
@@ -34,20 +35,6 @@ def _tree_digest(path: Path) -> dict[str, str]:
         elif p.is_dir():
             out[str(p.relative_to(path)) + "/"] = oct(p.stat().st_mode)
     return out
-
-
-def _wait_file(w, path: str, want: bytes, timeout: float = 15) -> bytes:
-    deadline = time.monotonic() + timeout
-    data = b""
-    while time.monotonic() < deadline:
-        try:
-            data = w.read_file(path)
-        except bunshin.ToolCallError:
-            data = b""
-        if want in data:
-            return data
-        time.sleep(0.02)
-    return data
 
 
 def _busy_workspace() -> tuple[bunshin.Workspace, dict]:
@@ -63,7 +50,7 @@ def _busy_workspace() -> tuple[bunshin.Workspace, dict]:
     repl = ws.spawn(["sh", "-c", "exec python3 -i -q -u < /tmp/in > /tmp/out 2>&1"])
     ws.spawn(["sh", "-c", "exec sleep 100000 > /tmp/in"])  # a writer: the REPL sees no EOF
     ws.run("echo 'x = 41' > /tmp/in")
-    assert b">>> " in _wait_file(ws, "/tmp/out", b">>> ")
+    assert b">>> " in wait_for_bytes(ws, "/tmp/out", b">>> ")
     srv = ws.spawn(["python3", "-c", "import time\nwhile True: time.sleep(0.05)"])
     expect = {
         "procs": {p.pid: p.cmdline for p in ws.processes()},
@@ -88,7 +75,7 @@ def _check_state(w, expect: dict, tag: str) -> None:
     assert w.run("echo $ROLE").stdout == b"agent\n"  # the workspace's config came along
     assert w.run(f"kill -0 {expect['srv']} && echo alive").stdout == b"alive\n"
     w.run(f"echo 'print(\"{tag}\", x + 1)' > /tmp/in")
-    out = _wait_file(w, "/tmp/out", f"{tag} 42".encode())
+    out = wait_for_bytes(w, "/tmp/out", f"{tag} 42".encode())
     assert f"{tag} 42".encode() in out, out
 
 
@@ -363,7 +350,7 @@ def test_tcp_connection_inside_the_workspace(family, tmp_path):
     ws.write_file("/echo.py", _ECHO)
     ws.spawn(["python3", "/echo.py", "server"])
     client = ws.spawn(["python3", "/echo.py", "client"])
-    assert _wait_file(ws, "/tmp/got", b"FIRST") == b"FIRST"
+    assert wait_for_bytes(ws, "/tmp/got", b"FIRST") == b"FIRST"
     if _INFO.version < (4, 2, 0):
         # CRIU 4.1 cannot read SO_PASSCRED of inet sockets on Linux >= 6.16: a clear error
         with pytest.raises(CheckpointError, match="criu#2705") as ei:
@@ -379,7 +366,7 @@ def test_tcp_connection_inside_the_workspace(family, tmp_path):
     w = criu.restore_workspace(tmp_path / "img")
     family.append(w)
     w.kill(client, 10)
-    assert _wait_file(w, "/tmp/got", b"SECOND") == b"SECOND"  # the connection continued
+    assert wait_for_bytes(w, "/tmp/got", b"SECOND") == b"SECOND"  # the connection continued
 
 
 def test_a_restored_state_can_be_saved_again(family, tmp_path):

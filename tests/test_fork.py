@@ -10,7 +10,7 @@ import pytest
 
 import bunshin
 from bunshin.errors import ForkError
-from conftest import wait_file
+from conftest import wait_file, wait_for_bytes
 
 
 def _status(w, pid: int, key: str) -> str:
@@ -19,19 +19,6 @@ def _status(w, pid: int, key: str) -> str:
             return line.split(":", 1)[1].strip()
     raise KeyError(key)
 
-
-def _wait_file(w, path: str, want: bytes, timeout: float = 10) -> bytes:
-    deadline = time.monotonic() + timeout
-    data = b""
-    while time.monotonic() < deadline:
-        try:
-            data = w.read_file(path)
-        except bunshin.ToolCallError:
-            data = b""
-        if want in data:
-            return data
-        time.sleep(0.02)
-    return data
 
 
 def test_fork_keeps_processes_pids_and_shell_state(family):
@@ -130,7 +117,7 @@ def test_pipes_keep_buffered_bytes(family):
     family.append(kid)
     for w in (ws, kid):
         w.kill(reader, 10)
-        assert _wait_file(w, "/tmp/got", b"queued-bytes") == b"queued-bytes"
+        assert wait_for_bytes(w, "/tmp/got", b"queued-bytes") == b"queued-bytes"
     del pid
 
 
@@ -141,13 +128,13 @@ def test_python_repl_on_a_fifo_keeps_its_variables(family):
     ws.spawn(["sh", "-c", "exec python3 -i -q -u < /tmp/in > /tmp/out 2>&1"])
     ws.spawn(["sh", "-c", "exec sleep 1000 > /tmp/in"])  # keeps a writer: no EOF
     ws.run("echo 'x = 41' > /tmp/in")
-    _wait_file(ws, "/tmp/out", b">>> ")
+    wait_for_bytes(ws, "/tmp/out", b">>> ")
     (kid,) = ws.fork(1)
     family.append(kid)
     ws.run("echo 'print(\"parent\", x)' > /tmp/in")
     kid.run("echo 'print(\"child\", x + 1)' > /tmp/in")
-    assert b"parent 41" in _wait_file(ws, "/tmp/out", b"parent 41")
-    out = _wait_file(kid, "/tmp/out", b"child 42")
+    assert b"parent 41" in wait_for_bytes(ws, "/tmp/out", b"parent 41")
+    out = wait_for_bytes(kid, "/tmp/out", b"child 42")
     assert b"child 42" in out and b"parent" not in out
 
 

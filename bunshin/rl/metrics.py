@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..runtime.state import proc_start_time
+
 __all__ = ["CpuMeter", "MemoryReport", "MemorySampler", "cgroup_frozen", "cgroup_pids", "machine_cpu_seconds"]
 
 PidSource = Callable[[], Mapping[str, Sequence[int]]]
@@ -64,15 +66,6 @@ def cgroup_frozen() -> set[str]:
         except Exception:  # noqa: BLE001 - removed meanwhile
             continue
     return out
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            st = f.read()
-    except OSError:
-        return None
-    return int(st[st.rindex(b")") + 2 :].split()[19])
 
 
 @dataclass
@@ -132,7 +125,7 @@ class MemorySampler:
 
         if not frozen:
             return read_pfns(pid)
-        start = _start_time(pid)
+        start = proc_start_time(pid)
         hit = self._cache.get(pid)
         if hit is not None and hit[0] == start and now - hit[2] < self.revalidate_s:
             return hit[1]
