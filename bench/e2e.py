@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, memory_facts, png_path  # noqa: E402
+from _common import emit, memory_facts, png_path
 
-from bunshin.criu_locate import find_criu  # noqa: E402
-from bunshin.rl.engine import MODES, RolloutEngine  # noqa: E402
-from bunshin.rl.policies import ReplayPolicy  # noqa: E402
+from bunshin.criu_locate import find_criu
+from bunshin.rl.engine import MODES, RolloutEngine
+from bunshin.rl.policies import ReplayPolicy
 
 AIMS = {"peak_bytes": 0.4, "gb_s": 0.35, "latency_s": 0.6}
 METRICS = tuple(AIMS)

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,9 @@ except CriuError as e:  # no CRIU >= 4 here: say why, run nothing
     pytest.skip(f"no usable CRIU >= 4 ({e}); `python3 -m bunshin criu provision` installs one",
                 allow_module_level=True)
 
-from bunshin import criu
 from conftest import wait_for_bytes
+
+from bunshin import criu
 
 
 def _tree_digest(path: Path) -> dict[str, str]:

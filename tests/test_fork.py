@@ -7,10 +7,10 @@ import threading
 import time
 
 import pytest
+from conftest import wait_file, wait_for_bytes
 
 import bunshin
 from bunshin.errors import ForkError
-from conftest import wait_file, wait_for_bytes
 
 
 def _status(w, pid: int, key: str) -> str:

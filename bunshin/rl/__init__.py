@@ -15,7 +15,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .types import Final, History, Policy, PolicyError, RolloutError, Task, Trajectory, Turn
+from .types import (
+    Final,
+    History,
+    Policy,
+    PolicyError,
+    RolloutError,
+    Task,
+    Trajectory,
+    Turn,
+)
 
 _LAZY = {
     "OpenAIPolicy": "bunshin.rl.policies",
@@ -28,8 +37,9 @@ _LAZY = {
     "BunshinEnvironment": "bunshin.rl.minisweagent",
 }
 
-__all__ = ["Final", "History", "Policy", "PolicyError", "RolloutError", "Task", "Trajectory",
-           "Turn", *_LAZY]
+__all__ = ["BunshinEnvironment", "Final", "GroupResult", "History", "MODES", "MemorySampler",  # noqa: RUF022
+           "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine", "RolloutError", "Task",
+           "Trajectory", "Turn", "WorkspaceEnv"]
 
 
 def __getattr__(name: str) -> Any:

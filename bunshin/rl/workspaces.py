@@ -34,7 +34,7 @@ __all__ = ["CriuProvider", "ForkProvider", "FreshProvider", "build", "provider",
 READY_TIMEOUT = 120.0
 
 
-def build(task: Task, hostname: str) -> tuple["Workspace", "Shell"]:
+def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
     """A new workspace with ``task``'s setup done and ``ready`` passing; its session shell."""
     from ..runtime.workspace import Workspace
 
@@ -62,7 +62,7 @@ def build(task: Task, hostname: str) -> tuple["Workspace", "Shell"]:
         raise
 
 
-def rollout_shell(ws: "Workspace", cwd: str) -> "Shell":
+def rollout_shell(ws: Workspace, cwd: str) -> Shell:
     """The workspace's session shell carried over from the setup, else a new one in ``cwd``."""
     live = [s for s in ws._shells if s.alive]
     return live[0] if live else ws.shell(cwd=cwd)
@@ -78,7 +78,7 @@ class FreshProvider:
     def prepare(self) -> None:
         pass
 
-    def acquire(self, i: int) -> tuple["Workspace", "Shell"]:
+    def acquire(self, i: int) -> tuple[Workspace, Shell]:
         t = time.monotonic()
         ws, sh = build(self.task, f"rollout-{i}")
         self.setup_s += time.monotonic() - t
@@ -105,7 +105,7 @@ class ForkProvider:
             base.close()  # the template holds the state; the base would only cost memory
         self.setup_s = time.monotonic() - t
 
-    def acquire(self, i: int) -> tuple["Workspace", "Shell"]:
+    def acquire(self, i: int) -> tuple[Workspace, Shell]:
         assert self.tpl is not None, "prepare() first"
         ws = self.tpl.fork(1)[0]
         return ws, rollout_shell(ws, self.task.workdir)
@@ -144,7 +144,7 @@ class CriuProvider:
         finally:
             base.close()
 
-    def acquire(self, i: int) -> tuple["Workspace", "Shell"]:
+    def acquire(self, i: int) -> tuple[Workspace, Shell]:
         from .. import criu
 
         assert self.images is not None, "prepare() first"
