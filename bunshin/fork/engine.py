@@ -5,10 +5,12 @@ is cloned into new pid/mnt/net/ipc/uts namespaces and told (REROOT) to move into
 every other process is cloned into the child's pid namespace with its own PID (clone3 +
 set_tid) through a short-lived intermediate, so that its parent becomes the child's init; then
 each clone joins the child's namespaces and every descriptor is recreated by its resource's
-fixup. With the kernel module loaded, each clone is then moved under the clone of its parent
-(REPARENT, while still stopped under ptrace), so the child's process tree is the template's;
-without it, every clone stays a child of the child's init. All ptrace work for one fork
-happens in the calling thread (REPARENT of a traced clone must come from its tracer).
+fixup. With the kernel module loaded no intermediate is needed (a clone is made straight from
+its template process and moved under the child's init), and once all exist each clone is moved
+under the clone of its parent (REPARENT, while still stopped under ptrace), so the child's
+process tree is the template's; without it, every clone stays a child of the child's init.
+All ptrace work for one fork happens in the calling thread (REPARENT of a traced clone must
+come from its tracer).
 """
 
 from __future__ import annotations
@@ -207,9 +209,14 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
 
 def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
     """Clone ``proc`` into the child's pid namespace with its own PID, parented to the child's
-    init: an intermediate sharing the template's memory (CLONE_VM: nothing copied) is made in
-    the child's namespace, the real clone is made from it, and the intermediate is killed, so
-    its orphan is adopted by the child's init. The template reaps the intermediate."""
+    init. With the kernel module the clone is made straight from the template process and
+    moved under the child's init (REPARENT); without it, an intermediate sharing the template's
+    memory (CLONE_VM: nothing copied) is made in the child's namespace, the real clone is made
+    from it, and the intermediate is killed, so its orphan is adopted by the child's init. The
+    template reaps the intermediate."""
+    k = backend().reparent
+    if k is not None:
+        return _clone_reparented(k, tp, proc, child_init)
     mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
     try:
         mid_levels = _nspid(mid.pid)
@@ -221,6 +228,24 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> 
         mid._ctl = None  # dead: nothing to cure or detach
         level = len(_nspid(tp.pid)) - 1
         tp.syscall(61, mid_levels[level], 0, _WALL, 0)  # wait4 in the template process
+    return child
+
+
+def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
+    """One injected clone3 instead of two plus a kill and a wait: the clone's parent is the
+    template process until REPARENT moves it, still stopped, under the child's init."""
+    child = tp.clone(pidns_owner=child_init, set_tid=proc.vpid)
+    try:
+        k.reparent(child.pid, child_init, traced=True)
+    except OSError as e:
+        as_seen = _nspid(child.pid)[len(_nspid(tp.pid)) - 1]
+        os.kill(child.pid, signal.SIGKILL)
+        os.waitpid(child.pid, _WALL)  # as its tracer: hands the zombie to its real parent
+        child._ctl = None
+        tp.syscall(61, as_seen, 0, _WALL, 0)  # wait4 in the template process, its parent
+        raise ForkError(f"/dev/bunshin REPARENT of process {proc.vpid} ({proc.name}) under the "
+                        f"child's init: {e.strerror}", pid=child.pid, step="reparent",
+                        errno=e.errno) from None
     return child
 
 

@@ -4,7 +4,9 @@
   (BUNSHIN_KMOD=1) against the library's own /proc/PID/pagemap path (BUNSHIN_KMOD=0, Cython);
   both answers must be equal.
 - fork: Template.fork of a small workspace (init, a shell with two background jobs, a Python
-  process) with REPARENT (exact parent links) against the user-space engine alone.
+  process) with the module (each process cloned straight into the child and REPARENTed: exact
+  parent links, no intermediate) against the user-space engine alone; also the time of one
+  process's clone (engine.clone_process) on each path.
 
 Rounds alternate the two backends; under QEMU/TCG only the ratios mean anything. Needs root, a
 cgroup hierarchy and a state directory (guest-tests.sh provides them). The last line of output
@@ -88,7 +90,32 @@ def bench_accounting():
         p.wait()
 
 
+class CloneTimer:
+    """Time spent in engine.clone_process (one template process cloned into a child)."""
+
+    def __init__(self):
+        from bunshin.fork import engine
+
+        self.engine, self.inner, self.spent = engine, engine.clone_process, []
+        engine.clone_process = self
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        try:
+            return self.inner(*args)
+        finally:
+            self.spent.append(time.perf_counter() - t)
+
+    def take(self):
+        out, self.spent = self.spent, []
+        return out
+
+    def close(self):
+        self.engine.clone_process = self.inner
+
+
 def bench_fork():
+    clone_timer = CloneTimer()
     ws = bunshin.Workspace.create()
     try:
         ws.shell().run("sleep 1000 & sleep 1001 &")
@@ -98,11 +125,14 @@ def bench_fork():
         tpl = ws.snapshot()
         try:
             times = {"1": [], "0": []}
+            clones = {"1": [], "0": []}
             for _ in range(ROUNDS):
                 for mode in ("1", "0"):
                     backend(mode)
+                    clone_timer.take()
                     dt, kids = timed(lambda: tpl.fork(FORKS))
                     times[mode].append(dt / FORKS)
+                    clones[mode] += clone_timer.take()
                     ppids = {p.pid: p.ppid for p in kids[0].processes()}
                     for k in kids:
                         k.close()
@@ -113,10 +143,15 @@ def bench_fork():
             tpl.close()
     finally:
         ws.close()
+        clone_timer.close()
     k, u = statistics.median(times["1"]), statistics.median(times["0"])
+    ck, cu = statistics.median(clones["1"]), statistics.median(clones["0"])
     return {"processes": nproc, "forks_per_call": FORKS,
-            "reparent_median_ms": round(k * 1e3, 2), "user_median_ms": round(u * 1e3, 2),
-            "user_over_reparent": round(u / k, 3)}
+            "kmod_fork_median_ms": round(k * 1e3, 2), "user_fork_median_ms": round(u * 1e3, 2),
+            "user_over_kmod": round(u / k, 3),
+            "kmod_clone_process_median_ms": round(ck * 1e3, 3),
+            "user_clone_process_median_ms": round(cu * 1e3, 3),
+            "clone_user_over_kmod": round(cu / ck, 2)}
 
 
 def main():
