@@ -74,14 +74,26 @@ def test_every_mode_gives_the_same_trajectories(no_leaks, mode):
 
 
 @pytest.mark.slow
-def test_bunshin_mode_answers_the_shared_prefix_from_the_cache(no_leaks):
-    g = run("bunshin", 3, snapshot_after=0.0)
+def test_bunshin_mode_answers_the_shared_prefix_from_the_cache(no_leaks, tmp_path):
+    from bunshin.cache import PrefixCache
+
+    with PrefixCache(tmp_path / "c.lmdb", snapshot=0.0) as cache:  # every state kept
+        g = run("bunshin", 3, cache=cache)
     assert observations(g) == expected(3)
     # three rollouts × three shared calls: each executed once, the other two answered from the cache
     assert g.cache["misses"] == 3 + 3 * 3 and g.cache["hits"] == 6, (g.cache, observations(g))
+    assert g.cache["snapshots"] == 12 and g.cache["snapshot_seconds"] > 0
     assert g.as_dict()["sources"] == {"exec": 12, "cache": 6}
     for tr in g.trajectories:
         assert [t.source for t in tr.turns][3:] == ["exec"] * 3
+
+
+@pytest.mark.slow
+def test_the_private_cache_keeps_only_states_worth_a_snapshot(no_leaks):
+    """Quick calls are cheaper to re-run than to snapshot: only the 0.2 s call is kept."""
+    g = run("bunshin", 3)
+    assert observations(g) == expected(3)
+    assert g.cache["snapshots"] == 1 and g.cache["hits"] == 2, g.cache
 
 
 @pytest.mark.slow
@@ -173,3 +185,28 @@ def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks):
         if tpl is not None:
             tpl.close()
         ws.close()
+
+
+@pytest.mark.slow
+def test_speculation_runs_predicted_calls_while_the_policy_thinks(no_leaks):
+    """An oracle predictor (what a draft model would be at best): every call after the first
+    was already run on a fork when the policy asks for it; the outputs are the same."""
+    tr = traces(2)
+
+    def oracle(history):
+        for t in tr:
+            if [ToolCall("bash", {"command": c}) for c in t[: len(history)]] == list(history) and len(t) > len(history):
+                return [ToolCall("bash", {"command": t[len(history)]})]
+        return []
+
+    # states are kept only after calls of 10 s or more: nothing is cached, speculation does it all
+    g = run("bunshin", 2, snapshot_after=10.0, predictor=oracle)
+    assert observations(g) == expected(2)
+    assert g.cache["hits"] == 0
+    assert g.speculation["hits"] >= 8, g.speculation
+    assert g.as_dict()["sources"].get("speculation", 0) == g.speculation["hits"]
+
+
+def test_a_predictor_must_be_callable():
+    with pytest.raises(RolloutError, match="predictor must be callable"):
+        RolloutEngine(Scripted([[]]), TASK, 1, predictor="oracle")

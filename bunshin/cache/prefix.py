@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ class CacheStats:
     uncacheable: int = 0     # calls executed outside the trie (predicate, or after leaving it)
     snapshots: int = 0       # states kept
     snapshot_failures: int = 0  # snapshots refused (e.g. pid-namespace depth): state not kept
+    snapshot_seconds: float = 0.0  # time spent taking snapshots (freeze, plan, fork back)
     evictions: int = 0       # states closed to fit the budget
     spills: int = 0          # evicted states written to ``spill_dir`` (CRIU) before closing
     unspills: int = 0        # spilled states restored on a hit
@@ -295,8 +297,11 @@ class PrefixCache:
         return st
 
     def _snapshot(self, ws: Workspace):
+        t = time.monotonic()
         try:
-            return ws.snapshot()
+            tpl = ws.snapshot()
+            self._count(snapshot_seconds=time.monotonic() - t)
+            return tpl
         except ForkError as e:
             log.info("cache: state not kept: %s", e)
             self._count(snapshot_failures=1)

@@ -140,9 +140,11 @@ class RolloutEngine:
     the engine), a ``PrefixCache`` you own (kept across groups: later groups hit earlier ones'
     states), or False; default on in ``bunshin`` mode only. ``speculate``: run the trie's
     predictions on forks while the policy thinks (needs the cache); default as ``cache``.
-    ``snapshot_after``: the cache keeps the state after calls that took at least this many
-    seconds (a snapshot costs a freeze and a fork; quicker calls are cheaper to re-run), and
-    speculation runs only such calls.
+    ``snapshot_after``: the private cache keeps the state after calls that took at least this
+    many seconds and twice the mean snapshot time so far (a snapshot costs a freeze and a fork;
+    quicker calls are cheaper to re-run), and speculation runs only calls that took that long. ``predictor(calls so far) -> [ToolCall]``: what speculation
+    runs (default: the trie's most visited next calls that the cache does not hold and that
+    took ≥ ``snapshot_after``); e.g. a draft model's guesses.
     ``ksm``: criu mode restores with KSM merging (the best stock setup). ``sample_interval``:
     seconds between memory samples (None: no sampler). ``on_turn(rollout_index, turn)`` is
     called after every turn (progress bars).
@@ -151,7 +153,8 @@ class RolloutEngine:
     def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
                  concurrency: int | None = None, cache: bool | PrefixCache | None = None,
                  speculate: bool | None = None, max_inflight: int = 1, cache_budget: int = 4 << 30,
-                 snapshot_after: float = 0.05, ksm: bool = False, sample_interval: float | None = 0.1,
+                 snapshot_after: float = 0.05, predictor: Callable[[list[ToolCall]], list[ToolCall]] | None = None,
+                 ksm: bool = False, sample_interval: float | None = 0.1,
                  on_turn: Callable[[int, Turn], None] | None = None) -> None:
         from ..cache.prefix import PrefixCache
 
@@ -190,13 +193,25 @@ class RolloutEngine:
         if cache is True:
             self._own_cache = tempfile.TemporaryDirectory(prefix="bunshin-rl-cache-")
             self.cache = PrefixCache(Path(self._own_cache.name) / "cache.lmdb", memory_budget=cache_budget,
-                                     snapshot=snapshot_after)
+                                     snapshot=self._worth_keeping)
         elif cache:
             self.cache = cache
         else:
             self.cache = None
         self.speculate = bool(speculate)
         self.snapshot_after = snapshot_after
+        if predictor is not None and not callable(predictor):
+            raise RolloutError(f"predictor must be callable(calls) -> list[ToolCall], got {predictor!r}")
+        self.predictor = predictor
+
+    def _worth_keeping(self, call: ToolCall, r: Result) -> bool:
+        """The private cache's snapshot policy: keep the state after a call that took at least
+        ``snapshot_after`` and at least twice what a snapshot has cost so far (a big workspace
+        after a quick call is cheaper to re-run than to keep)."""
+        assert self.cache is not None
+        st = self.cache.stats
+        per = st.snapshot_seconds / st.snapshots if st.snapshots else 0.0
+        return r.duration >= max(self.snapshot_after, 2 * per)
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> GroupResult:
@@ -211,8 +226,9 @@ class RolloutEngine:
         ex = None
         if self.speculate:
             assert self.cache is not None
-            ex = SpeculativeExecutor(_WorthPredictor(self.cache, self.task.id, self.max_inflight, self.snapshot_after),
-                                     max_inflight=self.max_inflight)
+            pred = self.predictor or _WorthPredictor(self.cache, self.task.id, self.max_inflight,
+                                                     self.snapshot_after)
+            ex = SpeculativeExecutor(pred, max_inflight=self.max_inflight)
         cache0 = self.cache.stats if self.cache is not None else None
         pool = ThreadPoolExecutor(max(2, 2 * self.concurrency), thread_name_prefix="bunshin-rollout")
         loop = asyncio.get_running_loop()
