@@ -88,7 +88,7 @@ def main() -> int:
     args.jitter = args.jitter if args.jitter is not None else wl.params.get("think_jitter", 0.3)
     modes: dict[str, dict] = {}
     criu = find_criu()
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 140)
     t0 = time.monotonic()
     with Progress(console=console) as progress:
         for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -122,15 +122,17 @@ def _table(console, res: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"e2e: {res['workload']}, group of {res['group']}, think {res['think_s']} s")
-    for c in ("mode", "latency s", "peak MiB", "GB·s", "× fresh: peak / GB·s / lat", "cache hits", "spec hits"):
+    for c in ("mode", "latency s", "peak MiB", "GB·s", "× fresh: peak / GB·s / lat", "× criu", "cache hits",
+              "spec hits"):
         t.add_column(c, justify="right")
     for m, r in res["modes"].items():
         if "peak_bytes" not in r:
-            t.add_row(m, "—", "—", "—", r.get("reason", "")[:40], "", "")
+            t.add_row(m, "—", "—", "—", r.get("reason", "")[:40], "", "", "")
             continue
-        rf = res["ratios_vs_fresh"].get(m)
+        rf, rc = res["ratios_vs_fresh"].get(m), res["ratios_vs_criu"].get(m)
         rs = "/".join(f"{rf[k]:.2f}" for k in METRICS) if rf else "1"
-        t.add_row(m, f"{r['latency_s']:.2f}", f"{r['peak_bytes'] / 2**20:.0f}", f"{r['gb_s']:.2f}", rs,
+        cs = "/".join(f"{rc[k]:.2f}" for k in METRICS) if rc else ("1" if m == "criu" else "—")
+        t.add_row(m, f"{r['latency_s']:.2f}", f"{r['peak_bytes'] / 2**20:.0f}", f"{r['gb_s']:.2f}", rs, cs,
                   str(r.get("cache", {}).get("hits", "")), str(r.get("speculation", {}).get("hits", "")))
     console.print(t)
 
