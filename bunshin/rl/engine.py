@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ..cache.toolcall import ToolCall, as_tool_call, child_key
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, run_tool
@@ -328,7 +328,7 @@ class RolloutEngine:
             self._own_cache.cleanup()
             self._own_cache = None
 
-    def __enter__(self) -> RolloutEngine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Self
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class MemorySampler:
         except BaseException as e:  # noqa: BLE001 - surfaced by stop()
             self.error = e
 
-    def start(self) -> MemorySampler:
+    def start(self) -> Self:
         if self._thread is not None:
             from .types import RolloutError
 
@@ -198,7 +199,7 @@ class MemorySampler:
             self._pool = None
         return self.report
 
-    def __enter__(self) -> MemorySampler:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
