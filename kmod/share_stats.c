@@ -440,22 +440,6 @@ static int share_copy_out(struct share_state *st, const s32 *pids, u32 npids,
 	return err;
 }
 
-static struct share_state *share_alloc(u32 npids, u32 ntags)
-{
-	struct share_state *st = kzalloc(sizeof(*st), GFP_KERNEL_ACCOUNT);
-
-	if (!st)
-		return NULL;
-	st->ntags = ntags;
-	st->members = kvcalloc(npids, sizeof(*st->members), GFP_KERNEL_ACCOUNT);
-	st->tags = kvcalloc(ntags, sizeof(*st->tags), GFP_KERNEL_ACCOUNT);
-	st->slot_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
-	st->first_pid_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
-	xa_init_flags(&st->pfns, XA_FLAGS_ACCOUNT);
-	bunshin_ref_get(BUNSHIN_REF_PFNS);
-	return st;
-}
-
 static void share_free(struct share_state *st)
 {
 	u32 i;
@@ -470,6 +454,26 @@ static void share_free(struct share_state *st)
 	kvfree(st->tags);
 	kvfree(st->members);
 	kfree(st);
+}
+
+static struct share_state *share_alloc(u32 npids, u32 ntags)
+{
+	struct share_state *st = kzalloc(sizeof(*st), GFP_KERNEL_ACCOUNT);
+
+	if (!st)
+		return NULL;
+	st->ntags = ntags;
+	st->members = kvcalloc(npids, sizeof(*st->members), GFP_KERNEL_ACCOUNT);
+	st->tags = kvcalloc(ntags, sizeof(*st->tags), GFP_KERNEL_ACCOUNT);
+	st->slot_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
+	st->first_pid_of = kvcalloc(npids, sizeof(u32), GFP_KERNEL_ACCOUNT);
+	xa_init_flags(&st->pfns, XA_FLAGS_ACCOUNT);
+	bunshin_ref_get(BUNSHIN_REF_PFNS);
+	if (!st->members || !st->tags || !st->slot_of || !st->first_pid_of) {
+		share_free(st);
+		return NULL;
+	}
+	return st;
 }
 
 long bunshin_share_stats(void __user *uarg)
@@ -496,10 +500,6 @@ long bunshin_share_stats(void __user *uarg)
 		kvfree(pids);
 		return -ENOMEM;
 	}
-	err = -ENOMEM;
-	if (!st->members || !st->tags || !st->slot_of || !st->first_pid_of)
-		goto out;
-
 	err = share_add_pids(st, pids, NULL, req.npids);
 	if (!err) {
 		share_pick_dense(st);
@@ -589,9 +589,6 @@ long bunshin_group_stats(void __user *uarg)
 	err = -ENOMEM;
 	if (!st)
 		goto free_arrays;
-	if (!st->members || !st->tags || !st->slot_of || !st->first_pid_of)
-		goto out;
-
 	err = share_add_pids(st, pids, groups, req.npids);
 	if (err)
 		goto out;
