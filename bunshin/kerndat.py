@@ -352,14 +352,14 @@ def _bunshin_module_version() -> int | None:
     or does not answer."""
     if not os.path.exists("/dev/bunshin"):
         return None
-    from ._core import _syscalls
+    from ._core import _kmod
 
     try:
         fd = os.open("/dev/bunshin", os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return _syscalls.bunshin_get_version(fd)[0]
+        return _kmod.get_version(fd)[0]
     except OSError:
         return None
     finally:

@@ -5,7 +5,6 @@ Kept minimal: everything that can be done from Python is done in Python.
 """
 
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset
 from libc.errno cimport errno
 from libc.stdint cimport uint32_t
 import os
@@ -147,30 +146,3 @@ def kcmp(int pid1, int pid2, int typ, unsigned long idx1, unsigned long idx2):
     if r < 0:
         raise OSError(errno, os.strerror(errno))
     return r
-
-
-cdef extern from "sys/ioctl.h":
-    int ioctl(int fd, unsigned long req, ...) nogil
-
-cdef extern from "linux/bunshin.h":
-    int BUNSHIN_ABI_VERSION
-    unsigned long BUNSHIN_IOC_GET_VERSION
-    struct bunshin_version:
-        unsigned int abi_version
-        unsigned int module_version
-        unsigned long long features
-        unsigned long long reserved[6]
-
-ABI_VERSION = BUNSHIN_ABI_VERSION
-
-
-def bunshin_get_version(int fd):
-    """GET_VERSION on an open /dev/bunshin: ``(abi_version, module_version, features)``."""
-    cdef bunshin_version v
-    cdef int r
-    memset(&v, 0, sizeof(v))
-    with nogil:
-        r = ioctl(fd, BUNSHIN_IOC_GET_VERSION, &v)
-    if r < 0:
-        raise OSError(errno, os.strerror(errno))
-    return v.abi_version, v.module_version, v.features

@@ -405,8 +405,8 @@ def test_no_ptrace_access_eperm():
 def test_library_sees_the_module_and_its_abi():
     """The library side: bunshin reads GET_VERSION through the same uapi header (compiled into
     bunshin._core) and doctor's probes report the module's ABI."""
-    code = ("from bunshin import kerndat; from bunshin._core import _syscalls; "
-            "print(kerndat._bunshin_module_version(), _syscalls.ABI_VERSION)")
+    code = ("from bunshin import kerndat; from bunshin._core import _kmod; "
+            "print(kerndat._bunshin_module_version(), _kmod.ABI_VERSION)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     want = str(ABI.BUNSHIN_ABI_VERSION)  # parsed from the header text itself
