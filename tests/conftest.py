@@ -123,6 +123,39 @@ def wait_file(w, path: str, timeout: float = 15) -> str:
     raise AssertionError(f"{path} never appeared in {w.id}")
 
 
+SCRIPT_PRELUDE = """
+import os, sys, time, socket, json, struct
+def wait(p):
+    while not os.path.exists(p):
+        time.sleep(0.01)
+def out(p, text):
+    open(p + '.tmp', 'w').write(text)
+    os.rename(p + '.tmp', p)
+"""
+"""Prepended to the Python scripts the fork tests run: ``wait(path)`` for a file to appear,
+``out(path, text)`` to write one atomically."""
+
+
+def start_script(family, script: str, ready: str, *args: str):
+    """A new workspace (in ``family``) running ``SCRIPT_PRELUDE + script`` as /t.py, once the
+    script has created ``ready``."""
+    import bunshin
+
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/t.py", SCRIPT_PRELUDE + script)
+    ws.spawn(["python3", "/t.py", *args])
+    wait_file(ws, ready)
+    return ws
+
+
+def fork_one(family, ws):
+    """One fork of ``ws``, closed with ``family``."""
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    return kid
+
+
 def wait_for_bytes(w, path: str, want: bytes, timeout: float = 15) -> bytes:
     """Contents of ``path`` in workspace ``w`` once they contain ``want`` (or, at the timeout,
     whatever they are then, for the caller's assertion to show)."""

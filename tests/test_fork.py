@@ -20,7 +20,6 @@ def _status(w, pid: int, key: str) -> str:
     raise KeyError(key)
 
 
-
 def test_fork_keeps_processes_pids_and_shell_state(family):
     ws = bunshin.Workspace.create()
     family.append(ws)

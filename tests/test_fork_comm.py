@@ -7,36 +7,11 @@ from __future__ import annotations
 import signal
 
 import pytest
+from conftest import SCRIPT_PRELUDE, fork_one, start_script
+from conftest import wait_file as _wait
 
 import bunshin
-from conftest import wait_file as _wait
 from bunshin.errors import ForkError
-
-WAIT = """
-import os, time
-def wait(p):
-    while not os.path.exists(p):
-        time.sleep(0.01)
-def out(p, text):
-    open(p + '.tmp', 'w').write(text)
-    os.rename(p + '.tmp', p)
-"""
-
-
-def _start(family, script: str, ready: str) -> bunshin.Workspace:
-    ws = bunshin.Workspace.create()
-    family.append(ws)
-    ws.write_file("/t.py", WAIT + script)
-    ws.spawn(["python3", "/t.py"])
-    _wait(ws, ready)
-    return ws
-
-
-def _fork(family, ws) -> bunshin.Workspace:
-    (kid,) = ws.fork(1)
-    family.append(kid)
-    return kid
-
 
 EVENTFD = """
 e = os.eventfd(7, os.EFD_NONBLOCK)
@@ -56,8 +31,8 @@ time.sleep(1000)
 
 
 def test_eventfd_keeps_count_flags_and_sharing(family):
-    ws = _start(family, EVENTFD, "/tmp/ready")
-    kid = _fork(family, ws)
+    ws = start_script(family, EVENTFD, "/tmp/ready")
+    kid = fork_one(family, ws)
     # the kid goes first: had it kept the source's eventfd, the source would then read 0 (EAGAIN)
     for w in (kid, ws):
         w.write_file("/tmp/go", "")
@@ -93,9 +68,9 @@ time.sleep(1000)
 
 
 def test_timerfd_is_rearmed_with_time_left_interval_and_ticks(family):
-    ws = _start(family, TIMERFD, "/tmp/ready")
+    ws = start_script(family, TIMERFD, "/tmp/ready")
     periodic, expired, far = map(int, ws.read_file("/tmp/ready").split())
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     info = kid.read_file(f"/proc/2/fdinfo/{far}").decode()
     assert "clockid: 7" in info
     for w in (kid, ws):
@@ -135,13 +110,13 @@ time.sleep(1000)
 """
 
 
-def test_socketpairs_keep_queued_bytes_and_talk_after_fork(family):
-    ws = _start(family, PAIRS, "/tmp/a-sent")
+def test_socketpairs_keep_queued_bytes_and_talk_afterfork_one(family):
+    ws = start_script(family, PAIRS, "/tmp/a-sent")
     _wait(ws, "/tmp/b-sent")
     pids = " ".join(f"/proc/{p.pid}/fd" for p in ws.processes() if "/t.py" in str(p.cmdline))
     fds = ws.run(f"ls {pids}").stdout
     assert fds.count(b"/fd:") == 2
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     assert kid.run(f"ls {pids}").stdout == fds  # the ends kept aside during the fork are closed
     for w in (kid, ws):
         w.write_file("/tmp/go", "")
@@ -183,9 +158,9 @@ def _ask(w, kind: str, addr: str) -> str:
 
 
 def test_listeners_on_path_and_abstract_name_and_epoll_keep_serving(family):
-    ws = _start(family, SERVER, "/tmp/ready")
+    ws = start_script(family, SERVER, "/tmp/ready")
     assert _ask(ws, "SOCK_STREAM", "/tmp/srv.sock") == "1"
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     assert kid.run("stat -c %a /tmp/srv.sock").stdout == b"600\n"
     # each side counts on from 1, alone: the server's memory and its listeners are its own
     assert _ask(kid, "SOCK_STREAM", "/tmp/srv.sock") == "2"
@@ -225,7 +200,7 @@ def test_repl_over_a_socketpair_keeps_its_variables_on_both_sides(family):
     ws = bunshin.Workspace.create()
     family.append(ws)
     ws.write_file("/kernel.py", KERNEL)
-    ws.write_file("/t.py", WAIT + DRIVER)
+    ws.write_file("/t.py", SCRIPT_PRELUDE + DRIVER)
     ws.spawn(["python3", "/t.py"])
 
     def ask(w, k: int, code: str) -> str:
@@ -234,7 +209,7 @@ def test_repl_over_a_socketpair_keeps_its_variables_on_both_sides(family):
 
     assert ask(ws, 0, "x = 41") == ""
     assert ask(ws, 1, "x += 1; print(x)") == "42\n"
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     assert ask(kid, 2, "print(x); y = 'kid'") == "42\n"
     assert ask(ws, 2, "x += 100; print(x)") == "142\n"
     assert ask(kid, 3, "print(x, y)") == "42 kid\n"
@@ -242,7 +217,7 @@ def test_repl_over_a_socketpair_keeps_its_variables_on_both_sides(family):
 
 
 def test_unaccepted_connection_is_refused_and_source_untouched(family):
-    ws = _start(family, """
+    ws = start_script(family, """
 import socket
 srv = socket.socket(socket.AF_UNIX); srv.bind('/tmp/l.sock'); srv.listen(1)
 c = socket.socket(socket.AF_UNIX); c.connect('/tmp/l.sock')  # never accepted
@@ -258,7 +233,7 @@ time.sleep(1000)
 
 
 def test_signalfd_keeps_its_mask(family):
-    ws = _start(family, """
+    ws = start_script(family, """
 import ctypes, os, signal, struct
 lib = ctypes.CDLL(None, use_errno=True)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
@@ -283,7 +258,7 @@ while True:
 
 
 def test_pty_with_its_master_inside_the_workspace(family):
-    ws = _start(family, """
+    ws = start_script(family, """
 import os, pty, signal
 pid, master = pty.fork()
 if pid == 0:   # on the pty's slave, as its session leader: reverses every line it reads
@@ -314,7 +289,7 @@ while True:
 
 
 def test_inotify_keeps_its_watches(family):
-    ws = _start(family, """
+    ws = start_script(family, """
 import ctypes, os, signal, struct
 lib = ctypes.CDLL(None, use_errno=True)
 os.makedirs('/work/watched', exist_ok=True)

@@ -8,37 +8,13 @@ import json
 import time
 
 import pytest
+from conftest import SCRIPT_PRELUDE, fork_one, start_script
+from conftest import wait_file as _wait
 
 import bunshin
-from conftest import wait_file as _wait
 from bunshin.errors import ForkError
 
-WAIT = """
-import os, sys, time, socket, json, struct
-def wait(p):
-    while not os.path.exists(p):
-        time.sleep(0.01)
-def out(p, text):
-    open(p + '.tmp', 'w').write(text)
-    os.rename(p + '.tmp', p)
-"""
-
 FETCH = "python3 -c \"import urllib.request as u; print(u.urlopen('{url}', timeout=5).read().decode())\""
-
-
-def _start(family, script: str, ready: str, *args: str) -> bunshin.Workspace:
-    ws = bunshin.Workspace.create()
-    family.append(ws)
-    ws.write_file("/t.py", WAIT + script)
-    ws.spawn(["python3", "/t.py", *args])
-    _wait(ws, ready)
-    return ws
-
-
-def _fork(family, ws) -> bunshin.Workspace:
-    (kid,) = ws.fork(1)
-    family.append(kid)
-    return kid
 
 
 def _fetch(w, url: str) -> str:
@@ -57,7 +33,7 @@ def test_http_server_answers_in_source_and_child_independently(family):
     while ws.run(FETCH.format(url="http://127.0.0.1:8000/page.txt")).exit_code != 0:
         assert time.monotonic() < deadline, "http.server never answered"
         time.sleep(0.05)
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     ws.write_file("/srv/page.txt", "source")
     kid.write_file("/srv/page.txt", "child")
     for w, text in ((kid, "child"), (ws, "source")):
@@ -107,11 +83,11 @@ time.sleep(1000)
 
 
 def test_listeners_and_udp_keep_address_port_and_options(family):
-    ws = _start(family, OPTIONS, "/tmp/ready")
+    ws = start_script(family, OPTIONS, "/tmp/ready")
     before = json.loads(ws.read_file("/tmp/ready"))
     assert before[0][:3] == [0, 1, False] and before[0][4:] == [1, 10, 7]
     assert before[1][0] == 1 and before[1][-1] == 1 and before[1][-2] == 3
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     for w in (kid, ws):
         w.write_file("/tmp/go", w.id)
         res, got = json.loads(_wait(w, "/tmp/out"))
@@ -160,10 +136,10 @@ time.sleep(1000)
 
 @pytest.mark.parametrize("host,fam", [("127.0.0.1", "AF_INET"), ("::1", "AF_INET6")])
 def test_established_connection_continues_mid_stream_on_both_sides(family, host, fam):
-    ws = _start(family, CONN, "/tmp/ready", host, fam)
+    ws = start_script(family, CONN, "/tmp/ready", host, fam)
     n = int(ws.read_file("/tmp/c-ready"))
     assert n > 1 << 20  # megabytes queued: in the server's receive queue and the client's send queue
-    kid = _fork(family, ws)
+    kid = fork_one(family, ws)
     for w in (kid, ws):
         w.write_file("/tmp/go", w.id)
     for w in (kid, ws):
@@ -197,7 +173,7 @@ def test_keepalive_http_session_continues_in_both(family):
     while ws.run(FETCH.format(url="http://127.0.0.1:8000/page.txt")).exit_code != 0:
         assert time.monotonic() < deadline, "http.server never answered"
         time.sleep(0.05)
-    ws.write_file("/t.py", WAIT + KEEPALIVE)
+    ws.write_file("/t.py", SCRIPT_PRELUDE + KEEPALIVE)
     ws.spawn(["python3", "/t.py"])
     assert _wait(ws, "/tmp/ready") == "before"
     kids = ws.fork(2)  # two children of one template, and the source: three sessions
@@ -221,7 +197,7 @@ time.sleep(1000)
 
 
 def test_unaccepted_connection_refused_source_untouched(family):
-    ws = _start(family, PENDING, "/tmp/ready")
+    ws = start_script(family, PENDING, "/tmp/ready")
     with pytest.raises(ForkError) as e:
         ws.fork(1)
     msg = str(e.value)
@@ -242,7 +218,7 @@ time.sleep(1000)
 
 
 def test_half_closed_connection_refused_with_its_four_tuple(family):
-    ws = _start(family, HALF_CLOSED, "/tmp/ready")
+    ws = start_script(family, HALF_CLOSED, "/tmp/ready")
     fd, port = ws.read_file("/tmp/ready").decode().split()
     with pytest.raises(ForkError, match=rf"process 2 \(python3\) fd {fd}: TCP socket 127.0.0.1:9200 -> "
                                         rf"127.0.0.1:{port} is in state CLOSE_WAIT"):
