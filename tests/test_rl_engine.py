@@ -4,7 +4,6 @@ contained and reported."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -12,6 +11,7 @@ from bunshin.cache.toolcall import ToolCall
 from bunshin.criu_locate import find_criu
 from bunshin.rl import Final, RolloutError, Task
 from bunshin.rl.engine import MODES, RolloutEngine
+from bunshin.rl.policies import ReplayPolicy
 
 HOG_MIB = 48
 HOG = (f"import time\nb = bytearray({HOG_MIB} << 20)\nb[::4096] = b'x' * (len(b) // 4096)\n"
@@ -29,16 +29,9 @@ def traces(n: int) -> list[list[str]]:
     return [SHARED + [f"echo {i} > b.txt", "cat b.txt", "ls"] for i in range(n)]
 
 
-class Scripted:
-    """Replays ``traces[history.index]`` with a fixed think time."""
-
-    def __init__(self, traces: list[list[str]], think: float = 0.05) -> None:
-        self.traces, self.think = traces, think
-
-    async def act(self, h):
-        await asyncio.sleep(self.think)
-        tr = self.traces[h.index]
-        return ToolCall("bash", {"command": tr[len(h.turns)]}) if len(h.turns) < len(tr) else Final("done")
+def scripted(traces: list[list[str]]) -> ReplayPolicy:
+    """Rollout i replays ``traces[i]`` (bash commands), 50 ms of thinking per step."""
+    return ReplayPolicy(traces, think_s=0.05)
 
 
 def observations(g):
@@ -46,7 +39,7 @@ def observations(g):
 
 
 def run(mode: str, n: int = 3, **kw):
-    with RolloutEngine(Scripted(traces(n)), TASK, n, mode=mode, **kw) as eng:
+    with RolloutEngine(scripted(traces(n)), TASK, n, mode=mode, **kw) as eng:
         return eng.run()
 
 
@@ -109,13 +102,13 @@ def test_memory_sampler_sees_the_copies_and_the_sharing(no_leaks):
 
 @pytest.mark.slow
 def test_a_failing_rollout_does_not_end_the_group(no_leaks):
-    class Bad(Scripted):
+    class Bad(ReplayPolicy):
         async def act(self, h):
             if h.index == 1 and len(h.turns) == 1:
                 return ToolCall("no_such_tool", {})
             return await super().act(h)
 
-    with RolloutEngine(Bad(traces(2)), TASK, 2, mode="fork") as eng:
+    with RolloutEngine(Bad(traces(2), think_s=0.05), TASK, 2, mode="fork") as eng:
         g = eng.run()
     assert g.trajectories[0].error is None and len(g.trajectories[0].turns) == 6
     assert "no_such_tool" in g.trajectories[1].error and len(g.trajectories[1].turns) == 1
@@ -124,7 +117,7 @@ def test_a_failing_rollout_does_not_end_the_group(no_leaks):
 
 def test_a_failing_setup_says_which_step(no_leaks):
     bad = Task("bad-setup", "x", setup=("true", "echo oops; exit 3"))
-    with RolloutEngine(Scripted([[]]), bad, 1, mode="fork", sample_interval=None) as eng:
+    with RolloutEngine(scripted([[]]), bad, 1, mode="fork", sample_interval=None) as eng:
         with pytest.raises(RolloutError, match=r"setup step 1 .*exit code 3.*oops"):
             eng.run()
 
@@ -139,14 +132,14 @@ def test_a_failing_setup_says_which_step(no_leaks):
 def test_bad_arguments_are_refused(kw, msg):
     args = {"group_size": 2, **kw}
     with pytest.raises(RolloutError, match=msg):
-        RolloutEngine(Scripted([[]]), TASK, **args)
+        RolloutEngine(scripted([[]]), TASK, **args)
 
 
 def test_bad_policy_and_task_are_refused():
     with pytest.raises(RolloutError, match="async act"):
         RolloutEngine(object(), TASK, 1)
     with pytest.raises(RolloutError, match="unknown tools"):
-        RolloutEngine(Scripted([[]]), Task("t", "p", tools=("bash", "browser")), 1)
+        RolloutEngine(scripted([[]]), Task("t", "p", tools=("bash", "browser")), 1)
 
 
 def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks):
@@ -209,4 +202,4 @@ def test_speculation_runs_predicted_calls_while_the_policy_thinks(no_leaks):
 
 def test_a_predictor_must_be_callable():
     with pytest.raises(RolloutError, match="predictor must be callable"):
-        RolloutEngine(Scripted([[]]), TASK, 1, predictor="oracle")
+        RolloutEngine(scripted([[]]), TASK, 1, predictor="oracle")
