@@ -28,22 +28,28 @@ import numpy as np
 
 from ..runtime.state import proc_start_time
 
-__all__ = ["CpuMeter", "MemoryReport", "MemorySampler", "cgroup_frozen", "cgroup_pids", "machine_cpu_seconds"]
+__all__ = ["CpuMeter", "MemoryReport", "MemorySampler", "cgroup_frozen", "cgroup_pids", "cgroup_state",
+           "machine_cpu_seconds"]
 
 PidSource = Callable[[], Mapping[str, Sequence[int]]]
 FrozenSource = Callable[[], set[str]]
 
 
-def cgroup_pids() -> dict[str, list[int]]:
-    """``{cgroup name: host pids}`` for every group under Bunshin's cgroup prefix."""
+def cgroup_state() -> tuple[dict[str, list[int]], set[str]]:
+    """One pass over the groups under Bunshin's cgroup prefix: ``{name: host pids}`` of those
+    with processes, and the names of the frozen ones."""
     from ..runtime import cgroup
 
     be = cgroup.backend()
     out: dict[str, list[int]] = {}
+    frozen: set[str] = set()
     seen: set[int] = set()
     for name in be.list():
         try:
-            pids = be.open(name).pids()
+            cg = be.open(name)
+            pids = cg.pids()
+            if pids and cg.frozen():
+                frozen.add(name)
         except Exception:  # noqa: BLE001 - removed between list() and open(): it holds nothing
             continue
         # a process moved between groups while we read them (a fork being adopted) counts once
@@ -51,22 +57,17 @@ def cgroup_pids() -> dict[str, list[int]]:
         seen.update(pids)
         if pids:
             out[name] = pids
-    return out
+    return out, frozen
+
+
+def cgroup_pids() -> dict[str, list[int]]:
+    """``{cgroup name: host pids}`` for every group under Bunshin's cgroup prefix."""
+    return cgroup_state()[0]
 
 
 def cgroup_frozen() -> set[str]:
     """Names of the groups under Bunshin's prefix whose processes are all frozen."""
-    from ..runtime import cgroup
-
-    be = cgroup.backend()
-    out = set()
-    for name in be.list():
-        try:
-            if be.open(name).frozen():
-                out.add(name)
-        except Exception:  # noqa: BLE001 - removed meanwhile
-            continue
-    return out
+    return cgroup_state()[1]
 
 
 @dataclass
@@ -110,8 +111,12 @@ class MemorySampler:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
             raise RolloutError(f"interval must be seconds > 0, got {interval!r}")
         self.interval = float(interval)
-        self.source = source or cgroup_pids
-        self.frozen = frozen or (cgroup_frozen if source is None else set)
+        if source is None and frozen is None:
+            self._read = cgroup_state  # one pass for both
+        else:
+            src = source or cgroup_pids
+            frz = frozen or (cgroup_frozen if source is None else set)
+            self._read = lambda: (src(), frz())
         self.revalidate_s = revalidate_s
         self._cache: dict[int, tuple[int, np.ndarray, float]] = {}  # pid -> (start, pfns, read at)
         self._pool: ThreadPoolExecutor | None = None
@@ -141,8 +146,7 @@ class MemorySampler:
         from ..memory.pagemap import PAGE_SIZE
 
         now = time.monotonic()
-        groups = self.source()
-        frozen = self.frozen() if groups else set()
+        groups, frozen = self._read()
         jobs = [(pid, name in frozen) for name, pids in groups.items() for pid in pids]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(min(2, os.cpu_count() or 1), thread_name_prefix="bunshin-sampler")
