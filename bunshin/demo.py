@@ -7,7 +7,7 @@ and tests something of its own), with ``--think`` seconds of generation per step
 group runs with :class:`bunshin.rl.RolloutEngine` in each mode:
 
 * ``fresh``   — one new workspace per rollout, setup replayed (today's way);
-* ``criu``    — setup once, CRIU dump, a restore per rollout (when CRIU ≥ 4 and the driver are here);
+* ``criu``    — setup once, CRIU dump, a restore per rollout (when a CRIU ≥ 4 is found);
 * ``fork``    — setup once, a live copy-on-write fork per rollout;
 * ``bunshin`` — forks + prefix cache (shared calls run once) + speculation.
 
@@ -17,7 +17,6 @@ It prints a table (latency, peak memory, memory × time, ratios to fresh) and wr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -73,7 +72,7 @@ def _modes(arg: str | None) -> list[str]:
     if arg:
         return [m.strip() for m in arg.split(",") if m.strip()]
     info = find_criu()
-    have_criu = info is not None and info.usable and importlib.util.find_spec("bunshin.criu") is not None
+    have_criu = info is not None and info.usable
     return [m for m in MODES if m != "criu" or have_criu]
 
 
