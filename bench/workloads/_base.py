@@ -13,8 +13,8 @@ from pathlib import Path
 from bunshin.cache.toolcall import ToolCall
 from bunshin.rl import Task
 
-__all__ = ["Workload", "bash", "cache_dir", "fetch", "member_rng", "py", "read", "stage_files",
-           "write"]
+__all__ = ["Workload", "bash", "cache_dir", "fetch", "join_members", "member_rng", "py", "read",
+           "stage_files", "write"]
 
 
 @dataclass
@@ -49,6 +49,26 @@ def read(path: str) -> ToolCall:
 
 def write(path: str, content: str) -> ToolCall:
     return ToolCall("write_file", {"path": path, "content": content})
+
+
+def join_members(shared: list[ToolCall], members: list[tuple[list[tuple[ToolCall, int | None]], dict]]
+                 ) -> tuple[list[list[ToolCall]], list[list[int | None]], dict]:
+    """Each member's trace: the ``shared`` calls (expected to exit 0), then its own ``(call,
+    expected exit code)`` steps. ``members`` pairs those steps with what the member was dealt.
+    Returns the traces, their expectations, and the parameters every workload states about
+    them (prefix, divergence, lengths, members)."""
+    traces, expect, chosen = [], [], []
+    for i, (steps, info) in enumerate(members):
+        traces.append(shared + [c for c, _ in steps])
+        expect.append([0] * len(shared) + [e for _, e in steps])
+        chosen.append({"member": i, **info, "steps": len(traces[-1])})
+    lens = [len(t) for t in traces]
+    return traces, expect, {
+        "shared_prefix_steps": len(shared),
+        "divergence_step": len(shared),
+        "steps_per_trace": {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)},
+        "members": chosen,
+    }
 
 
 def member_rng(seed: int, name: str) -> random.Random:

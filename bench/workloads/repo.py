@@ -30,7 +30,7 @@ import itertools
 
 from bunshin.rl import Task
 
-from ._base import Workload, bash, fetch, member_rng, py, read, stage_files, write
+from ._base import Workload, bash, fetch, join_members, member_rng, py, read, stage_files, write
 
 SDIST = ("more-itertools==10.5.0", "more-itertools-10.5.0.tar.gz")
 WHEELS = [
@@ -279,15 +279,13 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
     rng = member_rng(seed, "repo")
     combos = list(itertools.product(sorted(TARGETS), PLANS))
     rng.shuffle(combos)
-    traces, expect, chosen = [], [], []
+    members = []
     for i in range(group_size):
         fn, plan = combos[i % len(combos)]
         calls, codes = _member(fn, plan, quick, i)
-        traces.append(shared + calls)
-        expect.append([0] * len(shared) + codes)
-        chosen.append({"member": i, "target": fn, "plan": plan, "steps": len(shared) + len(calls)})
+        members.append((list(zip(calls, codes)), {"target": fn, "plan": plan}))
+    traces, expect, about = join_members(shared, members)
 
-    lens = [len(t) for t in traces]
     params = {
         "workload": "repo",
         "seed": seed,
@@ -301,10 +299,7 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         "long_lived_process": {"what": "python3 /srv/indexd/indexd.py (HTTP 127.0.0.1:%d): ASTs + "
                                "sources + symbols of /repo then /usr/lib/python3.11" % PORT,
                                "rss_mib": server_mib},
-        "shared_prefix_steps": len(shared),
-        "divergence_step": len(shared),
-        "steps_per_trace": {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)},
-        "members": chosen,
+        **about,
         "targets": sorted(TARGETS),
         "plans": list(PLANS),
         "think_s": 0.5 if not quick else 0.2,
@@ -319,6 +314,6 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         setup=tuple(setup),
         ready=ready,
         workdir="/repo",
-        max_steps=max(lens) + 2,
+        max_steps=about["steps_per_trace"]["max"] + 2,
     )
     return Workload(task=task, traces=traces, params=params, expect=expect)

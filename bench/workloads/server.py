@@ -24,7 +24,7 @@ import itertools
 
 from bunshin.rl import Task
 
-from ._base import Workload, bash, member_rng, py, write
+from ._base import Workload, bash, join_members, member_rng, py, write
 
 LOADER = r'''
 """Print RESP commands that load a seeded application dataset into Redis."""
@@ -191,15 +191,13 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
     rng = member_rng(seed, "server")
     combos = list(itertools.product(READS, WRITES))
     rng.shuffle(combos)
-    traces, expect, chosen = [], [], []
+    members = []
     for i in range(group_size):
         r, w = combos[i % len(combos)]
         uid = rng.randrange(1, users + 1)
         steps = _read_side(r, uid, i, quick) + _write_side(w, uid, i, quick)
-        traces.append(shared + [c for c, _ in steps])
-        expect.append([0] * len(shared) + [e for _, e in steps])
-        chosen.append({"member": i, "read": r, "write": w, "user": uid, "steps": len(traces[-1])})
-    lens = [len(t) for t in traces]
+        members.append((steps, {"read": r, "write": w, "user": uid}))
+    traces, expect, about = join_members(shared, members)
     params = {
         "workload": "server",
         "seed": seed,
@@ -212,10 +210,7 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         "long_lived_process": {"what": "redis-server 127.0.0.1:6379, persistence off",
                                "used_memory_mib_approx": round(users * 0.000545, 1)},
         "setup_steps": len(setup),
-        "shared_prefix_steps": len(shared),
-        "divergence_step": len(shared),
-        "steps_per_trace": {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)},
-        "members": chosen,
+        **about,
         "think_s": 0.5 if not quick else 0.2,
         "think_jitter": 0.3,
     }
@@ -227,6 +222,6 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         setup=setup,
         ready="test \"$(redis-cli get meta:loaded)\" = 1",
         workdir="/srv/app",
-        max_steps=max(lens) + 2,
+        max_steps=about["steps_per_trace"]["max"] + 2,
     )
     return Workload(task=task, traces=traces, params=params, expect=expect)

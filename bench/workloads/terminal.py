@@ -17,11 +17,10 @@ then the corrected command, and a report written under ``/data/reports``.
 
 from __future__ import annotations
 
-import itertools
 
 from bunshin.rl import Task
 
-from ._base import Workload, bash, member_rng, py, read, write
+from ._base import Workload, bash, join_members, member_rng, py, read, write
 
 GENLOG = r'''
 """Write a seeded nginx access log (combined format + request time) to stdout."""
@@ -180,7 +179,7 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
     qs0 = _questions(0, quick)
     combos = [(q, m) for q in sorted(qs0) for m in sorted(qs0[q])]
     rng.shuffle(combos)
-    traces, expect, chosen = [], [], []
+    members = []
     for i in range(group_size):
         q, m = combos[i % len(combos)]
         steps = list(_questions(i, quick)[q][m])
@@ -190,11 +189,8 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
             # a second look: the full method's steps, then a check of the report
             steps.append((bash(f"wc -l /data/reports/member{i}.txt && ls -l /data/reports"), 0))
             steps.append((bash(f"tail -n {3 + i % 5} access.log | awk '{{print $1, $9, $NF}}'"), 0))
-        calls = [c for c, _ in steps]
-        traces.append(shared + calls)
-        expect.append([0] * len(shared) + [e for _, e in steps])
-        chosen.append({"member": i, "question": q, "method": m, "steps": len(shared) + len(calls)})
-    lens = [len(t) for t in traces]
+        members.append((steps, {"question": q, "method": m}))
+    traces, expect, about = join_members(shared, members)
     params = {
         "workload": "terminal",
         "seed": seed,
@@ -207,10 +203,7 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         "rotated_log_lines": lines // 4,
         "setup_steps": len(setup),
         "long_lived_process": None,
-        "shared_prefix_steps": len(shared),
-        "divergence_step": len(shared),
-        "steps_per_trace": {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)},
-        "members": chosen,
+        **about,
         "questions": sorted(qs0),
         "think_s": 0.5 if not quick else 0.2,
         "think_jitter": 0.3,
@@ -223,6 +216,6 @@ def make(group_size: int, seed: int = 0, quick: bool = False) -> Workload:
         setup=setup,
         ready="test -s /data/access.log && test -d /data/reports",
         workdir="/data",
-        max_steps=max(lens) + 2,
+        max_steps=about["steps_per_trace"]["max"] + 2,
     )
     return Workload(task=task, traces=traces, params=params, expect=expect)
