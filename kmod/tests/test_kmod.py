@@ -431,6 +431,25 @@ def _ppid(pid):
     raise KeyError(pid)
 
 
+def _adopter_reaps(adopter, child):
+    """``child`` is no longer ours: the ADOPTER script waits for it and reports its death."""
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)
+    os.kill(child.pid, signal.SIGTERM)
+    adopter.stdin.write("go\n")
+    adopter.stdin.flush()
+    pid, code = adopter.stdout.readline().split()
+    assert int(pid) == child.pid and int(code) == -signal.SIGTERM
+
+
+def _stop_adoption(adopter, child):
+    for p in (child, adopter):
+        if p.poll() is None:
+            p.kill()
+    adopter.wait()
+    child.returncode = 0  # reaped by the adopter
+
+
 def test_reparent_moves_a_process_and_its_threads(dev):
     adopter = subprocess.Popen([sys.executable, "-c", ADOPTER], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
@@ -446,19 +465,9 @@ def test_reparent_moves_a_process_and_its_threads(dev):
         assert _ppid(child.pid) == new_parent
         for tid in os.listdir(f"/proc/{child.pid}/task"):
             assert _ppid(int(tid)) == new_parent  # every thread follows the leader
-        with pytest.raises(ChildProcessError):
-            os.waitpid(child.pid, os.WNOHANG)  # no longer ours
-        os.kill(child.pid, signal.SIGTERM)
-        adopter.stdin.write("go\n")
-        adopter.stdin.flush()
-        pid, code = adopter.stdout.readline().split()
-        assert int(pid) == child.pid and int(code) == -signal.SIGTERM
+        _adopter_reaps(adopter, child)
     finally:
-        for p in (child, adopter):
-            if p.poll() is None:
-                p.kill()
-        adopter.wait()
-        child.returncode = 0  # reaped by the adopter
+        _stop_adoption(adopter, child)
 
 
 def test_reparent_bad_input(dev):
@@ -540,19 +549,9 @@ def test_reparent_traced_moves_only_the_real_parent(dev):
         assert box == [errno.EBUSY]
         _ptrace(PTRACE_DETACH, child.pid)
         assert _ppid(child.pid) == new_parent
-        with pytest.raises(ChildProcessError):
-            os.waitpid(child.pid, os.WNOHANG)
-        os.kill(child.pid, signal.SIGTERM)
-        adopter.stdin.write("go\n")
-        adopter.stdin.flush()
-        pid, code = adopter.stdout.readline().split()
-        assert int(pid) == child.pid and int(code) == -signal.SIGTERM
+        _adopter_reaps(adopter, child)
     finally:
-        for p in (child, adopter):
-            if p.poll() is None:
-                p.kill()
-        adopter.wait()
-        child.returncode = 0
+        _stop_adoption(adopter, child)
 
 
 # -- GROUP_STATS ----------------------------------------------------------------------------
