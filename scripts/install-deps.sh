@@ -10,6 +10,7 @@ APT_PKGS=(
   xz-utils zstd                           # compressed rootfs archives
   mmdebstrap debootstrap                  # `bunshin rootfs debian`
   redis-server redis-tools                # a real server forked in tests
+  python3-pip curl git                    # bench/workloads run inside workspaces (tests/test_workloads.py)
   xvfb x11-apps xdotool libx11-dev libxext-dev  # an X display (and a MIT-SHM client) forked in tests
 )
 missing=()
