@@ -111,7 +111,10 @@ def test_pipes_keep_buffered_bytes(family):
     ws.write_file("/reader.sh", "trap 'cat > /tmp/got; exit' USR1\nwhile :; do sleep 0.05; done\n")
     pid = ws.spawn(["sh", "-c", "printf 'queued-bytes' | sh /reader.sh"])
     time.sleep(0.5)
-    reader = max(p.pid for p in ws.processes() if p.cmdline[:2] == ["sh", "/reader.sh"])
+    # the loop's own forks show as "sh /reader.sh" until they exec sleep: take the one whose
+    # parent is not a reader (a slow guest catches those transient children)
+    readers = {p.pid: p.ppid for p in ws.processes() if p.cmdline[:2] == ["sh", "/reader.sh"]}
+    (reader,) = [p for p, pp in readers.items() if pp not in readers]
     (kid,) = ws.fork(1)
     family.append(kid)
     for w in (ws, kid):
