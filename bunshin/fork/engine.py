@@ -27,6 +27,7 @@ from .._core import PROTO, _syscalls
 from .._core.kmod import backend
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
+from . import nspool
 from .plan import ProcPlan
 from .remote import Remote, enter_namespaces
 
@@ -188,15 +189,24 @@ def reap_children(init: Tracee) -> int:
 def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: str,
                cgroup) -> tuple[Tracee, socket.socket]:
     """Clone the template's init into fresh namespaces and have it move into the child's root;
-    returns the (running) child init and the trainer's end of its new control socket."""
-    ci = tinit.clone(flags=CLONE_NS_ALL)
+    returns the (running) child init and the trainer's end of its new control socket. Net, ipc
+    and uts namespaces come ready-made from the pool when it has some (the init joins them)."""
+    p = nspool.pool()
+    made = p.take() if p is not None else None
+    try:
+        ci = tinit.clone(flags=CLONE_NS_ALL & ~nspool.POOLED if made else CLONE_NS_ALL)
+    except BaseException:
+        if made:
+            made.close()
+        raise
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         cgroup.add(ci.pid)
         payload = hostname.encode()
-        msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), 2) + payload
+        fds = [mount_fd, theirs.fileno(), *(made.fds() if made else ())]
+        msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), len(fds)) + payload
         # The template's init shares this socket but is frozen: only the clone reads it.
-        socket.send_fds(tpl_sock, [msg], [mount_fd, theirs.fileno()])
+        socket.send_fds(tpl_sock, [msg], fds)
         ci.detach()
     except BaseException:
         os.kill(ci.pid, signal.SIGKILL)
@@ -204,6 +214,8 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
         raise
     finally:
         theirs.close()
+        if made:
+            made.close()  # the child's init holds them now (or failed, and they go)
     return ci, ours
 
 

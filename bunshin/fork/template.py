@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
-from . import engine
+from . import engine, nspool
 from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import sysv_shm
 from .plan import plan_tree
@@ -107,6 +107,9 @@ class TemplateCore:
                 if pin is not None:
                     pin.restore()
                 engine.release_all(p["cg"], tracees)
+                pool = nspool.pool()
+                if pool is not None:
+                    pool.refill()
         if failed is not None:
             for k in kids:  # outside the lock: closing a child releases our reference
                 k.close()

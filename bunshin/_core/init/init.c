@@ -85,7 +85,7 @@ static void ack(uint64_t id, int32_t err)
 static void reroot(const struct bx_msg *m, const char *payload, size_t plen, int *fds, int nfds)
 {
 	char err[1024] = "", host[256] = "";
-	if (nfds != 2) {
+	if (nfds != 2 && nfds != 5) {
 		ack(m->id, EINVAL);
 		return;
 	}
@@ -93,7 +93,7 @@ static void reroot(const struct bx_msg *m, const char *payload, size_t plen, int
 		memcpy(host, payload, plen);
 		host[plen] = 0;
 	}
-	int r = reroot_after_fork(fds[0], host, err, sizeof(err));
+	int r = reroot_after_fork(fds[0], nfds == 5 ? fds + 2 : NULL, host, err, sizeof(err));
 	if (dup3(fds[1], ctl, O_CLOEXEC) < 0)
 		exit(1);
 	if (r) {

@@ -22,7 +22,8 @@ int setup_workspace(const struct setup_cfg *cfg, char *err, size_t errlen);
 int mount_submounts(const char *root, char *err, size_t errlen);
 int pivot_into(const char *root, char *err, size_t errlen);
 int loopback_up(char *err, size_t errlen);
-int reroot_after_fork(int mfd, const char *hostname, char *err, size_t errlen);
+/* nsfds: NULL, or [net, ipc, uts] namespaces to join (made ahead of the fork) */
+int reroot_after_fork(int mfd, const int *nsfds, const char *hostname, char *err, size_t errlen);
 
 /* spawn.c */
 struct spawned_info {

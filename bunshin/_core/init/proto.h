@@ -24,7 +24,8 @@ enum bx_type {
 	BX_REQ_KILL = 2,   /* payload: struct bx_kill */
 	BX_REQ_PING = 3,
 	BX_REQ_SHUTDOWN = 4,
-	BX_REQ_REROOT = 5, /* to a just-forked init: fds [root mount, new control socket]; payload: hostname */
+	BX_REQ_REROOT = 5, /* to a just-forked init: fds [root mount, new control socket] or those +
+			      [net, ipc, uts] namespaces to join; payload: hostname */
 	/* init -> trainer */
 	BX_REP_READY = 64,   /* payload: struct bx_ready; sent once after setup */
 	BX_REP_SPAWNED = 65, /* payload: struct bx_spawned; answers BX_REQ_SPAWN */

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -178,12 +179,22 @@ int pivot_into(const char *root, char *err, size_t errlen)
 /* A forked init starts in a copy of its template's mount namespace, whose root is the
  * template's overlay. The trainer built the child's overlay as a detached mount (mfd): attach
  * it, give it fresh /proc, /sys and /dev from the child's namespaces, and pivot into it. */
-int reroot_after_fork(int mfd, const char *hostname, char *err, size_t errlen)
+int reroot_after_fork(int mfd, const int *nsfds, const char *hostname, char *err, size_t errlen)
 {
+	static const struct {
+		int type;
+		const char *name;
+	} ns[] = {{CLONE_NEWNET, "net"}, {CLONE_NEWIPC, "ipc"}, {CLONE_NEWUTS, "uts"}};
+
 	if (syscall(SYS_move_mount, mfd, "", AT_FDCWD, "/proc", 0x4 /* MOVE_MOUNT_F_EMPTY_PATH */))
 		FAIL("attach the child's root");
 	if (fchdir(mfd))
 		FAIL("enter the child's root");
+	/* Namespaces made ahead of the fork (the trainer's pool): joined before /sys and mqueue
+	 * are mounted, since those belong to the net and ipc namespace of whoever mounts them. */
+	for (size_t i = 0; nsfds && i < sizeof(ns) / sizeof(ns[0]); i++)
+		if (setns(nsfds[i], ns[i].type))
+			FAIL("join the %s namespace made for this fork", ns[i].name);
 	if (mount_submounts(".", err, errlen))
 		return -1;
 	if (hostname && *hostname && sethostname(hostname, strlen(hostname)))
