@@ -123,6 +123,33 @@ class Tracee:
         """Run system call ``nr`` in the victim; returns its raw result (``-errno`` on failure)."""
         return self._call("syscall", nr, *args)
 
+    # Batches (compel.h: bx_batch_seized). Each call is (nr, args, flags); flags combine:
+    BATCH_OK_ERR = 1 << 24  # any error of this call lets the batch go on
+
+    @staticmethod
+    def batch_ref(i: int) -> int:
+        """Flag: argument ``i`` is the index of an earlier call, whose result it becomes."""
+        return 1 << (16 + i)
+
+    @staticmethod
+    def batch_ok_errno(err: int) -> int:
+        """Flag: this one errno lets the batch go on (any other stops it)."""
+        return err << 32
+
+    @staticmethod
+    def batch_code_size() -> int:
+        """Bytes of executable memory :meth:`batch` needs at ``code_addr``."""
+        return int(_compel().batch_code_size())
+
+    def batch(self, code_addr: int, table_addr: int,
+              calls: list[tuple[int, tuple[int, ...], int]]) -> list[int]:
+        """Run ``calls`` in the victim in one stop: a small program copied to ``code_addr``
+        (executable, :meth:`batch_code_size` bytes) walks a table at ``table_addr`` (writable,
+        64 bytes per call and one more). Returns the raw results of the calls that ran: all,
+        or up to and including the first that failed without a flag allowing it."""
+        return self._call("batch", code_addr, table_addr,
+                          [(nr | flags, tuple(args)) for nr, args, flags in calls])
+
     def mmap(self, length: int, prot: int = _mmap.PROT_READ | _mmap.PROT_WRITE,
              flags: int = _mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS, addr: int = 0, fd: int = -1,
              offset: int = 0) -> int:

@@ -1,5 +1,5 @@
 # C declarations of compel/compel.h for Cython.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from posix.types cimport pid_t, off_t
 
 cdef extern from "<sys/user.h>" nogil:
@@ -62,6 +62,14 @@ cdef extern from "compel.h" nogil:
     long bx_xstate_seized(bx_ctl *c, pid_t tid, void *buf, size_t len)
     bx_ctl *bx_clone3_seized(bx_ctl *c, const bx_clone_req *req, int *err)
     int bx_cure_seized(bx_ctl *c)
+
+    struct bx_batch_entry:
+        uint64_t ctl
+        uint64_t args[6]
+        int64_t ret
+    size_t bx_batch_code_size()
+    int bx_batch_seized(bx_ctl *c, unsigned long code_addr, unsigned long table_addr,
+                        bx_batch_entry *tab, size_t n, size_t *ndone)
 
     void bx_set_verbose(int on)
 

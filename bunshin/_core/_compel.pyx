@@ -28,6 +28,11 @@ def set_verbose(bint on):
     bx_set_verbose(on)
 
 
+def batch_code_size():
+    """Bytes of the blob Ctl.batch copies into the tracee."""
+    return bx_batch_code_size()
+
+
 cdef dict _regs(user_regs_struct *r):
     cdef unsigned long long *w = <unsigned long long *>r
     return {name: w[i] for i, name in enumerate(_REGS)}
@@ -142,6 +147,31 @@ cdef class Ctl:
             err = bx_syscall_seized(c, nr, a, &ret)
         self._check(err)
         return ret
+
+    def batch(self, unsigned long code_addr, unsigned long table_addr, list calls):
+        """Run ``calls``, a list of ``(ctl, args)`` (see compel.h: struct bx_batch_entry), in
+        one stop; returns the results of those that ran (it stops after the first failure
+        not allowed by its ctl)."""
+        cdef size_t n = len(calls), done = 0, i
+        cdef int err, j
+        cdef bx_ctl *c = self._live()
+        cdef bx_batch_entry *tab = <bx_batch_entry *>malloc(max(n, 1) * sizeof(bx_batch_entry))
+        if tab == NULL:
+            raise MemoryError()
+        try:
+            memset(tab, 0, max(n, 1) * sizeof(bx_batch_entry))
+            for i, (ctl, args) in enumerate(calls):
+                if len(args) > 6:
+                    raise TypeError("a system call takes at most 6 arguments")
+                tab[i].ctl = ctl
+                for j, v in enumerate(args):
+                    tab[i].args[j] = <uint64_t>(v & 0xffffffffffffffff)
+            with nogil:
+                err = bx_batch_seized(c, code_addr, table_addr, tab, n, &done)
+            self._check(err)
+            return [tab[i].ret for i in range(done)]
+        finally:
+            free(tab)
 
     def mmap(self, size_t length, int prot, int flags, unsigned long addr=0, int fd=-1,
              long offset=0):

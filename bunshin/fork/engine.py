@@ -314,22 +314,25 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     """Everything after the clone: namespaces, cwd, session, descriptors, threads."""
     r = Remote(child, f"process {proc.vpid} ({proc.name})")
     try:
+        # queued (remote.py): up to the flush these run in one stop, but for what needs a result
         enter_namespaces(r, proc.cwd)
         if proc.sid == proc.vpid:
-            r.call("setsid")
+            r.queue("setsid")
         elif proc.pgid == proc.vpid:
-            r.call("setpgid", 0, 0)
+            r.queue("setpgid", 0, 0)
         for f in proc.fds:
             if f.dup_of is not None:  # dup()ed in the template: share the recreated file
-                r.dup_same(f.dup_of, f.fd)
+                r.dup_same(f.dup_of, f)
             else:
                 f.handler.fixup(ctx, proc, r, f)
         if len(proc.threads) > 1:  # before timers and signals, which may target a thread
+            r.flush()  # the queue, before the Tracee is used directly
             child.clone_threads(ctx.shared["tracees"][proc.hostpid])
         from .resources import PROC_REGISTRY
 
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
+        r.flush()
     finally:
         r.release()
 

@@ -1,11 +1,20 @@
-"""System calls the fork engine runs inside a stopped clone, with a scratch page for the
-strings and structures they take. Every failure is a ForkError naming the process and step."""
+"""System calls the fork engine runs inside a stopped clone, with scratch memory for the
+strings and structures they take. Every failure is a ForkError naming the process and step.
+
+Calls whose result nobody needs at once are queued (:meth:`Remote.queue` returns a :class:`Ref`)
+and run together in one stop (compel's batch) when something needs a result: reading a Ref's
+value, a plain :meth:`Remote.call`, touching the Tracee (``r.t``), or :meth:`Remote.flush`.
+So the order of the calls in the process is the order they were asked for.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
+import mmap as _mmap
 import os
 import struct
+from typing import Iterator
 
 from ..compel import Tracee
 from ..errors import ForkError
@@ -26,50 +35,191 @@ SYS = {
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
 TIOCSCTTY = 0x540E
+ANY_ERROR = tuple(range(1, 4096))  # ok_errnos: no error stops a queue (check the Ref after)
 F_SETFL, F_GETFL = 4, 3
 
 
+class Ref:
+    """The result of a queued call; reading ``value`` runs the queue if it has not run yet.
+    Passed as an argument to a later queued call it becomes a reference the batch resolves
+    inside the process."""
+
+    __slots__ = ("_r", "_index", "_value", "_call")
+
+    def __init__(self, r: "Remote", index: int, value: int | None = None, call: tuple = ()) -> None:
+        self._r, self._index, self._value, self._call = r, index, value, call
+
+    @property
+    def value(self) -> int:
+        if self._value is None:
+            self._r.flush()
+        if self._value is None:
+            raise ForkError(f"{self._r.what}: the result of a call that never ran", pid=self._r._t.pid,
+                            step="batch")
+        return self._value
+
+    def check(self) -> int:
+        """The value; a failure raises as :meth:`Remote.call` would (for an ANY_ERROR call)."""
+        v = self.value
+        if -4096 < v < 0:
+            name, args = self._call
+            raise self._r._fail(name, tuple(a.value if isinstance(a, Ref) else a for a in args), v)
+        return v
+
+    def __repr__(self) -> str:
+        return "?" if self._value is None else str(self._value)
+
+
 class Remote:
-    """Syscalls in one stopped process (a :class:`Tracee`), raising on failure."""
+    """Syscalls in one stopped process (a :class:`Tracee`), raising on failure.
+
+    Scratch memory, mapped on first use: page 0 holds the batch program and its table (so it
+    is mapped executable), page 1 the data of queued calls, page 2 that of plain calls. A
+    process that refuses writable+executable memory still works, one call at a time."""
 
     PAGE = 4096
+    _CODE = 128  # the batch program, then its table of 64-byte entries, one per call + an end
+    MAX_QUEUE = (PAGE - _CODE) // 64 - 1
 
     def __init__(self, t: Tracee, what: str) -> None:
-        self.t = t
+        self._t = t
         self.what = what
         self._page = 0
+        self._batched = True  # the page is executable
+        self._queue: list[tuple[str, tuple, tuple[int, ...], Ref]] = []
+        self._data = bytearray()  # page 1 as the queue wants it: written once, at flush
+
+    @property
+    def t(self) -> Tracee:
+        """The Tracee, for direct use: anything queued runs first."""
+        self.flush()
+        return self._t
 
     def _scratch(self) -> int:
         if not self._page:
-            self._page = self.t.mmap(self.PAGE)
+            try:
+                self._page = self._t.mmap(3 * self.PAGE, _mmap.PROT_READ | _mmap.PROT_WRITE | _mmap.PROT_EXEC)
+            except ForkError as e:
+                if e.errno not in (_errno.EPERM, _errno.EACCES):
+                    raise
+                self._page = self._t.mmap(3 * self.PAGE)
+                self._batched = False
         return self._page
 
-    def call(self, name: str, *args: int, ok_errnos: tuple[int, ...] = ()) -> int:
-        r = self.t.syscall(SYS[name], *args)
+    def _fail(self, name: str, args: tuple, r: int) -> ForkError:
+        return ForkError(f"{self.what}: {name}{args}: {os.strerror(-r)}", pid=self._t.pid, step=name, errno=-r)
+
+    def call(self, name: str, *args: int | Ref, ok_errnos: tuple[int, ...] = ()) -> int:
+        self.flush()
+        args = tuple(a.value if isinstance(a, Ref) else a for a in args)
+        r = self._t.syscall(SYS[name], *args)
         if -4096 < r < 0 and -r not in ok_errnos:
-            raise ForkError(f"{self.what}: {name}{args}: {os.strerror(-r)}", pid=self.t.pid, step=name,
-                            errno=-r)
+            raise self._fail(name, args, r)
         return r
 
+    def queue(self, name: str, *args: int | Ref, ok_errnos: tuple[int, ...] = ()) -> Ref:
+        """Like :meth:`call`, but run later, with the rest of the queue (errors are raised
+        then). A call allowed several errnos (but not ANY_ERROR) runs now: the batch can
+        tell only one from the others, and any other must stop it."""
+        if len(ok_errnos) > 1 and ok_errnos is not ANY_ERROR:
+            return Ref(self, -1, self.call(name, *args, ok_errnos=ok_errnos), (name, args))
+        ref = Ref(self, len(self._queue), None, (name, args))
+        self._queue.append((name, args, ok_errnos, ref))
+        if len(self._queue) == self.MAX_QUEUE:  # the table is full (its data is placed)
+            self.flush()
+        return ref
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator["Remote"]:
+        """``with r.batch() as b: b.queue(...)``: the calls queued in the block have run at
+        its end (unless it raised)."""
+        yield self
+        self.flush()
+
+    def flush(self) -> None:
+        """Run the queued calls, in one stop; raises as :meth:`call` for the first that failed
+        (the calls after it did not run)."""
+        if not self._queue and not self._data:
+            return
+        q, self._queue = self._queue, []
+        page = self._scratch()
+        if self._data:
+            data, self._data = bytes(self._data), bytearray()
+            self._t.write(page + self.PAGE, data)
+        if not q:
+            return
+        if self._batched:
+            rets = self._t.batch(page, page + self._CODE, [self._entry(e) for e in q])
+        else:
+            rets = self._one_by_one(q)
+        for (name, args, ok, ref), r in zip(q, rets):
+            ref._value = r
+            if -4096 < r < 0 and -r not in ok:
+                raise self._fail(name, tuple(a.value if isinstance(a, Ref) else a for a in args), r)
+
+    def _entry(self, e: tuple) -> tuple[int, tuple[int, ...], int]:
+        name, args, ok, _ = e
+        flags = self._t.BATCH_OK_ERR if ok is ANY_ERROR else self._t.batch_ok_errno(ok[0]) if ok else 0
+        out = []
+        for i, a in enumerate(args):
+            if isinstance(a, Ref) and a._value is None:
+                if a._r is not self or a._index < 0:
+                    raise ForkError(f"{self.what}: {name}: argument {i} is another queue's result")
+                flags |= self._t.batch_ref(i)
+                a = a._index
+            elif isinstance(a, Ref):
+                a = a._value
+            out.append(a)
+        return SYS[name], tuple(out), flags
+
+    def _one_by_one(self, q: list) -> list[int]:
+        rets: list[int] = []
+        for name, args, ok, _ in q:
+            r = self._t.syscall(SYS[name], *(rets[a._index] if isinstance(a, Ref) and a._value is None else
+                                             a.value if isinstance(a, Ref) else a for a in args))
+            rets.append(r)
+            if -4096 < r < 0 and -r not in ok:
+                break
+        return rets
+
     def put(self, data: bytes, offset: int = 0) -> int:
-        """Copy ``data`` to the scratch page; returns its address in the process."""
+        """Copy ``data`` to the scratch page of plain calls; returns its address in the process."""
         if offset + len(data) > self.PAGE:
             raise ForkError(f"{self.what}: argument of {len(data)} bytes is too long for the scratch page")
-        addr = self._scratch() + offset
-        self.t.write(addr, data)
+        addr = self._scratch() + 2 * self.PAGE + offset
+        self._t.write(addr, data)
         return addr
 
     def path(self, p: str, offset: int = 0) -> int:
         return self.put(os.fsencode(p) + b"\0", offset)
 
+    def queue_put(self, data: bytes) -> int:
+        """Place ``data`` in the scratch page of queued calls (copied there when they run);
+        returns its address in the process."""
+        size = (len(data) + 7) & ~7
+        if len(self._data) + size > self.PAGE:
+            self.flush()  # frees the page (one data argument per call: none is half-placed)
+        if size > self.PAGE:
+            raise ForkError(f"{self.what}: argument of {len(data)} bytes is too long for the scratch page")
+        addr = self._scratch() + self.PAGE + len(self._data)
+        self._data += data.ljust(size, b"\0")
+        return addr
+
+    def queue_path(self, p: str) -> int:
+        return self.queue_put(os.fsencode(p) + b"\0")
+
     def openat(self, path: str, flags: int, mode: int = 0) -> int:
         return self.call("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, self.path(path), flags, mode)
 
-    def install(self, newfd: int, f: int | FdInfo) -> None:
+    def queue_openat(self, path: str, flags: int, mode: int = 0) -> Ref:
+        return self.queue("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, self.queue_path(path), flags, mode)
+
+    def install(self, newfd: int | Ref, f: int | FdInfo) -> None:
         """Move ``newfd`` to descriptor ``f`` (a number, or the plan's FdInfo), replacing the
         inherited descriptor there and keeping its close-on-exec flag. The flag is read in the
         clone (/proc's fdinfo shows O_CLOEXEC from open(), which dup2 does not carry, so it
-        cannot be trusted) once per template: the plan's FdInfo remembers it for later forks."""
+        cannot be trusted) once per template: the plan's FdInfo remembers it for later forks,
+        which queue the whole move."""
         fd = f if isinstance(f, int) else f.fd
         cloexec = None if isinstance(f, int) else f.cloexec
         if cloexec is None:
@@ -77,15 +227,19 @@ class Remote:
             cloexec = bool(fdflags > 0 and fdflags & 1)
             if not isinstance(f, int):
                 f.cloexec = cloexec
-        if newfd != fd:
-            self.call("dup3", newfd, fd, os.O_CLOEXEC if cloexec else 0)
-            self.call("close", newfd)
+        # A result still queued is a new descriptor, never fd: the clone inherited fd (were
+        # it free after all, dup3 would fail with EINVAL rather than do something else).
+        if isinstance(newfd, Ref) and newfd._value is not None:
+            newfd = newfd._value
+        if isinstance(newfd, Ref) or newfd != fd:
+            self.queue("dup3", newfd, fd, os.O_CLOEXEC if cloexec else 0)
+            self.queue("close", newfd)
         elif not cloexec:
-            self.call("fcntl", fd, 2, 0)  # F_SETFD 0
+            self.queue("fcntl", fd, 2, 0)  # F_SETFD 0
 
-    def dup_same(self, src: int, fd: int) -> None:
-        """``fd`` shares ``src``'s open file, as in the template (dup)."""
-        self.install(self.call("fcntl", src, 1030, 0), fd)  # F_DUPFD_CLOEXEC
+    def dup_same(self, src: int, f: int | FdInfo) -> None:
+        """Descriptor ``f`` shares ``src``'s open file, as in the template (dup)."""
+        self.install(self.queue("fcntl", src, 1030, 0), f)  # F_DUPFD_CLOEXEC
 
     def pipe(self) -> tuple[int, int]:
         addr = self.put(bytes(8))
@@ -93,9 +247,12 @@ class Remote:
         return struct.unpack("ii", self.t.read(addr, 8))
 
     def release(self) -> None:
+        """Unmap the scratch memory; what is still queued is dropped (call :meth:`flush`
+        first: on success the engine has, on failure the process is about to go)."""
+        self._queue, self._data = [], bytearray()
         if self._page:
             try:
-                self.t.munmap(self._page, self.PAGE)
+                self._t.munmap(self._page, 3 * self.PAGE)
             except ForkError:
                 pass
             self._page = 0
@@ -103,10 +260,9 @@ class Remote:
 
 def enter_namespaces(r: Remote, cwd: str) -> None:
     """Join the namespaces of the child's init (pid 1 of the clone's own pid namespace) and
-    return to the working directory: setns(mnt) resets it to the new root."""
-    pfd = r.call("pidfd_open", 1, 0)
-    try:
-        r.call("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
-    finally:
-        r.call("close", pfd)
-    r.call("chdir", r.path(cwd), ok_errnos=(_errno.ENOENT,))
+    return to the working directory: setns(mnt) resets it to the new root. Queued: a failed
+    setns surfaces at the next flush, its pidfd left open in a process the failure kills."""
+    pfd = r.queue("pidfd_open", 1, 0)
+    r.queue("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+    r.queue("close", pfd)
+    r.queue("chdir", r.queue_path(cwd), ok_errnos=(_errno.ENOENT,))

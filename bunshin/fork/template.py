@@ -44,6 +44,7 @@ class TemplateCore:
         self.lock = threading.Lock()
         self.refs = 1
         self.closed = False
+        self._depth_ok = False
         self._tmp_pid = engine.pid_max() - 1
         used = {p.vpid for p in plans}
         while self._tmp_pid in used:
@@ -93,7 +94,9 @@ class TemplateCore:
             if self.closed:
                 raise WorkspaceClosed(f"template {self.id} is closed")
             p = self.parts
-            engine.check_depth(p["init_pid"])
+            if not self._depth_ok:  # the template's nesting never changes: check once
+                engine.check_depth(p["init_pid"])
+                self._depth_ok = True
             tracees = engine.seize_all(p["cg"], [pl.hostpid for pl in self.plans])
             pin = None
             try:

@@ -5,6 +5,7 @@
  *   bx_stop_all_seized()  attach to and stop every other thread of its thread group
  *   bx_prepare_seized()   find a `syscall` instruction the injection thread can execute
  *   bx_syscall_seized()   run system calls in the injection thread (bx_clone3_seized, bx_remote_*)
+ *   bx_batch_seized()     run a list of them in one stop (batch.c)
  *   bx_cure_seized()      re-queue held-back signals, restore every register and patched byte
  *   bx_detach()           let every thread run again, untraced
  *   bx_free()             release the control block (cures and detaches first if still needed)
@@ -42,6 +43,7 @@ enum bx_step {
 	BX_STEP_SIGNALS,
 	BX_STEP_CURE,
 	BX_STEP_DETACH,
+	BX_STEP_BATCH,
 };
 
 struct bx_rseq {
@@ -100,6 +102,28 @@ int bx_remote_mmap_seized(struct bx_ctl *c, unsigned long addr, size_t len, int 
 int bx_remote_munmap_seized(struct bx_ctl *c, unsigned long addr, size_t len);
 int bx_peek(struct bx_ctl *c, unsigned long addr, void *buf, size_t n);
 int bx_poke(struct bx_ctl *c, unsigned long addr, const void *buf, size_t n);
+
+/* batch.c: many system calls in one stop. A small position-independent program (the blob) is
+ * copied into the tracee and walks a table of entries, so the tracer pays one resume and one
+ * stop for the lot instead of two stops per call. */
+struct bx_batch_entry {
+	uint64_t ctl;     /* syscall number | BX_BATCH_REF(i)... | BX_BATCH_OK_ERR or _OK_ERRNO(e) */
+	uint64_t args[6]; /* args[i] with BX_BATCH_REF(i): the index of an earlier entry */
+	int64_t ret;      /* out */
+};
+#define BX_BATCH_END (~0ULL)              /* what ends the table in the tracee */
+#define BX_BATCH_REF(i) (1ULL << (16 + (i))) /* args[i] := ret of entry args[i] */
+#define BX_BATCH_OK_ERR (1ULL << 24)      /* an error here does not stop the batch */
+#define BX_BATCH_OK_ERRNO(e) ((uint64_t)(e) << 32) /* nor does this one error (1..4095) */
+
+size_t bx_batch_code_size(void);
+/* Runs tab[0..n) in the injection thread: the blob is copied to code_addr (bx_batch_code_size()
+ * bytes, executable), the table to table_addr ((n + 1) * 64 bytes, writable), both in the
+ * tracee. Stops after the first entry that fails without BX_BATCH_OK_ERR. Fills tab[i].ret for
+ * the *ndone entries that ran. Returns 0 (whatever the entries returned) or -errno; the
+ * registers are left for cure as bx_syscall_seized leaves them. */
+int bx_batch_seized(struct bx_ctl *c, unsigned long code_addr, unsigned long table_addr,
+		    struct bx_batch_entry *tab, size_t n, size_t *ndone);
 
 /* signals.c */
 int bx_held_signals(const struct bx_ctl *c, int *sigs, int max); /* returns the count */

@@ -30,6 +30,7 @@ static const char *const step_names[] = {
 	[BX_STEP_PIDNS] = "pidns",	 [BX_STEP_CLONE] = "clone3",
 	[BX_STEP_CHILD] = "child",	 [BX_STEP_SIGNALS] = "signals",
 	[BX_STEP_CURE] = "cure",	 [BX_STEP_DETACH] = "detach",
+	[BX_STEP_BATCH] = "batch",
 };
 
 const char *bx_step_name(int step)

@@ -16,7 +16,7 @@ def claims(proc, f) -> bool:
 
 def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
-    r.install(r.openat(f.target, flags), f)
+    r.install(r.queue_openat(f.target, flags), f)
 
 
 OPS = SimpleNamespace(kind="device", claims=claims, fixup=fixup)

@@ -23,12 +23,12 @@ def fixup(ctx, proc, r, f) -> None:
     if f.target.endswith(_DELETED):
         newfd = _copy_deleted(ctx, proc, r, f)
     else:
-        newfd = r.openat(f.target, flags)
+        newfd = r.queue_openat(f.target, flags)
     if f.pos and not stat.S_ISDIR(f.mode):
-        r.call("lseek", newfd, f.pos, os.SEEK_SET)
+        r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     elif f.pos:
         # a directory's position is an opaque cookie; replay it as getdents would
-        r.call("lseek", newfd, f.pos, os.SEEK_SET)
+        r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     r.install(newfd, f)
 
 
@@ -50,7 +50,7 @@ def _copy_deleted(ctx, proc, r, f) -> int:
         shutil.copyfileobj(src, dst, 1 << 20)
     mode = f.flags & (os.O_APPEND | os.O_NONBLOCK)
     if mode:
-        r.call("fcntl", newfd, 4, mode)  # F_SETFL
+        r.queue("fcntl", newfd, 4, mode)  # F_SETFL
     return newfd
 
 

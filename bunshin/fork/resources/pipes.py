@@ -50,19 +50,19 @@ def fixup(ctx, proc, r, f) -> None:
     key = (f.dev, f.ino)
     if key in made:
         vpid, fd = made[key]
-        newfd = r.openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
+        newfd = r.queue_openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
     elif f.target.startswith("pipe:"):
         rd, wr = r.pipe()
         _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
         keep, drop = (rd, wr) if _access(f) == os.O_RDONLY else (wr, rd)
-        r.call("close", drop)
+        r.queue("close", drop)
         newfd = keep
         made[key] = (proc.vpid, f.fd)
     else:  # a named FIFO: the child's own, at the same path in its own root
         newfd = r.openat(f.target, _access(f) | os.O_NONBLOCK)
         _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{newfd}")
         made[key] = (proc.vpid, f.fd)
-    r.call("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
+    r.queue("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
     r.install(newfd, f)
 
 

@@ -118,9 +118,9 @@ def fixup(ctx, proc, r, f) -> None:
         _inner_master(ctx, proc, r, index)  # the slave's master must exist before it opens
     else:
         _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
-    newfd = r.openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
+    newfd = r.queue_openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
     if proc.sid == proc.vpid and index == ctx.ctty(proc):
-        r.call("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
+        r.queue("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
     r.install(newfd, f)
 
 

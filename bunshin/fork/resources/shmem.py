@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..remote import ANY_ERROR
 
 _DELETED = " (deleted)"
 
@@ -83,15 +84,14 @@ def fixup_proc(ctx, proc, r) -> None:
             fd = _object_fd(ctx, proc, r, (m.dev, m.ino), f"/proc/{proc.hostpid}/map_files/{rng}",
                             m.size, m.path.replace(_DELETED, "").lstrip("/") or "shared")
         else:
-            fd = r.openat(m.path.replace(_DELETED, ""),
-                          (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC)
-        try:
-            got = r.call("mmap", m.start, m.end - m.start, m.prot, mmap.MAP_SHARED | 0x10,  # MAP_FIXED
-                         fd, m.offset)
-            if got != m.start:
-                raise ForkError(f"process {proc.vpid}: shared mapping moved from {m.start:#x} to {got:#x}")
-        finally:
-            r.call("close", fd)
+            fd = r.queue_openat(m.path.replace(_DELETED, ""),
+                                (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC)
+        # queued, so open, map and close take one stop; close runs whatever mmap returned
+        got = r.queue("mmap", m.start, m.end - m.start, m.prot, mmap.MAP_SHARED | 0x10,  # MAP_FIXED
+                      fd, m.offset, ok_errnos=ANY_ERROR)
+        r.queue("close", fd)
+        if got.check() != m.start:
+            raise ForkError(f"process {proc.vpid}: shared mapping moved from {m.start:#x} to {got.value:#x}")
 
 
 def claims_fd(proc, f) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..remote import ANY_ERROR, Remote
 
 _ITIMERS = (0, 1, 2)  # ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF
 _ITV = struct.Struct("4q")  # it_interval, it_value (timevals)
@@ -55,15 +56,18 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    src = ctx.shared["tracees"][proc.hostpid]
-    scratch = src.mmap(4096)
+    tpl = Remote(ctx.shared["tracees"][proc.hostpid], f"template process {proc.vpid} ({proc.name})")
     try:
-        for which in _ITIMERS:
-            if src.syscall(36, which, scratch) != 0:  # getitimer, in the template
+        # the three getitimers in the template, in one stop; one that fails is left unset
+        bufs = [tpl.queue_put(bytes(_ITV.size)) for _ in _ITIMERS]
+        got = [tpl.queue("getitimer", which, buf, ok_errnos=ANY_ERROR) for which, buf in zip(_ITIMERS, bufs)]
+        for which, buf, ret in zip(_ITIMERS, bufs, got):
+            if ret.value != 0:
                 continue
-            raw = src.read(scratch, _ITV.size)
+            raw = tpl.t.read(buf, _ITV.size)
             if any(_ITV.unpack(raw)):
                 r.call("setitimer", which, r.put(raw), 0)
+        src, scratch = tpl.t, tpl.put(bytes(_ITS.size))
         throwaway = []
         for t in getattr(proc, "posix_timers", ()):
             if src.syscall(224, t.id, scratch) != 0:  # timer_gettime, in the template
@@ -83,7 +87,7 @@ def fixup_proc(ctx, proc, r) -> None:
         for tid in throwaway:
             r.call("timer_delete", tid)
     finally:
-        src.munmap(scratch, 4096)
+        tpl.release()
 
 
 OPS = SimpleNamespace(kind="timers", plan_proc=plan_proc, fixup_proc=fixup_proc)

@@ -31,4 +31,10 @@ unsigned long bx_arch_syscall_site(const bx_regs_t *r);
  * as the kernel would have on return to user mode had no signal handler run. */
 int bx_arch_apply_restart(bx_regs_t *r);
 
+/* x86_64_batch.c: the blob batch.c copies into the tracee; it ends with int3 at code_end - 1. */
+extern const uint8_t bx_arch_batch_code[], bx_arch_batch_code_end[];
+void bx_arch_setup_batch(bx_regs_t *r, unsigned long code, unsigned long table);
+/* Where the blob's cursor stopped: just past the last entry it ran. */
+unsigned long bx_arch_batch_cursor(const bx_regs_t *r);
+
 #endif
