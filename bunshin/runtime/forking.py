@@ -29,15 +29,18 @@ class ForkingMixin:
         from ..fork.template import _check_n
 
         _check_n(n)
-        tpl = self.snapshot()
-        try:
-            return tpl.fork(n, on_fork)
-        finally:
-            tpl.close()
+        tpl, kids = self._snapshot(n, on_fork)
+        tpl.close()
+        return kids
 
     def snapshot(self) -> "Template":
         """Freeze this workspace's current state as a :class:`bunshin.Template` (forkable many
         times). The workspace continues, as a fresh fork of the template."""
+        return self._snapshot(0, None)[0]
+
+    def _snapshot(self, n: int, on_fork) -> tuple["Template", list["Workspace"]]:
+        """snapshot() and ``n`` more forks of the template in one pass over its processes (one
+        seize and release for all): the first fork becomes this workspace."""
         from ..fork.template import Template, snapshot_parts
 
         with self._close_lock:
@@ -51,14 +54,22 @@ class ForkingMixin:
                       "run_shell": self._run_shell}
             parts = self._parts()
             core = snapshot_parts(parts, config, shells)  # freezes; raises with parts untouched
+            first = [True]
+
+            def hook(kid: "Workspace") -> None:
+                if first[0]:  # this workspace's own continuation: not a user's child
+                    first[0] = False
+                elif on_fork is not None:
+                    on_fork(kid)
+
             try:
-                kid = core.fork(1)[0]
+                kids = core.fork(1 + n, hook)
             except BaseException:
                 core.closed = True  # the parts go back to this workspace, alive
                 parts["cg"].thaw()
                 raise
-            core.masters = self._adopt(kid)
-            return Template(core)
+            core.masters = self._adopt(kids[0])
+            return Template(core), kids[1:]
 
     def restore(self, tpl: "Template") -> None:
         """Roll back: this workspace becomes a fresh fork of ``tpl`` (the same object; shell

@@ -209,7 +209,9 @@ class CgroupBackend(ABC):
                 if attempt == 2 or all(os.path.isdir(t) for t in self._tops()):
                     raise
         try:
-            cg._apply(memory, pids, cpu)
+            # a new group starts unlimited: write only the limits asked for (each write costs
+            # tens of microseconds, and forks create a group each)
+            cg._apply(*(... if v is None else v for v in (memory, pids, cpu)))
         except BaseException:
             cg.destroy()
             raise
