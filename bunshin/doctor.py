@@ -104,6 +104,14 @@ def checks(kd: KernDat) -> list[Check]:
     out.append(Check("cgroup freezer", kd.freezer, True,
                      ", ".join(kinds) or _why(kd, "freezer_v1", "freezer_v2") or "no freezer",
                      "no cgroup freezer → a workspace cannot be stopped whole to fork it"))
+    from .runtime.cgroup import dynmods
+
+    dyn = dynmods.active()
+    out.append(Check("cgroup favordynmods", dyn, False,
+                     "on: moving a task into a cgroup does not wait for an RCU grace period" if dyn
+                     else "off; BUNSHIN_FAVOR_DYNMODS=0 keeps it so" if not dynmods.wanted()
+                     else "off; Bunshin turns it on (until reboot) before its first cgroup",
+                     "favordynmods off → a fork after a pause waits ~10 ms to move its first task"))
     out.append(Check("clone3 set_tid", kd.clone3_set_tid, True,
                      _why(kd, "clone3_set_tid") or "a child got the PID asked for",
                      "no clone3 set_tid → forks cannot keep PIDs"))

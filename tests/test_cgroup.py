@@ -656,3 +656,28 @@ def test_destroy_times_out_listing_lingering_members(procs, prefix):
         jail.destroy()
         cg.destroy()
     assert _leftovers(prefix) == []
+
+
+def test_favordynmods_is_on_once_a_backend_exists_and_leaves_nothing_behind():
+    from bunshin.runtime.cgroup import dynmods
+
+    cgroup.backend()
+    assert dynmods.active()
+    dynmods._via_v1()  # the mechanism itself, again: the kernel keeps the option, we keep nothing
+    mounts = open("/proc/self/mountinfo").read()
+    assert "bunshin-dynmods" not in mounts
+    assert not [p for p in os.listdir("/run") if p.startswith("bunshin-dynmods-")]
+
+
+def test_favordynmods_can_be_left_alone(monkeypatch, tmp_path):
+    from bunshin.runtime.cgroup import dynmods
+
+    monkeypatch.setenv("BUNSHIN_FAVOR_DYNMODS", "0")
+    monkeypatch.setattr(dynmods, "MARKER", tmp_path / "marker")
+
+    def refuse(*a):
+        raise AssertionError("mounted although BUNSHIN_FAVOR_DYNMODS=0")
+
+    monkeypatch.setattr(dynmods, "_mount", refuse)
+    assert dynmods.ensure() is False
+    assert not (tmp_path / "marker").exists()

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
-from . import engine, nspool
+from . import engine, nspool, slots
 from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import sysv_shm
 from .plan import plan_tree
@@ -44,6 +44,8 @@ class TemplateCore:
         self.lock = threading.Lock()
         self.refs = 1
         self.closed = False
+        self.slots: list[slots.Slot] = []  # host-side parts of the next children (slots.py)
+        self.slots_closed = False
         self._depth_ok = False
         self._tmp_pid = engine.pid_max() - 1
         used = {p.vpid for p in plans}
@@ -63,6 +65,21 @@ class TemplateCore:
                 return
             self.closed = True
         self._destroy()
+
+    def add_slot(self, s: "slots.Slot") -> bool:
+        with self.lock:
+            if self.slots_closed or self.closed:
+                return False
+            self.slots.append(s)
+            return True
+
+    def close_slots(self) -> None:
+        """No more forks will come through the handle: drop the slots made for them."""
+        with self.lock:
+            self.slots_closed = True
+            ready, self.slots = self.slots, []
+        for s in ready:
+            s.destroy()
 
     def _destroy(self) -> None:
         p = self.parts
@@ -125,17 +142,23 @@ class TemplateCore:
         from ..runtime.workspace import Workspace
 
         start = time.perf_counter()
-        try:
-            d = WorkspaceDir.create()
-        except OSError as e:
-            raise ForkError(f"cannot create the child's directory: {e}") from None
-        cg = ci = chan = None
+        slot = self.slots.pop() if self.slots else None  # self.lock is held by fork()
+        if slot is not None:
+            d, cg, mfd = slot.dir, slot.cg, slot.mount_fd
+        else:
+            try:
+                d = WorkspaceDir.create()
+            except OSError as e:
+                raise ForkError(f"cannot create the child's directory: {e}") from None
+            cg = None
+            mfd = -1
+        ci = chan = None
         clones = []
-        mfd = -1
         pidfd = -1
         try:
-            cg = _cgroup.backend().create(f"ws-{d.id}", **self.config["limits"])
-            mfd = engine.overlay_fd(self.lowers, d.upper, d.work)
+            if slot is None:
+                cg = _cgroup.backend().create(f"ws-{d.id}", **self.config["limits"])
+                mfd = engine.overlay_fd(self.lowers, d.upper, d.work)
             host = hostname or self.config["hostname"]
             ci, sock = engine.clone_init(tracees[self.parts["init_pid"]], self.parts["chan"]._sock,
                                          mfd, host, cg)
@@ -227,7 +250,9 @@ class Template:
         if self._closed:
             raise WorkspaceClosed(f"template {self.id} is closed")
         _check_n(n)
-        return self._core.fork(n, on_fork)
+        kids = self._core.fork(n, on_fork)
+        slots.request(self._core, n)  # the next call's host-side parts, made meanwhile
+        return kids
 
     def save(self, path: str | os.PathLike) -> None:
         """Write this frozen state to ``path`` (a new or empty directory) with CRIU; see
@@ -254,6 +279,7 @@ class Template:
         """Drop this handle; the frozen processes go when no child needs them."""
         if not self._closed:
             self._closed = True
+            self._core.close_slots()
             self._core.release()
 
     def __enter__(self) -> "Template":

@@ -15,6 +15,7 @@ import functools
 import os
 
 from ...errors import CgroupError, UnsupportedKernel
+from . import dynmods
 from .base import CONTROLLERS, Cgroup, CgroupBackend, CgroupStats
 from .limits import MIN_MEMORY, parse_cpu, parse_memory, parse_pids
 from .v1 import V1Backend, V1Cgroup
@@ -44,6 +45,7 @@ def backend() -> CgroupBackend:
 
 @functools.cache
 def _select(forced: str) -> CgroupBackend:
+    dynmods.ensure()  # before the first task moves: see dynmods.py (10-25 ms per fork otherwise)
     if forced == "v1":
         return V1Backend()
     if forced == "v2":
