@@ -79,11 +79,14 @@ def memory_facts() -> dict:
         except OSError:
             return None
 
+    dyn = None
     try:
         from bunshin.runtime import cgroup
+        from bunshin.runtime.cgroup import dynmods
 
         cg = cgroup.backend().name
+        dyn = dynmods.active()
     except Exception as e:  # noqa: BLE001 - a fact, not a requirement
         cg = f"unknown ({e})"
     return {"thp_enabled": read("/sys/kernel/mm/transparent_hugepage/enabled"),
-            "ksm_run": read("/sys/kernel/mm/ksm/run"), "cgroup": cg}
+            "ksm_run": read("/sys/kernel/mm/ksm/run"), "cgroup": cg, "cgroup_favordynmods": dyn}
