@@ -64,6 +64,8 @@ struct share_state {
 	u32 *first_pid_of;	/* member -> lowest i with that mm */
 	u16 *dense;
 	unsigned long ndense;
+	u64 total;		/* distinct pfns of the whole set */
+	u64 shared;		/* of those, mapped by two tags or more */
 	unsigned long buf[PTRS_PER_PTE];	/* pfns read under one pte lock */
 };
 
@@ -76,6 +78,24 @@ static int share_yield(void)
 		return -EINTR;
 	cond_resched();
 	return 0;
+}
+
+/*
+ * A pfn the current tag sees for the first time, whose entry was @old (0: no
+ * tag saw it yet).  Counting as the walk goes, rather than over the whole map
+ * afterwards, spares a pass over every pfn of RAM (the dense array) or every
+ * distinct page (the xarray).
+ */
+static void share_account(struct share_state *st, struct share_tag *t, unsigned long old)
+{
+	t->distinct++;
+	if (!old) {
+		t->unique++;
+		st->total++;
+	} else if ((old & 3) != SHARE_MULTI) {
+		st->tags[old >> 2].unique--;	/* its only tag so far: shared now */
+		st->shared++;
+	}
 }
 
 /*
@@ -122,7 +142,7 @@ static int share_note_xa(struct share_state *st, const unsigned long *pfns,
 			if (xas_error(&xas))
 				break;	/* no node: allocate unlocked, then resume at i */
 			m->mapped++;
-			t->distinct++;
+			share_account(st, t, old ? xa_to_value(old) : 0);
 		}
 		xas_unlock(&xas);
 	} while (xas_nomem(&xas, GFP_KERNEL_ACCOUNT));
@@ -157,7 +177,7 @@ static int share_note_many(struct share_state *st, const unsigned long *pfns,
 		if (old && old >> 2 == m->tag)
 			continue;
 		st->dense[pfn] = tagv | (old ? SHARE_MULTI : 1);
-		t->distinct++;
+		share_account(st, t, old);
 	}
 	return share_yield();
 }
@@ -341,34 +361,6 @@ static int share_walk(struct share_state *st)
 	return err;
 }
 
-static void share_count(struct share_state *st, unsigned long v, u64 *shared, u64 *total)
-{
-	if ((v & 3) == SHARE_MULTI)
-		*shared += 1;
-	else
-		st->tags[v >> 2].unique++;
-	*total += 1;
-}
-
-static void share_tally(struct share_state *st, u64 *shared, u64 *total)
-{
-	unsigned long pfn;
-	void *entry;
-
-	for (pfn = 0; pfn < st->ndense; pfn++) {
-		if (st->dense[pfn])
-			share_count(st, st->dense[pfn], shared, total);
-		if (!(pfn % (64 * PTRS_PER_PTE)))
-			cond_resched();
-	}
-
-	xa_for_each(&st->pfns, pfn, entry) {
-		share_count(st, xa_to_value(entry), shared, total);
-		if (!(*total % PTRS_PER_PTE))
-			cond_resched();
-	}
-}
-
 static bool share_dense = true;
 module_param(share_dense, bool, 0644);
 MODULE_PARM_DESC(share_dense, "count in a pfn-indexed array when it pays (N: always the xarray)");
@@ -507,8 +499,8 @@ long bunshin_share_stats(void __user *uarg)
 	}
 	if (err)
 		goto out;
-	req.shared_pages = req.total_pages = 0;
-	share_tally(st, &req.shared_pages, &req.total_pages);
+	req.shared_pages = st->shared;
+	req.total_pages = st->total;
 	req.nmms = st->nmembers;
 	err = share_copy_out(st, pids, req.npids, req.stats_ptr);
 	if (!err && copy_to_user(uarg, &req, sizeof(req)))
@@ -599,8 +591,8 @@ long bunshin_group_stats(void __user *uarg)
 	err = share_walk(st);
 	if (err)
 		goto out;
-	req.shared_pages = req.total_pages = 0;
-	share_tally(st, &req.shared_pages, &req.total_pages);
+	req.shared_pages = st->shared;
+	req.total_pages = st->total;
 	req.nmms = st->nmembers;
 	err = group_copy_out(st, req.ngroups, req.stats_ptr);
 	if (!err && copy_to_user(uarg, &req, sizeof(req)))
