@@ -149,6 +149,20 @@ static int share_note_xa(struct share_state *st, const unsigned long *pfns,
 	return xas_error(&xas);
 }
 
+/* One pfn below st->ndense, for the member being walked: loads and stores only, so it may
+ * run under the pte lock (no copy of the table to a buffer first). */
+static inline void share_note_dense(struct share_state *st, struct share_member *m,
+				    struct share_tag *t, u16 tagv, unsigned long pfn)
+{
+	u16 old = st->dense[pfn];
+
+	m->mapped++;
+	if (old && old >> 2 == m->tag)
+		return;
+	st->dense[pfn] = tagv | (old ? SHARE_MULTI : 1);
+	share_account(st, t, old);
+}
+
 static int share_note_many(struct share_state *st, const unsigned long *pfns,
 			   unsigned long first, unsigned int n)
 {
@@ -164,7 +178,6 @@ static int share_note_many(struct share_state *st, const unsigned long *pfns,
 	}
 	for (i = 0; i < n; i++) {
 		unsigned long pfn = pfns ? pfns[i] : first + i;
-		u16 old;
 
 		if (unlikely(pfn >= st->ndense)) {
 			err = share_note_xa(st, &pfn, 0, 1);
@@ -172,12 +185,7 @@ static int share_note_many(struct share_state *st, const unsigned long *pfns,
 				return err;
 			continue;
 		}
-		old = st->dense[pfn];
-		m->mapped++;
-		if (old && old >> 2 == m->tag)
-			continue;
-		st->dense[pfn] = tagv | (old ? SHARE_MULTI : 1);
-		share_account(st, t, old);
+		share_note_dense(st, m, t, tagv, pfn);
 	}
 	return share_yield();
 }
@@ -214,9 +222,11 @@ static spinlock_t *share_pmd_huge_lock(pmd_t *pmd, struct vm_area_struct *vma)
 }
 
 /*
- * Entries are copied out under the page-table lock and noted after it is
- * dropped, because noting allocates and may sleep.  Only pfn numbers are
- * kept, never page pointers, so a page freed meanwhile is harmless.
+ * With the dense array a pte is noted right under the page-table lock (a load
+ * and a store).  For the xarray entries are copied out under the lock and
+ * noted after it is dropped, because noting allocates and may sleep.  Only
+ * pfn numbers are kept, never page pointers, so a page freed meanwhile is
+ * harmless.
  */
 static int share_pmd_entry(pmd_t *pmd, unsigned long addr, unsigned long end,
 			   struct mm_walk *walk)
@@ -252,6 +262,27 @@ static int share_pmd_entry(pmd_t *pmd, unsigned long addr, unsigned long end,
 		return 0;
 
 	start = pte = pte_offset_map_lock(walk->mm, pmd, addr, &ptl);
+	if (st->dense) {
+		/* counted in place; only pfns beyond the array (hot-added memory) wait in buf
+		 * for the xarray, which allocates */
+		struct share_member *m = &st->members[st->cur];
+		struct share_tag *t = &st->tags[m->tag];
+		u16 tagv = m->tag << 2;
+
+		for (; addr < end; pte++, addr += PAGE_SIZE) {
+			pte_t ptent = *pte;
+			unsigned long pfn = pte_pfn(ptent);
+
+			if (!pte_present(ptent) || is_zero_pfn(pfn))
+				continue;
+			if (likely(pfn < st->ndense))
+				share_note_dense(st, m, t, tagv, pfn);
+			else
+				st->buf[n++] = pfn;
+		}
+		pte_unmap_unlock(start, ptl);
+		return n ? share_note_buf(st, n) : share_yield();
+	}
 	for (; addr < end; pte++, addr += PAGE_SIZE) {
 		pte_t ptent = *pte;
 
