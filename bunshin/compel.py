@@ -150,6 +150,21 @@ class Tracee:
         return self._call("batch", code_addr, table_addr,
                           [(nr | flags, tuple(args)) for nr, args, flags in calls])
 
+    def calls(self, calls: list[tuple[int, tuple[int, ...], int]]) -> list[int]:
+        """As :meth:`batch`, in memory of the Tracee's own (one page mapped on first need, kept
+        out of the victim's forks, unmapped by :meth:`cure`) or, in a process that refuses
+        writable+executable memory, one call at a time. At most :meth:`max_calls` calls."""
+        return self._call("calls", [(nr | flags, tuple(args)) for nr, args, flags in calls])
+
+    @staticmethod
+    def max_calls() -> int:
+        return int(_compel().page_max_calls())
+
+    def page(self) -> tuple[int, int] | None:
+        """``(addr, size)``: memory in the victim for the arguments of :meth:`calls`, valid
+        until :meth:`cure`; None if the process refuses writable+executable memory."""
+        return self._call("page")
+
     def mmap(self, length: int, prot: int = _mmap.PROT_READ | _mmap.PROT_WRITE,
              flags: int = _mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS, addr: int = 0, fd: int = -1,
              offset: int = 0) -> int:

@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from test_compel import Procs, bins, procs, readline, tracers, wait_syscall  # noqa: F401
+from test_compel import Procs, bins, procs, readline, status, tracers, wait_syscall  # noqa: F401
 
 from bunshin.compel import SYS_exit_group, SYS_getpid, Tracee
 from bunshin.errors import ForkError
@@ -256,3 +256,117 @@ def test_remote_queue_longer_than_one_table(procs, bins, tmp_path):
         r.release()
     assert readline(p, 5).startswith("slept")
     assert p.wait(5) == 0
+
+
+# --- the control block's own page (Tracee.calls / Tracee.page), and clones that batch in it ---
+
+
+def maps(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return [line.split()[0] for line in f]
+
+
+def page_in(pid: int, addr: int) -> bool:
+    return any(int(a, 16) <= addr < int(b, 16) for a, b in (m.split("-") for m in maps(pid)))
+
+
+def test_own_page_calls_and_cure_unmaps(procs, bins):
+    p, _ = procs.start([bins / "sleeper", "1000", "1"])
+    wait_syscall(p.pid)
+    before = maps(p.pid)
+    with Tracee.seize(p.pid) as t:
+        addr, size = t.page()
+        assert size >= 1024 and page_in(p.pid, addr)
+        t.write(addr, b"hello\n")
+        # a reference, an error allowed, then one that stops the rest
+        rets = t.calls([(SYS_getpid, (), 0), (SYS_close, (999,), Tracee.BATCH_OK_ERR),
+                        (62, (0, 0), REF(0)), (SYS_close, (998,), 0), (SYS_getpid, (), 0)])
+        assert rets == [p.pid, -errno.EBADF, 0, -errno.EBADF]  # kill(getpid(), 0) = 0
+        assert t.page() == (addr, size)  # one page for the whole seize
+        t.cure()
+        assert maps(p.pid) == before
+        assert t.syscall(SYS_getpid) == p.pid
+    assert maps(p.pid) == before and tracers(p.pid) == {0}
+
+
+def test_pidns_clone_batches_leave_no_trace(procs, bins, tmp_path):
+    ns, line = procs.start([bins / "pidns_init"], ready="init")
+    init = int(line.split()[1])
+    procs.extra.append(init)
+    p, _ = procs.start([bins / "sleeper", "1000", "1"])
+    wait_syscall(p.pid)
+    before, fds_before = maps(p.pid), fds(p.pid)
+    with Tracee.seize(p.pid) as t:
+        kids = []
+        for i in range(3):  # several clones, one page
+            c = t.clone(pidns_owner=init, set_tid=p.pid + i)
+            kids.append(c)
+            procs.extra.append(c.pid)
+            assert status(c.pid, "NSpid").split() == [str(c.pid), str(p.pid + i)]
+            assert c.syscall(SYS_getpid) == p.pid + i
+        addr, _ = t.page()
+        assert page_in(p.pid, addr)
+        for c in kids:  # MADV_DONTFORK: the clones never got it, nor the pidfds
+            assert not page_in(c.pid, addr)
+            assert fds(c.pid) == fds_before
+            c.detach()
+        assert fds(p.pid) == fds_before
+    assert maps(p.pid) == before and fds(p.pid) == fds_before
+    assert os.readlink(f"/proc/{p.pid}/ns/pid_for_children") == os.readlink(f"/proc/{p.pid}/ns/pid")
+
+
+def test_clone_vm_child_borrows_the_page(procs, bins):
+    ns, line = procs.start([bins / "pidns_init"], ready="init")
+    init = int(line.split()[1])
+    procs.extra.append(init)
+    p, _ = procs.start([bins / "sleeper", "1000", "1"])
+    wait_syscall(p.pid)
+    before = maps(p.pid)
+    with Tracee.seize(p.pid) as t:
+        addr, _ = t.page()
+        mid = t.clone(pidns_owner=init, set_tid=4242, flags=0x100, quiet_exit=True)  # CLONE_VM
+        assert mid.page()[0] == addr  # the same memory: no page of its own
+        assert mid.calls([(SYS_getpid, (), 0)]) == [4242]
+        real = mid.clone(set_tid=4343)
+        procs.extra.append(real.pid)
+        assert not page_in(real.pid, addr)
+        as_seen = int(status(mid.pid, "NSpid").split()[len(status(p.pid, "NSpid").split()) - 1])
+        os.kill(mid.pid, signal.SIGKILL)  # as the engine does: killed while stopped
+        os.waitpid(mid.pid, 0x40000000)
+        mid._ctl = None  # freed: its cure must not unmap the page it borrowed
+        assert page_in(p.pid, addr)
+        assert t.calls([(SYS_getpid, (), 0)]) == [p.pid]
+        assert t.syscall(61, as_seen, 0, 0x40000000, 0) == as_seen  # wait4: the parent reaps it
+        real.detach()
+    assert maps(p.pid) == before and tracers(p.pid) == {0}
+
+
+MDWE_VICTIM = """
+import ctypes, sys, time
+if ctypes.CDLL(None, use_errno=True).prctl(65, 1, 0, 0, 0):  # PR_SET_MDWE: no W+X memory
+    print("nomdwe", flush=True)
+else:
+    print("ready", flush=True)
+time.sleep(1000)
+"""
+
+
+def test_no_wx_memory_calls_run_one_by_one(procs, bins):
+    ns, line = procs.start([bins / "pidns_init"], ready="init")
+    init = int(line.split()[1])
+    procs.extra.append(init)
+    p, line = procs.start([sys.executable, "-c", MDWE_VICTIM], ready=None)
+    if readline(p, 20).startswith("nomdwe"):
+        pytest.skip("this kernel has no PR_SET_MDWE")
+    wait_syscall(p.pid)
+    before, fds_before = maps(p.pid), fds(p.pid)
+    with Tracee.seize(p.pid) as t:
+        assert t.page() is None
+        rets = t.calls([(SYS_getpid, (), 0), (62, (0, 0), REF(0)), (SYS_close, (998,), 0),
+                        (SYS_getpid, (), 0)])
+        assert rets == [p.pid, 0, -errno.EBADF]
+        with t.clone(pidns_owner=init, set_tid=4545) as c:
+            procs.extra.append(c.pid)
+            assert c.syscall(SYS_getpid) == 4545
+            assert fds(c.pid) == fds_before
+    assert maps(p.pid) == before and fds(p.pid) == fds_before

@@ -70,6 +70,9 @@ cdef extern from "compel.h" nogil:
     size_t bx_batch_code_size()
     int bx_batch_seized(bx_ctl *c, unsigned long code_addr, unsigned long table_addr,
                         bx_batch_entry *tab, size_t n, size_t *ndone)
+    int BX_PAGE_SIZE, BX_PAGE_DATA, BX_PAGE_MAX_CALLS
+    int bx_batch_page_seized(bx_ctl *c, unsigned long *addr)
+    int bx_calls_seized(bx_ctl *c, bx_batch_entry *tab, size_t n, size_t *ndone)
 
     void bx_set_verbose(int on)
 
@@ -93,3 +96,5 @@ cdef class Ctl:
     cdef readonly int pid
     cdef void _check(self, int err, str step=*) except *
     cdef bx_ctl *_live(self) except NULL
+    cdef list _run(self, list calls, unsigned long code_addr, unsigned long table_addr,
+                   bint own_page)

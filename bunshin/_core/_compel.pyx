@@ -7,6 +7,7 @@ the tracee releases the GIL.
 """
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
+from libc.errno cimport EPERM
 
 import os
 
@@ -31,6 +32,11 @@ def set_verbose(bint on):
 def batch_code_size():
     """Bytes of the blob Ctl.batch copies into the tracee."""
     return bx_batch_code_size()
+
+
+def page_max_calls():
+    """How many calls one Ctl.calls() takes."""
+    return BX_PAGE_MAX_CALLS
 
 
 cdef dict _regs(user_regs_struct *r):
@@ -152,6 +158,28 @@ cdef class Ctl:
         """Run ``calls``, a list of ``(ctl, args)`` (see compel.h: struct bx_batch_entry), in
         one stop; returns the results of those that ran (it stops after the first failure
         not allowed by its ctl)."""
+        return self._run(calls, code_addr, table_addr, False)
+
+    def calls(self, list calls):
+        """As batch(), in the control block's own page (mapped on first need, unmapped by
+        cure), or one call at a time in a process that refuses W+X memory."""
+        return self._run(calls, 0, 0, True)
+
+    def page(self):
+        """``(addr, size)`` of the free part of the control block's page (mapping it if need
+        be), for the data of calls(); None if the process refuses W+X memory."""
+        cdef unsigned long addr = 0
+        cdef int err
+        cdef bx_ctl *c = self._live()
+        with nogil:
+            err = bx_batch_page_seized(c, &addr)
+        if err == -EPERM:
+            return None
+        self._check(err)
+        return (addr + BX_PAGE_DATA, BX_PAGE_SIZE - BX_PAGE_DATA)
+
+    cdef list _run(self, list calls, unsigned long code_addr, unsigned long table_addr,
+                   bint own_page):
         cdef size_t n = len(calls), done = 0, i
         cdef int err, j
         cdef bx_ctl *c = self._live()
@@ -167,7 +195,10 @@ cdef class Ctl:
                 for j, v in enumerate(args):
                     tab[i].args[j] = <uint64_t>(v & 0xffffffffffffffff)
             with nogil:
-                err = bx_batch_seized(c, code_addr, table_addr, tab, n, &done)
+                if own_page:
+                    err = bx_calls_seized(c, tab, n, &done)
+                else:
+                    err = bx_batch_seized(c, code_addr, table_addr, tab, n, &done)
             self._check(err)
             return [tab[i].ret for i in range(done)]
         finally:

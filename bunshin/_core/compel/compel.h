@@ -5,7 +5,8 @@
  *   bx_stop_all_seized()  attach to and stop every other thread of its thread group
  *   bx_prepare_seized()   find a `syscall` instruction the injection thread can execute
  *   bx_syscall_seized()   run system calls in the injection thread (bx_clone3_seized, bx_remote_*)
- *   bx_batch_seized()     run a list of them in one stop (batch.c)
+ *   bx_batch_seized()     run a list of them in one stop (batch.c); bx_calls_seized in a page
+ *                         of the control block's own, which cure unmaps
  *   bx_cure_seized()      re-queue held-back signals, restore every register and patched byte
  *   bx_detach()           let every thread run again, untraced
  *   bx_free()             release the control block (cures and detaches first if still needed)
@@ -124,6 +125,19 @@ size_t bx_batch_code_size(void);
  * registers are left for cure as bx_syscall_seized leaves them. */
 int bx_batch_seized(struct bx_ctl *c, unsigned long code_addr, unsigned long table_addr,
 		    struct bx_batch_entry *tab, size_t n, size_t *ndone);
+
+/* The control block's own batch page: one page, read/write/execute, mapped in the tracee on
+ * first need, kept out of the tracee's forks (MADV_DONTFORK; a CLONE_VM child shares it, and
+ * only borrows it), reused for every batch while seized, unmapped by cure. The blob and table
+ * take its first half; the rest is free for the caller's data (the arguments of its calls). */
+#define BX_PAGE_SIZE 4096
+#define BX_PAGE_TABLE 256  /* the table after the blob */
+#define BX_PAGE_DATA 2048  /* the caller's, to the end of the page */
+#define BX_PAGE_MAX_CALLS ((BX_PAGE_DATA - BX_PAGE_TABLE) / 64 - 2) /* an end, a madvise */
+/* The page's address (mapping it if need be); -EPERM if the tracee refuses W+X memory. */
+int bx_batch_page_seized(struct bx_ctl *c, unsigned long *addr);
+/* bx_batch_seized in that page, or one call at a time (same results) where it cannot be had. */
+int bx_calls_seized(struct bx_ctl *c, struct bx_batch_entry *tab, size_t n, size_t *ndone);
 
 /* signals.c */
 int bx_held_signals(const struct bx_ctl *c, int *sigs, int max); /* returns the count */

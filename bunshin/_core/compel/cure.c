@@ -1,4 +1,5 @@
-/* Cure: leave the tracee as it was before the first injection. */
+/* Cure: leave the tracee as it was before the first injection: no batch page, the patched
+ * bytes and registers back, held signals queued again. */
 #include "internal.h"
 
 #define LOG_PREFIX "cure: "
@@ -11,6 +12,10 @@ int bx_cure_seized(struct bx_ctl *c)
 		return bx_fail(c, BX_STEP_CURE, -ESRCH);
 	int ret = 0;
 	bx_regs_t fin = c->thr[0].regs;
+	/* before signals are queued again: a pending one would interrupt the munmap */
+	int r = bx_page_release(c);
+	if (r)
+		ret = bx_fail(c, BX_STEP_CURE, r);
 	if (c->injected) {
 		/* With held signals queued again, the kernel itself finishes the interrupted
 		 * syscall on the way out: restart, or -EINTR if a handler without SA_RESTART
@@ -22,7 +27,7 @@ int bx_cure_seized(struct bx_ctl *c)
 		if (!held || c->nheld)
 			bx_arch_apply_restart(&fin);
 	}
-	int r = bx_patch_restore(c);
+	r = bx_patch_restore(c);
 	if (r)
 		ret = bx_fail(c, BX_STEP_CURE, r);
 	if (c->injected && (r = bx_arch_set_regs(c->thr[0].tid, &fin)))

@@ -52,6 +52,16 @@ struct bx_ctl {
 	pid_t last_child; /* from the latest fork/clone event during injection */
 	long tid_off; /* cached tid's offset from the thread pointer, once learned */
 	int child_of_clone; /* made by bx_clone3_seized: never stopped by an interrupt */
+	/* our batch page (batch.c), 0 if none; a CLONE_VM child borrows its parent's */
+	unsigned long page;
+	int page_owned;   /* we mapped it here: cure unmaps it */
+	int page_fresh;   /* MADV_DONTFORK not applied yet (the first batch in it does) */
+	int page_refused; /* W+X refused: calls run one by one */
+	/* the injection thread as bx_clone3_seized needs it, read once per seize (clone.c) */
+	int known;
+	int nslevels;
+	unsigned long tid_addr;
+	uint64_t robust, robust_len;
 };
 
 extern int bx_verbose;
@@ -74,6 +84,7 @@ static inline int bx_fail(struct bx_ctl *c, int step, int err)
 /* seize.c */
 struct bx_ctl *bx_ctl_new(pid_t tid, int *err);
 int bx_add_thread(struct bx_ctl *c, pid_t tid);
+int bx_add_thread_as(struct bx_ctl *c, pid_t tid, pid_t vtid);
 int bx_read_nspid(pid_t tid, pid_t *out, int max);
 int bx_status_field(pid_t tid, const char *key, char *out, size_t n);
 int bx_wait(struct bx_ctl *c, pid_t tid, int *status);
@@ -88,7 +99,12 @@ int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig);
 int bx_requeue_signals(struct bx_ctl *c);
 void bx_send_held(struct bx_ctl *c);
 
+/* batch.c */
+int bx_calls_run(struct bx_ctl *c, struct bx_batch_entry *tab, size_t n, size_t *ndone, int may_map);
+int bx_page_release(struct bx_ctl *c);
+
 /* state.c */
+int bx_get_robust(pid_t tid, uint64_t *head, uint64_t *len);
 unsigned long bx_find_tid_addr(struct bx_ctl *c, const struct bx_thread *t);
 
 #endif

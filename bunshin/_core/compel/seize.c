@@ -87,7 +87,10 @@ static pid_t own_ns_pid(pid_t tid)
 	return n > 0 ? ns[n - 1] : n;
 }
 
-int bx_add_thread(struct bx_ctl *c, pid_t tid)
+int bx_add_thread(struct bx_ctl *c, pid_t tid) { return bx_add_thread_as(c, tid, 0); }
+
+/* vtid 0: read it from /proc (a file read costs about as much as an injection) */
+int bx_add_thread_as(struct bx_ctl *c, pid_t tid, pid_t vtid)
 {
 	for (int i = 0; i < c->nthr; i++)
 		if (c->thr[i].tid == tid)
@@ -103,7 +106,7 @@ int bx_add_thread(struct bx_ctl *c, pid_t tid)
 	struct bx_thread *t = &c->thr[c->nthr];
 	memset(t, 0, sizeof *t);
 	t->tid = tid;
-	t->vtid = own_ns_pid(tid);
+	t->vtid = vtid > 0 ? vtid : own_ns_pid(tid);
 	return c->nthr++;
 }
 

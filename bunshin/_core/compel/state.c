@@ -19,7 +19,7 @@
 #define GLIBC_TID_BEFORE_ROBUST_HEAD 16
 #define TCB_SCAN_BYTES 4096
 
-static int get_robust(pid_t tid, uint64_t *head, uint64_t *len)
+int bx_get_robust(pid_t tid, uint64_t *head, uint64_t *len)
 {
 	void *h = NULL;
 	size_t l = 0;
@@ -42,7 +42,7 @@ unsigned long bx_find_tid_addr(struct bx_ctl *c, const struct bx_thread *t)
 {
 	uint64_t head = 0, len = 0;
 	int32_t v;
-	if (!get_robust(t->tid, &head, &len) && head > GLIBC_TID_BEFORE_ROBUST_HEAD) {
+	if (!bx_get_robust(t->tid, &head, &len) && head > GLIBC_TID_BEFORE_ROBUST_HEAD) {
 		unsigned long at = head - GLIBC_TID_BEFORE_ROBUST_HEAD;
 		if (!bx_peek(c, at, &v, sizeof v) && v == t->vtid) {
 			if (bx_arch_tls(&t->regs))
@@ -103,7 +103,7 @@ int bx_thread_state_seized(struct bx_ctl *c, pid_t tid, struct bx_thread_state *
 		st->rseq.sig = rs.sig;
 		st->rseq.flags = rs.flags;
 	}
-	int ret = get_robust(tid, &st->robust_list, &st->robust_len);
+	int ret = bx_get_robust(tid, &st->robust_list, &st->robust_len);
 	if (ret)
 		return bx_fail(c, BX_STEP_STATE, ret);
 	st->tid_addr = bx_find_tid_addr(c, t);

@@ -56,9 +56,24 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    tpl = Remote(ctx.shared["tracees"][proc.hostpid], f"template process {proc.vpid} ({proc.name})")
+    src = ctx.shared["tracees"][proc.hostpid]
+    page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
+    if page is None:  # W+X refused: Remote maps and unmaps memory of its own
+        _fixup_proc(proc, r, Remote(src, f"template process {proc.vpid} ({proc.name})"))
+        return
+    addr, _ = page
+    # the three getitimers in the template, in one stop; one that fails is left unset
+    bufs = [addr + i * _ITV.size for i in range(len(_ITIMERS))]
+    got = src.calls([(36, (which, buf), src.BATCH_OK_ERR) for which, buf in zip(_ITIMERS, bufs)])
+    raw = src.read(addr, len(_ITIMERS) * _ITV.size)
+    for i, which in enumerate(_ITIMERS):
+        if got[i] == 0 and any(_ITV.unpack_from(raw, i * _ITV.size)):
+            r.call("setitimer", which, r.put(raw[i * _ITV.size:(i + 1) * _ITV.size]), 0)
+    _posix_timers(proc, r, src, addr + len(_ITIMERS) * _ITV.size)
+
+
+def _fixup_proc(proc, r, tpl: Remote) -> None:
     try:
-        # the three getitimers in the template, in one stop; one that fails is left unset
         bufs = [tpl.queue_put(bytes(_ITV.size)) for _ in _ITIMERS]
         got = [tpl.queue("getitimer", which, buf, ok_errnos=ANY_ERROR) for which, buf in zip(_ITIMERS, bufs)]
         for which, buf, ret in zip(_ITIMERS, bufs, got):
@@ -67,27 +82,31 @@ def fixup_proc(ctx, proc, r) -> None:
             raw = tpl.t.read(buf, _ITV.size)
             if any(_ITV.unpack(raw)):
                 r.call("setitimer", which, r.put(raw), 0)
-        src, scratch = tpl.t, tpl.put(bytes(_ITS.size))
-        throwaway = []
-        for t in getattr(proc, "posix_timers", ()):
-            if src.syscall(224, t.id, scratch) != 0:  # timer_gettime, in the template
-                raise ForkError(f"process {proc.vpid}: cannot read POSIX timer {t.id}", pid=proc.hostpid)
-            its = src.read(scratch, _ITS.size)
-            sigevent = struct.pack("qiii", t.value, t.signo, t.notify, t.target).ljust(64, b"\0")
-            ev, idp = r.put(sigevent, 0), r.put(bytes(4), 64)
-            while True:
-                r.call("timer_create", t.clock, ev, idp)
-                got = struct.unpack("i", r.t.read(idp, 4))[0]
-                if got == t.id:
-                    break
-                if got > t.id:
-                    raise ForkError(f"process {proc.vpid}: POSIX timer {t.id} came back as {got}")
-                throwaway.append(got)
-            r.call("timer_settime", t.id, 0, r.put(its, 128), 0)
-        for tid in throwaway:
-            r.call("timer_delete", tid)
+        _posix_timers(proc, r, tpl.t, tpl.put(bytes(_ITS.size)))
     finally:
         tpl.release()
+
+
+def _posix_timers(proc, r, src, scratch: int) -> None:
+    """POSIX timers, read in the template (``src``, ``scratch``: _ITS.size bytes there)."""
+    throwaway = []
+    for t in getattr(proc, "posix_timers", ()):
+        if src.syscall(224, t.id, scratch) != 0:  # timer_gettime, in the template
+            raise ForkError(f"process {proc.vpid}: cannot read POSIX timer {t.id}", pid=proc.hostpid)
+        its = src.read(scratch, _ITS.size)
+        sigevent = struct.pack("qiii", t.value, t.signo, t.notify, t.target).ljust(64, b"\0")
+        ev, idp = r.put(sigevent, 0), r.put(bytes(4), 64)
+        while True:
+            r.call("timer_create", t.clock, ev, idp)
+            got = struct.unpack("i", r.t.read(idp, 4))[0]
+            if got == t.id:
+                break
+            if got > t.id:
+                raise ForkError(f"process {proc.vpid}: POSIX timer {t.id} came back as {got}")
+            throwaway.append(got)
+        r.call("timer_settime", t.id, 0, r.put(its, 128), 0)
+    for tid in throwaway:
+        r.call("timer_delete", tid)
 
 
 OPS = SimpleNamespace(kind="timers", plan_proc=plan_proc, fixup_proc=fixup_proc)
