@@ -26,8 +26,12 @@ def _shot(w) -> bytes:
 
 def _wait(w, cmd: str, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
-    while not w.run(cmd, env=DISPLAY).ok:
-        assert time.monotonic() < deadline, cmd
+    while not (r := w.run(cmd, env=DISPLAY)).ok:
+        if time.monotonic() >= deadline:  # say what the display was doing
+            log = w.run("cat /tmp/xvfb.log").stdout.decode(errors="replace")[-2000:]
+            procs = [(p.pid, p.state, " ".join(p.cmdline)) for p in w.processes()]
+            raise AssertionError(f"{cmd}: still failing after {timeout}s: {r}\n"
+                                 f"processes: {procs}\nXvfb log: {log}")
         time.sleep(0.05)
 
 
