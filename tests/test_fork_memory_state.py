@@ -72,9 +72,17 @@ def test_shared_memory_becomes_the_childs_own_copy(no_leaks):
             kid.close()
 
 
-def test_interval_timers_are_rearmed(no_leaks):
+# PR_SET_MDWE: the process refuses writable+executable memory, so the engine reads its timers
+# one call at a time, in memory mapped for the purpose
+_MDWE = "import ctypes, sys\nif ctypes.CDLL(None).prctl(65, 1, 0, 0, 0): sys.exit(3)\n"
+
+
+@pytest.mark.parametrize("mdwe", [False, True], ids=["plain", "no-wx-memory"])
+def test_interval_timers_are_rearmed(no_leaks, mdwe):
     with bunshin.Workspace.create() as ws:
-        ws.write_file("/tick.py", "import signal, time\nn = 0\n"
+        if mdwe and ws.run(f"python3 -c '{_MDWE}'").exit_code:
+            pytest.skip("this kernel has no PR_SET_MDWE")
+        ws.write_file("/tick.py", (_MDWE if mdwe else "") + "import signal, time\nn = 0\n"
                                   "def tick(*_):\n    global n\n    n += 1\n    open('/tmp/ticks', 'w').write(str(n))\n"
                                   "signal.signal(signal.SIGALRM, tick)\n"
                                   "signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)\n"

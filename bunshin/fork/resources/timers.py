@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
-from ..remote import ANY_ERROR, Remote
 
 _ITIMERS = (0, 1, 2)  # ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF
 _ITV = struct.Struct("4q")  # it_interval, it_value (timevals)
@@ -58,33 +57,20 @@ def plan_proc(proc) -> None:
 def fixup_proc(ctx, proc, r) -> None:
     src = ctx.shared["tracees"][proc.hostpid]
     page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
-    if page is None:  # W+X refused: Remote maps and unmaps memory of its own
-        _fixup_proc(proc, r, Remote(src, f"template process {proc.vpid} ({proc.name})"))
-        return
-    addr, _ = page
-    # the three getitimers in the template, in one stop; one that fails is left unset
-    bufs = [addr + i * _ITV.size for i in range(len(_ITIMERS))]
-    got = src.calls([(36, (which, buf), src.BATCH_OK_ERR) for which, buf in zip(_ITIMERS, bufs)])
-    raw = src.read(addr, len(_ITIMERS) * _ITV.size)
-    for i, which in enumerate(_ITIMERS):
-        if got[i] == 0 and any(_ITV.unpack_from(raw, i * _ITV.size)):
-            r.call("setitimer", which, r.put(raw[i * _ITV.size:(i + 1) * _ITV.size]), 0)
-    _posix_timers(proc, r, src, addr + len(_ITIMERS) * _ITV.size)
-
-
-def _fixup_proc(proc, r, tpl: Remote) -> None:
+    # W+X refused: calls() runs one at a time, and the data needs memory of its own
+    addr = page[0] if page is not None else src.mmap(4096)
     try:
-        bufs = [tpl.queue_put(bytes(_ITV.size)) for _ in _ITIMERS]
-        got = [tpl.queue("getitimer", which, buf, ok_errnos=ANY_ERROR) for which, buf in zip(_ITIMERS, bufs)]
-        for which, buf, ret in zip(_ITIMERS, bufs, got):
-            if ret.value != 0:
-                continue
-            raw = tpl.t.read(buf, _ITV.size)
-            if any(_ITV.unpack(raw)):
-                r.call("setitimer", which, r.put(raw), 0)
-        _posix_timers(proc, r, tpl.t, tpl.put(bytes(_ITS.size)))
+        # the three getitimers in the template, in one stop; one that fails is left unset
+        bufs = [addr + i * _ITV.size for i in range(len(_ITIMERS))]
+        got = src.calls([(36, (which, buf), src.BATCH_OK_ERR) for which, buf in zip(_ITIMERS, bufs)])
+        raw = src.read(addr, len(_ITIMERS) * _ITV.size)
+        for i, which in enumerate(_ITIMERS):
+            if got[i] == 0 and any(_ITV.unpack_from(raw, i * _ITV.size)):
+                r.call("setitimer", which, r.put(raw[i * _ITV.size:(i + 1) * _ITV.size]), 0)
+        _posix_timers(proc, r, src, addr + len(_ITIMERS) * _ITV.size)
     finally:
-        tpl.release()
+        if page is None:
+            src.munmap(addr, 4096)
 
 
 def _posix_timers(proc, r, src, scratch: int) -> None:
