@@ -69,11 +69,8 @@ static int run_to_trap(struct bx_ctl *c, unsigned long code)
 		if ((err = bx_wait(c, tid, &st)))
 			return err;
 		int event = st >> 16, sig = WSTOPSIG(st);
-		if (event == PTRACE_EVENT_FORK || event == PTRACE_EVENT_CLONE ||
-		    event == PTRACE_EVENT_VFORK) {
-			unsigned long msg = 0;
-			ptrace(PTRACE_GETEVENTMSG, tid, 0, &msg);
-			c->last_child = (pid_t)msg;
+		if (bx_fork_event(c, tid, st)) {
+			/* noted in c->last_child */
 		} else if (!event) {
 			if ((err = bx_arch_get_regs(tid, &c->cur)))
 				return err;

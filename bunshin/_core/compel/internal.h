@@ -96,6 +96,8 @@ int bx_patch_restore(struct bx_ctl *c);
 
 /* signals.c */
 int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig);
+/* syscall.c: a fork event stop: notes the child in c->last_child, returns 1 */
+int bx_fork_event(struct bx_ctl *c, pid_t tid, int status);
 int bx_requeue_signals(struct bx_ctl *c);
 void bx_send_held(struct bx_ctl *c);
 

@@ -162,6 +162,19 @@ int bx_prepare_seized(struct bx_ctl *c)
 	return 0;
 }
 
+/* A fork event stop (PTRACE_O_TRACEFORK and friends, set only around an injected clone):
+ * remember the child it announces. Returns 1 if the status was one. */
+int bx_fork_event(struct bx_ctl *c, pid_t tid, int status)
+{
+	int event = status >> 16;
+	if (event != PTRACE_EVENT_FORK && event != PTRACE_EVENT_CLONE && event != PTRACE_EVENT_VFORK)
+		return 0;
+	unsigned long msg = 0;
+	ptrace(PTRACE_GETEVENTMSG, tid, 0, &msg);
+	c->last_child = (pid_t)msg;
+	return 1;
+}
+
 /* Resume with PTRACE_SYSCALL until the injected call's exit stop. Signals are held back;
  * an injected call they interrupt is restarted by the kernel, as it would be for any tracee
  * whose signal the tracer suppresses. */
@@ -175,11 +188,8 @@ static int run_to_exit(struct bx_ctl *c, long *ret)
 		if ((err = bx_wait(c, tid, &st)))
 			return err;
 		int event = st >> 16, sig = WSTOPSIG(st);
-		if (event == PTRACE_EVENT_FORK || event == PTRACE_EVENT_CLONE ||
-		    event == PTRACE_EVENT_VFORK) {
-			unsigned long msg = 0;
-			ptrace(PTRACE_GETEVENTMSG, tid, 0, &msg);
-			c->last_child = (pid_t)msg;
+		if (bx_fork_event(c, tid, st)) {
+			/* noted in c->last_child: bx_clone3_seized adopts it */
 		} else if (sig == (SIGTRAP | 0x80)) {
 			if (in_call) {
 				if ((err = bx_arch_get_regs(tid, &c->cur)))
