@@ -499,6 +499,20 @@ static struct share_state *share_alloc(u32 npids, u32 ntags)
 	return st;
 }
 
+/* Resolve every pid, then walk (with @groups: one group's mms one after another, see struct
+ * share_state); the counts are in @st. */
+static int share_run(struct share_state *st, const s32 *pids, const u32 *groups, u32 npids)
+{
+	int err = share_add_pids(st, pids, groups, npids);
+
+	if (err)
+		return err;
+	if (groups)
+		sort(st->members, st->nmembers, sizeof(*st->members), share_cmp_tag, NULL);
+	share_pick_dense(st);
+	return share_walk(st);
+}
+
 long bunshin_share_stats(void __user *uarg)
 {
 	struct bunshin_share_stats req;
@@ -523,11 +537,7 @@ long bunshin_share_stats(void __user *uarg)
 		kvfree(pids);
 		return -ENOMEM;
 	}
-	err = share_add_pids(st, pids, NULL, req.npids);
-	if (!err) {
-		share_pick_dense(st);
-		err = share_walk(st);
-	}
+	err = share_run(st, pids, NULL, req.npids);
 	if (err)
 		goto out;
 	req.shared_pages = st->shared;
@@ -612,14 +622,7 @@ long bunshin_group_stats(void __user *uarg)
 	err = -ENOMEM;
 	if (!st)
 		goto free_arrays;
-	err = share_add_pids(st, pids, groups, req.npids);
-	if (err)
-		goto out;
-	/* one group's mms walked one after another (see struct share_state) */
-	sort(st->members, st->nmembers, sizeof(*st->members), share_cmp_tag,
-	     NULL);
-	share_pick_dense(st);
-	err = share_walk(st);
+	err = share_run(st, pids, groups, req.npids);
 	if (err)
 		goto out;
 	req.shared_pages = st->shared;
