@@ -51,7 +51,8 @@ class Slot:
 
 
 def make(core: "TemplateCore") -> Slot:
-    """A state directory, cgroup and overlay root for one child of ``core``."""
+    """A state directory, cgroup and overlay root for one child of ``core``: made ahead by the
+    thread, or by a fork that finds none ready. On failure nothing is left."""
     from ..runtime import cgroup
     from ..runtime.state import Meta, WorkspaceDir, proc_start_time
     from . import engine

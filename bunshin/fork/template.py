@@ -137,28 +137,20 @@ class TemplateCore:
         return kids
 
     def _fork_one(self, tracees, pin, on_fork, hostname: str | None) -> "Workspace":
-        from ..runtime import cgroup as _cgroup
-        from ..runtime.state import WorkspaceDir
         from ..runtime.workspace import Workspace
 
         start = time.perf_counter()
         slot = self.slots.pop() if self.slots else None  # self.lock is held by fork()
-        if slot is not None:
-            d, cg, mfd = slot.dir, slot.cg, slot.mount_fd
-        else:
+        if slot is None:  # none made ahead: the same pieces, now (make() cleans up its own)
             try:
-                d = WorkspaceDir.create()
+                slot = slots.make(self)
             except OSError as e:
                 raise ForkError(f"cannot create the child's directory: {e}") from None
-            cg = None
-            mfd = -1
+        d, cg, mfd = slot.dir, slot.cg, slot.mount_fd
         ci = chan = None
         clones = []
         pidfd = -1
         try:
-            if slot is None:
-                cg = _cgroup.backend().create(f"ws-{d.id}", **self.config["limits"])
-                mfd = engine.overlay_fd(self.lowers, d.upper, d.work)
             host = hostname or self.config["hostname"]
             ci, sock = engine.clone_init(tracees[self.parts["init_pid"]], self.parts["chan"]._sock,
                                          mfd, host, cg)
