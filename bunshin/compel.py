@@ -20,7 +20,7 @@ from __future__ import annotations
 import mmap as _mmap
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import ForkError
 
@@ -203,6 +203,23 @@ class Tracee:
         signal to its parent (it must then be reaped with ``__WALL``)."""
         ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0, quiet_exit)
         return Tracee(ctl)
+
+    def clone_by(self, make: Callable[[int], list[int]], vtids: list[int]) -> list["Tracee"]:
+        """Clones made outside compel: ``make(tid_addr)`` resumes this (stopped) process so that
+        it clones itself and stops again, and returns the children's host pids (the kernel
+        module's FORK does); ``tid_addr`` is where each child should store its tid. The children
+        come back as :meth:`clone`'s do: seized, stopped, registers those of this process.
+        ``vtids[i]`` is child i's pid in its own namespace (0: unknown). An OSError from ``make``
+        is passed on after this process's stop is collected when it has ``resumed``."""
+        addr = self._call("ext_clone_begin")
+        try:
+            pids = make(addr)
+        except OSError as e:
+            if getattr(e, "resumed", False):
+                self._call("ext_clone_end")
+            raise
+        self._call("ext_clone_end")
+        return [Tracee(self._call("ext_clone_adopt", pid, vtid)) for pid, vtid in zip(pids, vtids)]
 
     def thread_altstack(self, tid: int | None = None) -> tuple[int, int, int]:
         """The thread's alternate signal stack as ``(sp, flags, size)``, read by running

@@ -55,6 +55,8 @@ def _criu_check(kd: KernDat) -> Check:
 
 
 _USER_COST = {
+    "fork clones": "each process of a fork is cloned by injected system calls (about ten ptrace "
+                   "stops, an intermediate process); /dev/bunshin FORK clones it in the kernel",
     "fork parents": "clones of a workspace's processes are children of its init (getppid() "
                     "is 1 in a fork); /dev/bunshin REPARENT keeps the tree exact",
     "memory accounting": "family_usage reads /proc/PID/pagemap: several times slower than "

@@ -20,6 +20,13 @@ static const struct {
 	{ "max_pfn", (void **)&bunshin_ks.max_pfn },
 	{ "ptrace_may_access", (void **)&bunshin_ks.ptrace_may_access },
 	{ "tasklist_lock", (void **)&bunshin_ks.tasklist_lock },
+	{ "copy_process", (void **)&bunshin_ks.copy_process },
+	{ "wake_up_new_task", (void **)&bunshin_ks.wake_up_new_task },
+	{ "create_new_namespaces", (void **)&bunshin_ks.create_new_namespaces },
+	{ "free_nsproxy", (void **)&bunshin_ks.free_nsproxy },
+	{ "task_work_cancel", (void **)&bunshin_ks.task_work_cancel },
+	{ "wake_up_state", (void **)&bunshin_ks.wake_up_state },
+	{ "signal_wake_up_state", (void **)&bunshin_ks.signal_wake_up_state },
 };
 
 /* kallsyms_lookup_name() itself is unexported since 5.7; a kprobe placed on

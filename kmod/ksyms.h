@@ -10,6 +10,7 @@
 #include <linux/mm_types.h>
 #include <linux/pagewalk.h>
 #include <linux/sched.h>
+#include <linux/sched/task.h>
 
 struct bunshin_ksyms {
 	int (*walk_page_range)(struct mm_struct *mm, unsigned long start,
@@ -25,6 +26,18 @@ struct bunshin_ksyms {
 	unsigned long *max_pfn;		/* highest pfn of RAM + 1 */
 	bool (*ptrace_may_access)(struct task_struct *task, unsigned int mode);
 	rwlock_t *tasklist_lock;
+	/* fork.c: the halves of kernel_clone() it runs in the task itself */
+	struct task_struct *(*copy_process)(struct pid *pid, int trace, int node,
+					    struct kernel_clone_args *args);
+	void (*wake_up_new_task)(struct task_struct *p);
+	struct nsproxy *(*create_new_namespaces)(unsigned long flags,
+						 struct task_struct *tsk,
+						 struct user_namespace *user_ns,
+						 struct fs_struct *new_fs);
+	void (*free_nsproxy)(struct nsproxy *ns);
+	bool (*task_work_cancel)(struct task_struct *task, struct callback_head *cb);
+	int (*wake_up_state)(struct task_struct *p, unsigned int state);
+	void (*signal_wake_up_state)(struct task_struct *t, unsigned int state);
 };
 
 extern struct bunshin_ksyms bunshin_ks;

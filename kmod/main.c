@@ -22,6 +22,7 @@ static const struct bunshin_verb bunshin_verbs[] = {
 	{ BUNSHIN_IOC_GET_VERSION, bunshin_get_version },
 	{ BUNSHIN_IOC_SHARE_STATS, bunshin_share_stats },
 	{ BUNSHIN_IOC_REPARENT, bunshin_reparent },
+	{ BUNSHIN_IOC_FORK, bunshin_fork },
 	{ BUNSHIN_IOC_GROUP_STATS, bunshin_group_stats },
 };
 

@@ -10,6 +10,7 @@ long bunshin_get_version(void __user *uarg);
 long bunshin_share_stats(void __user *uarg);
 long bunshin_reparent(void __user *uarg);
 long bunshin_group_stats(void __user *uarg);
+long bunshin_fork(void __user *uarg);
 
 /* BUNSHIN_FEATURE() bits of the verbs main.c dispatches. */
 u64 bunshin_features(void);

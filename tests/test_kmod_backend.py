@@ -42,7 +42,7 @@ def mode(monkeypatch):
 
 
 def test_public_names():
-    assert set(kmod.__all__) == {"DEVICE", "ENV", "Backend", "Kmod", "KmodUnavailable", "backend",
+    assert set(kmod.__all__) == {"DEVICE", "ENV", "FORK_ENV", "Backend", "Kmod", "KmodUnavailable", "backend",
                                  "reset"}
     assert bunshin._core.backend is kmod.backend
 

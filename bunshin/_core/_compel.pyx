@@ -280,6 +280,39 @@ cdef class Ctl:
         child.pid = bx_pid(k)
         return child
 
+    def ext_clone_begin(self):
+        """Before a clone made outside compel: returns where each child stores its tid."""
+        cdef bx_ctl *c = self._live()
+        cdef unsigned long addr = 0
+        cdef int err
+        with nogil:
+            err = bx_clone_ext_begin(c, &addr)
+        self._check(err)
+        return addr
+
+    def ext_clone_end(self):
+        """After it: collect the victim's PTRACE_EVENT_STOP."""
+        cdef bx_ctl *c = self._live()
+        cdef int err
+        with nogil:
+            err = bx_clone_ext_end(c)
+        self._check(err)
+
+    def ext_clone_adopt(self, pid_t child, pid_t vtid=0):
+        """One child of that clone (host pid ``child``, ``vtid`` in its own namespace)."""
+        cdef bx_ctl *c = self._live()
+        cdef bx_ctl *k
+        cdef int err = 0
+        with nogil:
+            k = bx_clone_ext_adopt(c, child, vtid, &err)
+        self._check(err)
+        if k == NULL:
+            raise CompelError(10, "clone", self.pid)  # ECHILD
+        cdef Ctl out = Ctl.__new__(Ctl)
+        out.c = k
+        out.pid = bx_pid(k)
+        return out
+
     def thread_altstack(self, pid_t tid):
         """(sp, flags, size) of the thread's sigaltstack, read by injection in that thread."""
         cdef bx_altstack alt

@@ -18,10 +18,11 @@ cdef extern from "sys/ioctl.h":
 cdef extern from "linux/bunshin.h":
     int BUNSHIN_ABI_VERSION
     int BUNSHIN_NR_GET_VERSION, BUNSHIN_NR_SHARE_STATS, BUNSHIN_NR_REPARENT, BUNSHIN_NR_GROUP_STATS
+    int BUNSHIN_NR_FORK, BUNSHIN_FORK_MAX_CHILDREN
     int BUNSHIN_SHARE_STATS_MAX_PIDS
     unsigned int BUNSHIN_REPARENT_TRACED
     unsigned long BUNSHIN_IOC_GET_VERSION, BUNSHIN_IOC_SHARE_STATS, BUNSHIN_IOC_REPARENT
-    unsigned long BUNSHIN_IOC_GROUP_STATS
+    unsigned long BUNSHIN_IOC_GROUP_STATS, BUNSHIN_IOC_FORK
     struct bunshin_version:
         uint32_t abi_version
         uint32_t module_version
@@ -63,9 +64,26 @@ cdef extern from "linux/bunshin.h":
         uint64_t total_pages
         uint32_t nmms
 
+    struct bunshin_fork_child:
+        int32_t pidns_pid
+        int32_t tid
+        int32_t parent
+        int32_t pid
+    struct bunshin_fork:
+        int32_t pid
+        uint32_t nchildren
+        uint64_t children_ptr
+        uint32_t child_size
+        uint32_t flags
+        uint64_t child_tid
+        uint32_t done
+        uint32_t resumed
+
 ABI_VERSION = BUNSHIN_ABI_VERSION
 NR = {"GET_VERSION": BUNSHIN_NR_GET_VERSION, "SHARE_STATS": BUNSHIN_NR_SHARE_STATS,
-      "REPARENT": BUNSHIN_NR_REPARENT, "GROUP_STATS": BUNSHIN_NR_GROUP_STATS}
+      "REPARENT": BUNSHIN_NR_REPARENT, "GROUP_STATS": BUNSHIN_NR_GROUP_STATS,
+      "FORK": BUNSHIN_NR_FORK}
+FORK_MAX_CHILDREN = BUNSHIN_FORK_MAX_CHILDREN
 MAX_PIDS = BUNSHIN_SHARE_STATS_MAX_PIDS
 REPARENT_TRACED = BUNSHIN_REPARENT_TRACED
 
@@ -161,3 +179,37 @@ def reparent(int fd, int pid, int new_parent, unsigned int flags=0):
     if r < 0:
         _fail()
     return req.old_parent
+
+
+def fork(int fd, int pid, children, unsigned long long child_tid=0):
+    """FORK: clone host pid ``pid`` (seized by the calling thread, in a ptrace stop) once per
+    ``(pidns_pid, tid, parent)`` of ``children``; returns the children's host pids. The OSError
+    of a failed call carries ``made`` (host pids of the children made anyway) and ``resumed``
+    (``pid`` was resumed and stops again: wait for it)."""
+    cdef Py_ssize_t n = len(children), i
+    if n == 0 or n > BUNSHIN_FORK_MAX_CHILDREN:
+        raise ValueError(f"FORK takes 1..{BUNSHIN_FORK_MAX_CHILDREN} children, not {n}")
+    cdef unsigned char[::1] buf = np.zeros(n * sizeof(bunshin_fork_child), dtype=np.uint8)
+    cdef bunshin_fork_child *k = <bunshin_fork_child *>&buf[0]
+    for i, (ns, tid, parent) in enumerate(children):
+        k[i].pidns_pid = ns
+        k[i].tid = tid
+        k[i].parent = parent
+    cdef bunshin_fork req
+    cdef int r
+    memset(&req, 0, sizeof(req))
+    req.pid = pid
+    req.nchildren = <uint32_t>n
+    req.children_ptr = <uint64_t><size_t>k
+    req.child_size = sizeof(bunshin_fork_child)
+    req.child_tid = child_tid
+    with nogil:
+        r = ioctl(fd, BUNSHIN_IOC_FORK, &req)
+    made = [k[i].pid for i in range(req.done)]
+    if r < 0:
+        e = errno
+        exc = OSError(e, os.strerror(e))
+        exc.made = made
+        exc.resumed = bool(req.resumed)
+        raise exc
+    return made

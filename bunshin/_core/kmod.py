@@ -7,6 +7,8 @@ Chosen once per process, here and nowhere else (as psutil does). ``BUNSHIN_KMOD`
 - ``0``: never use the module.
 - ``1``: require it; :func:`backend` raises :class:`KmodUnavailable` naming what is wrong.
 
+``BUNSHIN_KMOD_FORK=0`` keeps the module for everything but cloning (benchmarks compare the two).
+
 Each verb is used only when the module serves it (its feature bit, and for REPARENT of a
 traced clone module 0.2.0); the rest falls back on its own, so an older module still helps.
 The device stays open for the life of the process (``rmmod`` waits for it to exit).
@@ -23,12 +25,14 @@ from dataclasses import dataclass, field
 from ..errors import UnsupportedKernel
 from . import _kmod
 
-__all__ = ["DEVICE", "ENV", "Backend", "Kmod", "KmodUnavailable", "backend", "reset"]
+__all__ = ["DEVICE", "ENV", "FORK_ENV", "Backend", "Kmod", "KmodUnavailable", "backend", "reset"]
 
 DEVICE = "/dev/bunshin"
 ENV = "BUNSHIN_KMOD"
+FORK_ENV = "BUNSHIN_KMOD_FORK"  # 0: keep the module's other verbs, clone by injection (A/B runs)
 _MODES = ("auto", "0", "1")
 _TRACED_SINCE = (0, 2, 0)  # module version that accepts BUNSHIN_REPARENT_TRACED
+FORK_MAX_CHILDREN = _kmod.FORK_MAX_CHILDREN
 
 
 class KmodUnavailable(UnsupportedKernel):
@@ -50,7 +54,8 @@ class Kmod:
     features: int
 
     def serves(self, verb: str) -> bool:
-        """Whether the module has ``verb`` (``"SHARE_STATS"``, ``"REPARENT"``, ``"GROUP_STATS"``)."""
+        """Whether the module has ``verb`` (``"SHARE_STATS"``, ``"REPARENT"``, ``"GROUP_STATS"``,
+        ``"FORK"``)."""
         return bool(self.features >> _kmod.NR[verb] & 1)
 
     @property
@@ -65,6 +70,11 @@ class Kmod:
     def share_stats(self, pids):
         """SHARE_STATS: (shared, total, nmms, per-pid [mapped, shared, unique] pages)."""
         return _kmod.share_stats(self.fd, pids)
+
+    def fork(self, pid: int, children: list[tuple[int, int, int]], child_tid: int = 0) -> list[int]:
+        """FORK: clone ``pid`` (seized by the calling thread, stopped) once per
+        ``(pidns_pid, tid, parent)``; the OSError of a failure has ``made`` and ``resumed``."""
+        return _kmod.fork(self.fd, pid, children, child_tid)
 
     def reparent(self, pid: int, new_parent: int, traced: bool = False) -> int:
         """Move host pid ``pid`` under ``new_parent``; ``traced``: the calling thread traces it."""
@@ -91,6 +101,15 @@ class Backend:
     def reparent(self) -> Kmod | None:
         """The module when forks can make exact parent links with it."""
         return self.kmod if self.kmod is not None and self.kmod.reparents_traced else None
+
+    @property
+    def fork(self) -> Kmod | None:
+        """The module when forks can clone processes in the kernel (FORK); it comes with
+        REPARENT, which the engine also needs."""
+        k = self.reparent
+        if k is None or not k.serves("FORK") or self.uses.get("fork clones", "").startswith("user"):
+            return None
+        return k
 
     @property
     def group_stats(self) -> Kmod | None:
@@ -123,10 +142,18 @@ def _open() -> tuple[Kmod | None, str]:
 
 def _uses(k: Kmod | None) -> dict[str, str]:
     if k is None:
-        return {"fork parents": "user space: clones are parented to the workspace's init",
+        return {"fork clones": "user space: injected clone3 through an intermediate process",
+                "fork parents": "user space: clones are parented to the workspace's init",
                 "memory accounting": "user space: /proc/PID/pagemap"}
     v = ".".join(map(str, k.module_version))
+    if not k.serves("FORK"):
+        clones = f"user space: injected clone3 (module {v} has no FORK)"
+    elif os.environ.get(FORK_ENV, "1").strip() == "0":
+        clones = f"user space: injected clone3 ({FORK_ENV}=0)"
+    else:
+        clones = "kmod FORK: each process cloned in the kernel into the child's namespace"
     return {
+        "fork clones": clones,
         "fork parents": ("kmod REPARENT: each clone under the clone of its parent"
                          if k.reparents_traced else
                          f"user space: module {v} cannot reparent a traced clone (needs "

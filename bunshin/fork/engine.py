@@ -15,6 +15,7 @@ come from its tracer).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -225,8 +226,12 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> 
     moved under the child's init (REPARENT); without it, an intermediate sharing the template's
     memory (CLONE_VM: nothing copied) is made in the child's namespace, the real clone is made
     from it, and the intermediate is killed, so its orphan is adopted by the child's init. The
-    template reaps the intermediate."""
-    k = backend().reparent
+    template reaps the intermediate. With the module's FORK the template process clones
+    itself in the kernel straight into the child's namespace, under the child's init."""
+    b = backend()
+    if b.fork is not None:
+        return _clone_in_kernel(b.fork, tp, proc, child_init)
+    k = b.reparent
     if k is not None:
         return _clone_reparented(k, tp, proc, child_init)
     mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
@@ -241,6 +246,36 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> 
         level = len(_nspid(tp.pid)) - 1
         tp.syscall(61, mid_levels[level], 0, _WALL, 0)  # wait4 in the template process
     return child
+
+
+def _clone_in_kernel(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
+    """One FORK: the template process is resumed once, clones itself in the kernel and stops
+    again; no injected system call. A signal pending for it (EAGAIN: it would stop for that
+    first) is taken by one injected no-op, which holds it back, and the call is made again."""
+    for attempt in (0, 1):
+        try:
+            return tp.clone_by(lambda addr: k.fork(tp.pid, [(child_init, proc.vpid, child_init)],
+                                                   addr), [proc.vpid])[0]
+        except OSError as e:
+            for pid in getattr(e, "made", ()):
+                _drop_traced(pid)
+            if e.errno == errno.EAGAIN and attempt == 0:
+                tp.syscall(39)  # getpid
+                continue
+            raise ForkError(f"/dev/bunshin FORK of process {proc.vpid} ({proc.name}) into the "
+                            f"child: {e.strerror}", pid=tp.pid, step="fork",
+                            errno=e.errno) from None
+    raise AssertionError("unreachable")
+
+
+def _drop_traced(pid: int) -> None:
+    """Kill a stopped clone we trace and collect it as its tracer; its parent (the child's
+    init) reaps it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, _WALL)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:

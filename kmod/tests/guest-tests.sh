@@ -12,7 +12,7 @@ args=()
 [ -s "$RESULTS_DIR/pytest.args" ] && mapfile -d '' args < "$RESULTS_DIR/pytest.args"
 rc=0
 "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
-    test_kmod.py "${args[@]}" || rc=1
+    test_kmod.py test_fork_verb.py "${args[@]}" || rc=1
 
 # The library's own suite needs what a host has: a cgroup hierarchy and a
 # state directory on a file system of its own (a tmpfs here, so no loop device).

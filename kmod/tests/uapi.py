@@ -132,6 +132,28 @@ class Device:
         fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_REPARENT, req, True)
         return req
 
+    def fork(self, pid, children, child_tid=0, **override):
+        """FORK: clone ``pid`` once per ``(pidns_pid, tid, parent)`` in ``children``; returns
+        (request, host pids of the children made). override sets request fields."""
+        kids = (ABI.bunshin_fork_child * max(len(children), 1))(
+            *[ABI.bunshin_fork_child(pidns_pid=a, tid=b, parent=c) for a, b, c in children])
+        req = ABI.bunshin_fork(pid=pid, nchildren=len(children),
+                               children_ptr=ctypes.addressof(kids),
+                               child_size=ctypes.sizeof(ABI.bunshin_fork_child),
+                               child_tid=child_tid)
+        reserved = override.pop("reserved", None)
+        if reserved:
+            req.reserved[0] = reserved
+        for field, value in override.items():
+            setattr(req, field, value)
+        try:
+            fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_FORK, req, True)
+        except OSError as e:
+            e.made = [k.pid for k in list(kids)[: req.done]]
+            e.resumed = bool(req.resumed)
+            raise
+        return req, [k.pid for k in list(kids)[: req.done]]
+
 
 def refs(path="/sys/kernel/debug/bunshin/refs"):
     """{kind: (gets, puts)} from the module's debugfs counters."""

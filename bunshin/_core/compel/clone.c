@@ -256,3 +256,50 @@ out:
 	*err = e;
 	return k;
 }
+
+/* A clone made by someone else (the kernel module's FORK), around which compel does what it
+ * does around its own clone3: the victim prepared and its fresh page kept out of the child
+ * before, the victim's stop collected and the child adopted after. */
+int bx_clone_ext_begin(struct bx_ctl *c, unsigned long *tid_addr)
+{
+	int e;
+	if ((e = bx_prepare_seized(c)) || (e = learn_self(c)))
+		return e;
+	if (c->page && c->page_fresh) {
+		long rv = inject(c, SYS_madvise, c->page, BX_PAGE_SIZE, MADV_DONTFORK, &e);
+		if (e || (e = (int)rv))
+			return bx_fail(c, BX_STEP_CLONE, e);
+		c->page_fresh = 0;
+	}
+	*tid_addr = c->tid_addr;
+	return 0;
+}
+
+/* The victim was resumed and asked to stop again (PTRACE_EVENT_STOP): wait for that stop.
+ * A signal that stops it first is held, as during an injection. Its registers may now show a
+ * restarted system call; cure's or the next injection's saved registers are equally right. */
+int bx_clone_ext_end(struct bx_ctl *c)
+{
+	pid_t tid = c->thr[0].tid;
+	for (;;) {
+		int st, e = bx_wait(c, tid, &st);
+		if (e)
+			return bx_fail(c, BX_STEP_WAIT, e);
+		int event = st >> 16, sig = WSTOPSIG(st);
+		if (event == PTRACE_EVENT_STOP)
+			return 0;
+		if (!event && sig != (SIGTRAP | 0x80) && (e = bx_hold_signal(c, tid, sig)))
+			return bx_fail(c, BX_STEP_SIGNALS, e);
+		if (ptrace(PTRACE_CONT, tid, 0, 0))
+			return bx_fail(c, BX_STEP_WAIT, -errno);
+	}
+}
+
+/* One child of that clone, stopped before its first instruction and traced by us. */
+struct bx_ctl *bx_clone_ext_adopt(struct bx_ctl *c, pid_t child, pid_t vtid, int *err)
+{
+	struct bx_ctl *k = adopt_child(c, child, vtid, 0, err);
+	if (!k)
+		c->step = BX_STEP_CHILD;
+	return k;
+}

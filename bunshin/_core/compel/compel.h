@@ -149,6 +149,13 @@ long bx_xstate_seized(struct bx_ctl *c, pid_t tid, void *buf, size_t len);
 
 /* clone.c: the child comes back stopped, attached and prepared, as a control block of its own. */
 struct bx_ctl *bx_clone3_seized(struct bx_ctl *c, const struct bx_clone_req *req, int *err);
+/* Around a clone made by someone else (the kernel module's FORK resumes the victim, which
+ * clones itself and stops again): begin prepares the victim and says where each child should
+ * store its tid (CLONE_CHILD_SETTID, 0: nowhere); end collects the victim's PTRACE_EVENT_STOP;
+ * adopt takes one child, stopped in its first PTRACE_EVENT_STOP, as a control block. */
+int bx_clone_ext_begin(struct bx_ctl *c, unsigned long *tid_addr);
+int bx_clone_ext_end(struct bx_ctl *c);
+struct bx_ctl *bx_clone_ext_adopt(struct bx_ctl *c, pid_t child, pid_t vtid, int *err);
 
 /* cure.c */
 int bx_cure_seized(struct bx_ctl *c);

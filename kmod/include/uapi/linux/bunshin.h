@@ -26,12 +26,13 @@
 #define BUNSHIN_FEATURE(nr) (1ULL << (nr))
 
 /*
- * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT, 4 GROUP_STATS.
- * Reserved, not yet defined: 3 FORK.
+ * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT, 3 FORK,
+ * 4 GROUP_STATS.
  */
 #define BUNSHIN_NR_GET_VERSION 0
 #define BUNSHIN_NR_SHARE_STATS 1
 #define BUNSHIN_NR_REPARENT 2
+#define BUNSHIN_NR_FORK 3
 #define BUNSHIN_NR_GROUP_STATS 4
 
 struct bunshin_version {
@@ -181,5 +182,70 @@ struct bunshin_group_stats {
 
 #define BUNSHIN_IOC_GROUP_STATS \
 	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_GROUP_STATS, struct bunshin_group_stats)
+
+/*
+ * FORK (module 0.3.0 and later): clone @pid in the kernel, @nchildren times,
+ * each child into a chosen pid namespace with a chosen pid and parent.
+ *
+ * @pid (caller's pid namespace) is a thread the calling thread has seized
+ * (PTRACE_SEIZE) and that sits in a ptrace stop.  The module resumes it; on
+ * its way back to user mode it makes the children itself (a fork() of
+ * itself: memory copy-on-write, descriptors, handlers, blocked signals,
+ * registers; fork()'s return value is not changed to 0) and then stops in a
+ * PTRACE_EVENT_STOP the caller must wait for, as after PTRACE_INTERRUPT.  It
+ * runs no user code in between.  Each child comes out traced by the caller
+ * and stopped in its first PTRACE_EVENT_STOP, before any user code; it has
+ * @pid's namespaces except that its pid (and its own children's) come from
+ * its pid namespace, its parent is @parent, its exit signal SIGCHLD, and it
+ * keeps @pid's robust futex list.  With @child_tid nonzero each child stores
+ * its own tid there (CLONE_CHILD_SETTID), in the child's namespace.
+ *
+ * Per child: @pidns_pid names a task (caller's namespace) whose pid namespace
+ * the child joins, which must be @pid's own or below it (0: @pid's own);
+ * @tid is the child's pid in it (0: any free pid); @parent (caller's pid
+ * namespace) a thread-group leader in that namespace (0: its init).  A
+ * parent that exits before the child is made leaves it to that init.
+ *
+ * Errors: EINVAL nonzero flags/done/resumed/reserved or child pid, wrong
+ * child_size, nchildren 0; E2BIG more than BUNSHIN_FORK_MAX_CHILDREN; EFAULT
+ * bad pointers; ESRCH a task that does not exist or exits; EBUSY @pid not
+ * seized by the calling thread or not in a ptrace stop; EXDEV a namespace
+ * not below @pid's, or a parent outside its child's namespace; EPERM no
+ * CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, no PTRACE_MODE_ATTACH access to a
+ * parent, or @pid may not choose pids in that namespace (copy_process);
+ * EEXIST a @tid in use; EAGAIN @pid has an unblocked signal pending (it would
+ * stop for it first: let it take the signal, then call again); ETIMEDOUT it
+ * did not reach the work within 2 s; EINTR the caller was killed meanwhile;
+ * and copy_process()'s own errors (ENOMEM, EAGAIN at RLIMIT_NPROC...).  On
+ * error @done says how many children were made (their @pid filled in, the
+ * caller disposes of them) and @pid, when @resumed says it was resumed,
+ * stops again in a PTRACE_EVENT_STOP, possibly after a signal stop.
+ */
+#define BUNSHIN_FORK_MAX_CHILDREN 64
+
+struct bunshin_fork_child {
+	__s32 pidns_pid;	/* in: a task in the child's pid namespace, 0: @pid's */
+	__s32 tid;		/* in: the child's pid there, 0: any */
+	__s32 parent;		/* in: its parent (a pid_t), 0: that namespace's init */
+	__s32 pid;		/* in: must be 0; out: the child (caller's namespace) */
+	__u64 reserved[2];	/* in: must be 0 */
+};
+
+struct bunshin_fork {
+	__s32 pid;		/* in: the thread to clone (a pid_t) */
+	__u32 nchildren;	/* in: 1..BUNSHIN_FORK_MAX_CHILDREN */
+	__u64 children_ptr;	/* in: user address of struct bunshin_fork_child
+				 *	[nchildren]; each pid is written */
+	__u32 child_size;	/* in: sizeof(struct bunshin_fork_child) */
+	__u32 flags;		/* in: must be 0 */
+	__u64 child_tid;	/* in: address in @pid's memory, 0: none */
+	__u32 done;		/* in: must be 0; out: children made */
+	__u32 resumed;		/* in: must be 0; out: 1 once @pid was resumed:
+				 *	it stops again, wait for it (errors too) */
+	__u64 reserved[4];	/* in: must be 0 */
+};
+
+#define BUNSHIN_IOC_FORK \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_FORK, struct bunshin_fork)
 
 #endif /* _UAPI_LINUX_BUNSHIN_H */

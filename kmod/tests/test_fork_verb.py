@@ -1,0 +1,258 @@
+"""FORK: real processes cloned by the module into a pid namespace of their own, checked from
+/proc and from what the clones themselves write once they run."""
+import ctypes
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from uapi import ABI
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+PTRACE_CONT, PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT = 7, 17, 0x4206, 0x4207
+PTRACE_EVENT_STOP = 128
+WALL = 0x40000000
+
+# Writes "pid ppid counter marker" to OUT/<its pid> every 20 ms: a clone proves it runs, in
+# which pid namespace and under which parent, with the source's memory.
+LOOPER = r"""
+import ctypes, os, sys, time
+out, marker = sys.argv[1], sys.argv[2]
+slot = ctypes.c_int32(-1)
+print(os.getpid(), ctypes.addressof(slot), flush=True)
+n = 0
+while True:
+    n += 1
+    me = os.getpid()
+    with open(f"{out}/{me}.tmp", "w") as f:
+        f.write(f"{me} {os.getppid()} {n} {marker} {slot.value}\n")
+    os.rename(f"{out}/{me}.tmp", f"{out}/{me}")
+    time.sleep(0.02)
+"""
+
+# Blocked in read(): the clone must restart the interrupted call, not return from it.
+READER = r"""
+import os, sys
+print(os.getpid(), flush=True)
+b = os.read(0, 1)
+with open(f"{sys.argv[1]}/{os.getpid()}", "wb") as f:
+    f.write(b)
+"""
+
+# A pid namespace whose init (pid 1) reaps what is given to it; prints the init's host pid.
+NS = r"""
+import ctypes, os, time
+if ctypes.CDLL(None, use_errno=True).unshare(0x20000000):
+    raise OSError(ctypes.get_errno(), "unshare")
+pid = os.fork()
+if pid == 0:
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(0.05)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def _ptrace(req, pid, data=0):
+    if libc.ptrace(req, pid, None, ctypes.c_void_p(data)) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def event_stop(pid):
+    """Wait for pid's PTRACE_EVENT_STOP; a signal stop that comes first is delivered."""
+    while True:
+        _, st = os.waitpid(pid, WALL)
+        assert os.WIFSTOPPED(st), f"{pid}: status {st:#x}"
+        if st >> 16 == PTRACE_EVENT_STOP:
+            return
+        _ptrace(PTRACE_CONT, pid, os.WSTOPSIG(st))
+        _ptrace(PTRACE_INTERRUPT, pid)
+
+
+def seize(pid):
+    _ptrace(PTRACE_SEIZE, pid)
+    _ptrace(PTRACE_INTERRUPT, pid)
+    event_stop(pid)
+
+
+def status(pid):
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        out[k] = v.split()
+    return out
+
+
+def kill_all(pids, traced=False):
+    """SIGKILL; ``traced``: they are our tracees, so also collect them (a traced zombie keeps
+    its pid namespace, and so its init, from ever finishing)."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        if traced:
+            try:
+                os.waitpid(p, WALL)
+            except ChildProcessError:
+                pass
+
+
+def errno_of(fn, *a, **kw):
+    """The errno of a call refused before the source was resumed (so it is still stopped)."""
+    with pytest.raises(OSError) as e:
+        fn(*a, **kw)
+    assert not getattr(e.value, "resumed", False)
+    return e.value.errno
+
+
+def read_until(path, pred, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = path.read_text()
+            if pred(text):
+                return text
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{path}: never satisfied (last: {path.read_text() if path.exists() else 'absent'})")
+
+
+@pytest.fixture
+def ns():
+    p = subprocess.Popen([sys.executable, "-c", NS], stdout=subprocess.PIPE, text=True)
+    init = int(p.stdout.readline())
+    yield init
+    kill_all([init])
+    p.wait(timeout=30)
+
+
+@pytest.fixture
+def looper(tmp_path):
+    marker = os.urandom(6).hex()
+    p = subprocess.Popen([sys.executable, "-c", LOOPER, str(tmp_path), marker],
+                         stdout=subprocess.PIPE, text=True)
+    pid, slot = map(int, p.stdout.readline().split())
+    read_until(tmp_path / str(pid), bool)
+    p.slot, p.marker, p.out = slot, marker, tmp_path
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_fork_makes_children_in_a_namespace_with_chosen_pids(dev, ns, looper):
+    seize(looper.pid)
+    kids = []
+    try:
+        req, kids = dev.fork(looper.pid, [(ns, 0, 0), (ns, 50, 0), (ns, 51, 0)],
+                             child_tid=looper.slot)
+        assert req.done == 3 and len(kids) == 3
+        event_stop(looper.pid)  # the source stops again and waits for us
+        for k in kids:
+            event_stop(k)  # each child: traced by us, stopped before any user code
+            st = status(k)
+            assert st["PPid"] == [str(ns)]
+            assert st["TracerPid"] == [str(os.getpid())]
+            assert st["NSpid"][0] == str(k)
+        vpids = [int(status(k)["NSpid"][-1]) for k in kids]
+        assert vpids[1:] == [50, 51] and vpids[0] not in (1, 50, 51)
+        for p in (looper.pid, *kids):
+            _ptrace(PTRACE_DETACH, p)
+        for k, v in zip(kids, vpids):
+            line = read_until(looper.out / str(v), lambda t: t.endswith("\n")).split()
+            # its own pid, its parent the namespace's init, the source's memory; CHILD_SETTID
+            assert line[0] == str(v) and line[1] == "1" and line[3] == looper.marker
+            assert line[4] == str(v)
+        mine = looper.out / str(looper.pid)
+        n = int(mine.read_text().split()[2])
+        line = read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2).split()
+        assert line[:2] == [str(looper.pid), str(os.getpid())] and line[4] == "-1"  # untouched
+    finally:
+        kill_all(kids)
+
+
+def test_fork_restarts_the_interrupted_system_call(dev, ns, tmp_path):
+    r = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    pid = int(r.stdout.readline())
+    time.sleep(0.2)  # into read()
+    kids = []
+    try:
+        seize(pid)
+        _, kids = dev.fork(pid, [(ns, 70, 0)])
+        event_stop(pid)
+        event_stop(kids[0])
+        for p in (pid, *kids):
+            _ptrace(PTRACE_DETACH, p)
+        r.stdin.write(b"ab")
+        r.stdin.flush()
+        got = {read_until(tmp_path / name, bool, 20) for name in (str(pid), "70")}
+        assert got == {"a", "b"}  # each read one byte: both were still in read()
+        assert r.wait(timeout=20) == 0
+    finally:
+        kill_all([pid, *kids])
+        r.wait()
+
+
+def test_fork_bad_input(dev, ns, looper):
+    pid = looper.pid
+    assert errno_of(dev.fork, pid, [(ns, 0, 0)]) == errno.EBUSY  # not ours
+    seize(pid)
+    made = []
+    try:
+        assert errno_of(dev.fork, pid, [(ns, 0, 0)], flags=1) == errno.EINVAL
+        assert errno_of(dev.fork, pid, [(ns, 0, 0)], reserved=1) == errno.EINVAL
+        assert errno_of(dev.fork, pid, [(ns, 0, 0)], child_size=8) == errno.EINVAL
+        assert errno_of(dev.fork, pid, []) == errno.EINVAL
+        assert errno_of(dev.fork, pid, [(ns, 0, 0)] * (ABI.BUNSHIN_FORK_MAX_CHILDREN + 1)) == errno.E2BIG
+        assert errno_of(dev.fork, 0x3fffff00, [(ns, 0, 0)]) == errno.ESRCH
+        assert errno_of(dev.fork, pid, [(0x3fffff00, 0, 0)]) == errno.ESRCH
+        # a parent outside the child's namespace
+        assert errno_of(dev.fork, pid, [(ns, 0, os.getpid())]) == errno.EXDEV
+        # the source's own namespace with a parent from another one
+        assert errno_of(dev.fork, pid, [(0, 0, ns)]) == errno.EXDEV
+        # pid 1 is taken (the init): the first child is made, the second is not
+        with pytest.raises(OSError) as e:
+            dev.fork(pid, [(ns, 90, 0), (ns, 1, 0)])
+        assert e.value.errno == errno.EEXIST and e.value.resumed
+        made = e.value.made
+        assert len(made) == 1 and status(made[0])["NSpid"][-1] == "90"
+        event_stop(pid)
+        event_stop(made[0])
+        # a running task is refused
+        _ptrace(PTRACE_CONT, pid)
+        assert errno_of(dev.fork, pid, [(ns, 0, 0)]) == errno.EBUSY
+        _ptrace(PTRACE_INTERRUPT, pid)
+        event_stop(pid)
+        _ptrace(PTRACE_DETACH, pid)
+        mine = looper.out / str(pid)
+        n = int(mine.read_text().split()[2])
+        read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+    finally:
+        kill_all(made, traced=True)
+
+
+def test_fork_needs_privilege(dev, looper):
+    fd = os.open("/dev/bunshin", os.O_RDWR)
+    try:
+        here = Path(__file__).resolve().parent
+        code = (f"import os, sys; sys.path.insert(0, {str(here)!r}); import uapi\n"
+                f"os.setgid(65534); os.setuid(65534)\n"
+                f"d = uapi.Device.__new__(uapi.Device); d.fd = {fd}\n"
+                f"try:\n    d.fork({looper.pid}, [(0, 0, 0)])\nexcept OSError as e:\n    print(e.errno)\n")
+        r = subprocess.run([sys.executable, "-c", code], pass_fds=(fd,), capture_output=True,
+                           text=True, timeout=60)
+        assert r.stdout.strip() == str(errno.EPERM), r.stderr
+    finally:
+        os.close(fd)
