@@ -8,9 +8,11 @@ option trades that for slightly slower fork() and exit() system-wide (readers of
 its slow path); once any cgroup hierarchy turns it on it stays on until reboot (the kernel
 says "per threadgroup rwsem mechanism can't be disabled").
 
-Bunshin turns it on once per boot, before its first cgroup, by mounting and unmounting a
-controller-less named v1 hierarchy with the option (or, where v1 is unavailable, remounting
-the v2 hierarchy with it added). ``BUNSHIN_FAVOR_DYNMODS=0`` leaves the kernel alone.
+Bunshin turns it on once per boot, before its first cgroup, by remounting the cgroup2
+hierarchy with the option added (the unified root lives as long as the system), or, without a
+cgroup2 mount, by mounting and unmounting a controller-less named v1 hierarchy with it. The
+second way lasts only on kernels that keep the option once set (6.18 here; 6.1 drops it with
+the hierarchy), hence the order. ``BUNSHIN_FAVOR_DYNMODS=0`` leaves the kernel alone.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def ensure() -> bool:
     if active():
         return True
     errors = []
-    for how in (_via_v1, _via_v2):
+    for how in (_via_v2, _via_v1):
         try:
             how()
             break
