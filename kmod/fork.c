@@ -116,6 +116,10 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 	current->nsproxy = mine;
 	task_unlock(current);
 	put_nsproxy_ks(nsp);
+	/* a signal or a freezer trap came for the task meanwhile: a syscall would restart the
+	 * fork after handling it; our caller is told to call again */
+	if (p == ERR_PTR(-ERESTARTNOINTR))
+		return -EAGAIN;
 	if (IS_ERR(p))
 		return PTR_ERR(p);
 

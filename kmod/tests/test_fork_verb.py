@@ -256,3 +256,48 @@ def test_fork_needs_privilege(dev, looper):
         assert r.stdout.strip() == str(errno.EPERM), r.stderr
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def frozen_cgroup():
+    """A cgroup v2 directory (the hierarchy mounted if the guest has none yet)."""
+    root = Path("/sys/fs/cgroup")
+    if not (root / "cgroup.controllers").exists():
+        subprocess.run(["mount", "-t", "cgroup2", "cgroup2", str(root)], check=True)
+    cg = root / f"fork-verb-{os.getpid()}"
+    cg.mkdir()
+    yield cg
+    (cg / "cgroup.freeze").write_text("0")
+    for _ in range(200):
+        try:
+            cg.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+def test_fork_in_a_source_the_freezer_wants(dev, ns, looper, frozen_cgroup):
+    """A source frozen by the cgroup v2 freezer while it sits in its ptrace stop cannot fork
+    (copy_process refuses while a trap is pending): nothing is made, the call says EAGAIN (or
+    ETIMEDOUT if the source never got to the work) and the source stops again for us, so it
+    never runs on unseen; thawed and let go, it carries on."""
+    (frozen_cgroup / "cgroup.procs").write_text(str(looper.pid))
+    seize(looper.pid)
+    (frozen_cgroup / "cgroup.freeze").write_text("1")
+    t = time.monotonic()
+    with pytest.raises(OSError) as e:
+        dev.fork(looper.pid, [(ns, 0, 0)])
+    took = time.monotonic() - t
+    assert e.value.errno in (errno.EAGAIN, errno.ETIMEDOUT), (e.value, took)
+    assert e.value.resumed and e.value.made == []
+    event_stop(looper.pid)
+    (frozen_cgroup / "cgroup.freeze").write_text("0")
+    mine = looper.out / str(looper.pid)
+    n = int(mine.read_text().split()[2])
+    time.sleep(0.3)
+    assert int(mine.read_text().split()[2]) == n  # stopped: ours until we let go
+    _ptrace(PTRACE_DETACH, looper.pid)
+    read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+    assert [p for p in os.listdir("/proc") if p.isdigit()
+            and status(int(p)).get("PPid") == [str(ns)]] == []  # no child appeared
+    print(f"frozen source: {e.value.strerror} after {took:.3f} s")

@@ -214,7 +214,8 @@ struct bunshin_group_stats {
  * CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, no PTRACE_MODE_ATTACH access to a
  * parent, or @pid may not choose pids in that namespace (copy_process);
  * EEXIST a @tid in use; EAGAIN @pid has an unblocked signal pending (it would
- * stop for it first: let it take the signal, then call again); ETIMEDOUT it
+ * stop for it first: let it take the signal, then call again) or one came,
+ * or a freezer trap, while it was cloning itself; ETIMEDOUT it
  * did not reach the work within 2 s; EINTR the caller was killed meanwhile;
  * and copy_process()'s own errors (ENOMEM, EAGAIN at RLIMIT_NPROC...).  On
  * error @done says how many children were made (their @pid filled in, the
