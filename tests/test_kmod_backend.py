@@ -99,6 +99,20 @@ def test_module_is_chosen_and_serves_every_job(mode):
     assert kmod.backend().name == "kmod"
 
 
+@needs_module
+def test_fork_verb_can_be_left_out(mode, monkeypatch):
+    monkeypatch.delenv(kmod.FORK_ENV, raising=False)
+    mode(None)
+    assert kmod.backend().fork is not None
+    monkeypatch.setenv(kmod.FORK_ENV, "0")
+    mode(None)
+    b = kmod.backend()
+    assert b.fork is None and b.reparent is not None
+    assert b.uses["fork clones"] == f"user space: injected clone3 ({kmod.FORK_ENV}=0)"
+    rows = {c.name: c for c in doctor.backend_checks()}
+    assert not rows["fork clones"].ok and rows["fork parents"].ok
+
+
 FAMILY = r"""
 import mmap, os, sys, time
 size = int(sys.argv[1])

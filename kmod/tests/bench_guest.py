@@ -4,9 +4,10 @@
   (BUNSHIN_KMOD=1) against the library's own /proc/PID/pagemap path (BUNSHIN_KMOD=0, Cython);
   both answers must be equal.
 - fork: Template.fork of a small workspace (init, a shell with two background jobs, a Python
-  process) with the module (each process cloned straight into the child and REPARENTed: exact
-  parent links, no intermediate) against the user-space engine alone; also the time of one
-  process's clone (engine.clone_process) on each path.
+  process) with the module (each process cloned by FORK in the kernel, straight into the child
+  under its init, then REPARENTed: exact parent links), with the module but cloning by injection
+  (BUNSHIN_KMOD_FORK=0: REPARENT only), and with the user-space engine alone; also the time of
+  one process's clone (engine.clone_process) on each path.
 
 Rounds alternate the two backends; under QEMU/TCG only the ratios mean anything. Needs root, a
 cgroup hierarchy and a state directory (guest-tests.sh provides them). The last line of output
@@ -50,7 +51,9 @@ time.sleep(1000)
 
 
 def backend(mode):
-    os.environ[kmod.ENV] = mode
+    """mode "1": the module, all verbs; "reparent": the module without FORK; "0": none."""
+    os.environ[kmod.ENV] = "0" if mode == "0" else "1"
+    os.environ[kmod.FORK_ENV] = "0" if mode == "reparent" else "1"
     kmod.reset()
     return kmod.backend()
 
@@ -124,11 +127,14 @@ def bench_fork():
         nproc = len(ws.processes())
         tpl = ws.snapshot()
         try:
-            times = {"1": [], "0": []}
-            clones = {"1": [], "0": []}
+            modes = ("1", "reparent", "0")
+            times = {m: [] for m in modes}
+            clones = {m: [] for m in modes}
             for _ in range(ROUNDS):
-                for mode in ("1", "0"):
-                    backend(mode)
+                for mode in modes:
+                    b = backend(mode)
+                    if (b.fork is not None) != (mode == "1"):
+                        sys.exit(f"mode {mode}: FORK {'not ' if b.fork is None else ''}in use")
                     clone_timer.take()
                     dt, kids = timed(lambda: tpl.fork(FORKS))
                     times[mode].append(dt / FORKS)
@@ -137,26 +143,30 @@ def bench_fork():
                     for k in kids:
                         k.close()
                     exact = sum(1 for v in ppids.values() if v not in (0, 1))
-                    if (mode == "1") != (exact == 2):  # the two background jobs under bash
-                        sys.exit(f"BUNSHIN_KMOD={mode}: parent links {ppids}")
+                    if (mode != "0") != (exact == 2):  # the two background jobs under bash
+                        sys.exit(f"mode {mode}: parent links {ppids}")
         finally:
             tpl.close()
     finally:
         ws.close()
         clone_timer.close()
-    k, u = statistics.median(times["1"]), statistics.median(times["0"])
-    ck, cu = statistics.median(clones["1"]), statistics.median(clones["0"])
+    med = {m: statistics.median(times[m]) for m in modes}
+    cmed = {m: statistics.median(clones[m]) for m in modes}
     return {"processes": nproc, "forks_per_call": FORKS,
-            "kmod_fork_median_ms": round(k * 1e3, 2), "user_fork_median_ms": round(u * 1e3, 2),
-            "user_over_kmod": round(u / k, 3),
-            "kmod_clone_process_median_ms": round(ck * 1e3, 3),
-            "user_clone_process_median_ms": round(cu * 1e3, 3),
-            "clone_user_over_kmod": round(cu / ck, 2)}
+            "kmod_fork_median_ms": round(med["1"] * 1e3, 2),
+            "reparent_only_fork_median_ms": round(med["reparent"] * 1e3, 2),
+            "user_fork_median_ms": round(med["0"] * 1e3, 2),
+            "user_over_kmod": round(med["0"] / med["1"], 3),
+            "reparent_only_over_kmod": round(med["reparent"] / med["1"], 3),
+            "kmod_clone_process_median_ms": round(cmed["1"] * 1e3, 3),
+            "reparent_only_clone_process_median_ms": round(cmed["reparent"] * 1e3, 3),
+            "user_clone_process_median_ms": round(cmed["0"] * 1e3, 3),
+            "clone_user_over_kmod": round(cmed["0"] / cmed["1"], 2)}
 
 
 def main():
-    if backend("1").reparent is None:
-        sys.exit("the module lacks REPARENT of traced clones or GROUP_STATS")
+    if backend("1").fork is None:
+        sys.exit("the module lacks FORK or REPARENT of traced clones")
     out = {"bench": "kmod_vs_user_space",
            "machine": f"qemu-tcg guest {platform.release()}, host {os.environ.get('BUNSHIN_HOST', '?')}",
            "rounds": {"accounting": ACCOUNTING_ROUNDS, "fork": ROUNDS},

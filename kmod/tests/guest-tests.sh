@@ -26,6 +26,11 @@ if [ "${fork_tests[*]}" != none ]; then
      BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
      "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 \
        --junitxml="$RESULTS_DIR/junit-fork.xml" "${fork_tests[@]}") || rc=1
+  # and once more cloning by injection, REPARENT only: the path of a module without FORK
+  (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_KMOD_FORK=0 BUNSHIN_STATE_DIR=/run/bunshin-state \
+     BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+     "$PY" -m pytest -p no:cacheprovider -q -rfE \
+       --junitxml="$RESULTS_DIR/junit-fork-reparent.xml" tests/test_fork.py) || rc=1
 fi
 "$PY" bench_share_stats.py | tee "$RESULTS_DIR/bench.log" || rc=1
 (cd "$REPO" && BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
