@@ -224,7 +224,7 @@ def build_gui_workspace() -> Loaded:
     ws = ld.ws
     try:
         ws.spawn(["Xvfb", GUI_DISPLAY["DISPLAY"], "-screen", "0", "1280x800x24", "-nolisten", "tcp",
-                  "-shmem"], log_path="/tmp/xvfb.log")
+                  "-shmem", "-noreset"], log_path="/tmp/xvfb.log")
         _wait(lambda: ws.run("xwd -root -silent >/dev/null 2>&1", env=GUI_DISPLAY).ok, 30, "Xvfb")
         ws.spawn(["xeyes", "-geometry", "300x200+20+20"], env=GUI_DISPLAY)
         ws.spawn(["xclock", "-geometry", "200x200+400+200"], env=GUI_DISPLAY)

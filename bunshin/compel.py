@@ -219,7 +219,21 @@ class Tracee:
                 self._call("ext_clone_end")
             raise
         self._call("ext_clone_end")
-        return [Tracee(self._call("ext_clone_adopt", pid, vtid)) for pid, vtid in zip(pids, vtids)]
+        out: list[Tracee] = []
+        try:
+            for pid, vtid in zip(pids, vtids):
+                out.append(Tracee(self._call("ext_clone_adopt", pid, vtid)))
+        except BaseException:
+            for pid in pids:  # stopped, traced by us: none may run on
+                try:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0x40000000)  # __WALL: collected as its tracer
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            for t in out:
+                t._ctl = None
+            raise
+        return out
 
     def thread_altstack(self, tid: int | None = None) -> tuple[int, int, int]:
         """The thread's alternate signal stack as ``(sp, flags, size)``, read by running

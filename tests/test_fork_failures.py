@@ -40,12 +40,12 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
             calls = {"n": 0}
             real_clone, real_fix = engine.clone_process, engine.fix_process
 
-            def clone(tp, proc, child_init, tmp):
-                c = real_clone(tp, proc, child_init, tmp)
+            def clone(tp, proc, child_inits, tmp):
+                cs = real_clone(tp, proc, child_inits, tmp)  # one per child of the call
                 calls["n"] += 1
                 if where == "clone" and calls["n"] == k:
-                    os.kill(c.pid, 9)  # dies between clone and fixup
-                return c
+                    os.kill(cs[-1].pid, 9)  # dies between clone and fixup
+                return cs
 
             def fix(ctx, proc, c):
                 if where == "fixup" and calls["n"] == k:

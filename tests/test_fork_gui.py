@@ -37,8 +37,10 @@ def _wait(w, cmd: str, timeout: float = 20) -> None:
 
 def test_xvfb_and_clients_fork(no_leaks):
     with bunshin.Workspace.create() as ws:
-        ws.spawn(["Xvfb", ":7", "-screen", "0", "640x480x24", "-nolisten", "tcp", "-shmem"],
-                 log_path="/tmp/xvfb.log")
+        # -noreset: the server reset after xdpyinfo leaves can refuse the next client (seen
+        # under load: xeyes and xclock gone before the fork)
+        ws.spawn(["Xvfb", ":7", "-screen", "0", "640x480x24", "-nolisten", "tcp", "-shmem",
+                  "-noreset"], log_path="/tmp/xvfb.log")
         _wait(ws, "xdpyinfo >/dev/null 2>&1 || xwd -root -silent >/dev/null")
         ws.spawn(["xeyes", "-geometry", "200x150+10+10"], env=DISPLAY)
         ws.spawn(["xclock", "-geometry", "150x150+300+200", "-update", "3600"], env=DISPLAY)
@@ -70,7 +72,7 @@ def test_mit_shm_client_forks(no_leaks):
         ws.write_file("/shmpaint.c", src)
         r = ws.run("gcc -O1 -o /shmpaint /shmpaint.c -lX11 -lXext")
         assert r.ok, r
-        ws.spawn(["Xvfb", ":7", "-screen", "0", "640x480x24", "-nolisten", "tcp"], log_path="/tmp/xvfb.log")
+        ws.spawn(["Xvfb", ":7", "-screen", "0", "640x480x24", "-nolisten", "tcp", "-noreset"], log_path="/tmp/xvfb.log")
         _wait(ws, "xwd -root -silent >/dev/null")
         client = ws.spawn(["/shmpaint", "336699"], env=DISPLAY)
         _wait(ws, "test -s /tmp/painted")

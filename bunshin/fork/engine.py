@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from .._core import PROTO, _syscalls
-from .._core.kmod import backend
+from .._core.kmod import FORK_MAX_CHILDREN, backend
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from . import nspool
@@ -220,20 +220,31 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
     return ci, ours
 
 
-def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
-    """Clone ``proc`` into the child's pid namespace with its own PID, parented to the child's
-    init. With the kernel module the clone is made straight from the template process and
-    moved under the child's init (REPARENT); without it, an intermediate sharing the template's
-    memory (CLONE_VM: nothing copied) is made in the child's namespace, the real clone is made
-    from it, and the intermediate is killed, so its orphan is adopted by the child's init. The
-    template reaps the intermediate. With the module's FORK the template process clones
-    itself in the kernel straight into the child's namespace, under the child's init."""
+def clone_process(tp: Tracee, proc: ProcPlan, child_inits: list[int], tmp_pid: int) -> list[Tracee]:
+    """Clone ``proc`` into each child's pid namespace (one per pid in ``child_inits``, the
+    children's inits) with its own PID, parented to that child's init; returns the clones in
+    that order. With the module's FORK the template process clones itself in the kernel, all
+    children in one call. With REPARENT only, each clone is made straight from the template
+    process and moved under the child's init. Without the module, an intermediate sharing the
+    template's memory (CLONE_VM: nothing copied) is made in the child's namespace, the real
+    clone is made from it, and the intermediate is killed, so its orphan is adopted by the
+    child's init (the template reaps the intermediate). On failure no clone is left."""
     b = backend()
     if b.fork is not None:
-        return _clone_in_kernel(b.fork, tp, proc, child_init)
-    k = b.reparent
-    if k is not None:
-        return _clone_reparented(k, tp, proc, child_init)
+        return _clone_in_kernel(b.fork, tp, proc, child_inits)
+    out: list[Tracee] = []
+    try:
+        for ci in child_inits:
+            out.append(_clone_reparented(b.reparent, tp, proc, ci) if b.reparent is not None
+                       else _clone_through(tp, proc, ci, tmp_pid))
+    except BaseException:
+        for c in out:
+            discard_clone(c)
+        raise
+    return out
+
+
+def _clone_through(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
     mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
     try:
         mid_levels = _nspid(mid.pid)
@@ -248,22 +259,36 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> 
     return child
 
 
-def _clone_in_kernel(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
-    """One FORK: the template process is resumed once, clones itself in the kernel and stops
-    again; no injected system call. A signal pending for it (EAGAIN: it would stop for that
-    first) is taken by one injected no-op, which holds it back, and the call is made again."""
+def _clone_in_kernel(k, tp: Tracee, proc: ProcPlan, child_inits: list[int]) -> list[Tracee]:
+    """FORK, in chunks of at most FORK_MAX_CHILDREN: the template process is resumed once per
+    chunk, clones itself in the kernel and stops again; no injected system call. A signal
+    pending for it (EAGAIN: it would stop for that first) is taken by one injected no-op,
+    which holds it back, and the call is made again."""
+    out: list[Tracee] = []
+    try:
+        for at in range(0, len(child_inits), FORK_MAX_CHILDREN):
+            inits = child_inits[at:at + FORK_MAX_CHILDREN]
+            out += _fork_chunk(k, tp, proc, inits)
+    except BaseException:
+        for c in out:
+            discard_clone(c)
+        raise
+    return out
+
+
+def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]:
+    want = [(ci, proc.vpid, ci) for ci in inits]
     for attempt in (0, 1):
         try:
-            return tp.clone_by(lambda addr: k.fork(tp.pid, [(child_init, proc.vpid, child_init)],
-                                                   addr), [proc.vpid])[0]
+            return tp.clone_by(lambda addr: k.fork(tp.pid, want, addr), [proc.vpid] * len(want))
         except OSError as e:
             for pid in getattr(e, "made", ()):
                 _drop_traced(pid)
             if e.errno == errno.EAGAIN and attempt == 0:
                 tp.syscall(39)  # getpid
                 continue
-            raise ForkError(f"/dev/bunshin FORK of process {proc.vpid} ({proc.name}) into the "
-                            f"child: {e.strerror}", pid=tp.pid, step="fork",
+            raise ForkError(f"/dev/bunshin FORK of process {proc.vpid} ({proc.name}) into "
+                            f"{len(want)} children: {e.strerror}", pid=tp.pid, step="fork",
                             errno=e.errno) from None
     raise AssertionError("unreachable")
 

@@ -119,8 +119,8 @@ class TemplateCore:
             try:
                 pin = engine.Pinned(tracees)
                 engine.reap_children(tracees[p["init_pid"]])
-                for i in range(n):
-                    kids.append(self._fork_one(tracees, pin, on_fork, hostnames[i] if hostnames else None))
+                self._fork_many(tracees, pin, on_fork,
+                                [hostnames[i] if hostnames else None for i in range(n)], kids)
             except BaseException as e:
                 failed = e
             finally:
@@ -136,79 +136,131 @@ class TemplateCore:
             raise failed
         return kids
 
-    def _fork_one(self, tracees, pin, on_fork, hostname: str | None) -> "Workspace":
-        from ..runtime.workspace import Workspace
-
+    def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
+                   done: list["Workspace"]) -> None:
+        """Every child's init first, then each template process cloned into all the children
+        at once (one FORK call with the module), then each child finished and handed out
+        into ``done``. On failure the children not yet handed out are removed completely; the
+        ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
         start = time.perf_counter()
-        slot = self.slots.pop() if self.slots else None  # self.lock is held by fork()
+        kids: list[_Child] = []
+        try:
+            for host in hostnames:
+                kids.append(_Child(self, tracees, pin, host))
+            for pl in self.plans[1:]:
+                clones = engine.clone_process(tracees[pl.hostpid], pl, [k.ci.pid for k in kids],
+                                              self._tmp_pid)
+                for k, c in zip(kids, clones):
+                    k.clones.append(c)
+                for k, c in zip(kids, clones):
+                    k.fix(pl, c)
+            for k in kids:
+                k.finish()
+            while kids:
+                done.append(kids[0].hand_out(on_fork))
+                kids.pop(0)
+        except BaseException:
+            for k in kids:
+                k.abort()
+            raise
+        done_ms = (time.perf_counter() - start) * 1e3
+        for ws in done:
+            log.info("forked %s from template %s in %.2f ms (%d at once, %d processes)",
+                     ws.id, self.id, done_ms, len(hostnames), len(self.plans))
+
+
+class _Child:
+    """One child of a fork call while it is being made: its slot, init and clones, and how
+    to remove all of it."""
+
+    def __init__(self, core: TemplateCore, tracees, pin, hostname: str | None) -> None:
+        self.core, self.tracees, self.pin = core, tracees, pin
+        self.clones: list = []
+        self.ci = self.chan = self.ws = None
+        self.pidfd = -1
+        slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         if slot is None:  # none made ahead: the same pieces, now (make() cleans up its own)
             try:
-                slot = slots.make(self)
+                slot = slots.make(core)
             except OSError as e:
                 raise ForkError(f"cannot create the child's directory: {e}") from None
-        d, cg, mfd = slot.dir, slot.cg, slot.mount_fd
-        ci = chan = None
-        clones = []
-        pidfd = -1
+        self.d, self.cg, mfd = slot.dir, slot.cg, slot.mount_fd
+        self.host = hostname or core.config["hostname"]
         try:
-            host = hostname or self.config["hostname"]
-            ci, sock = engine.clone_init(tracees[self.parts["init_pid"]], self.parts["chan"]._sock,
-                                         mfd, host, cg)
-            pin.release_clone(self.parts["init_pid"], ci)
-            pidfd = os.pidfd_open(ci.pid)
+            self.ci, sock = engine.clone_init(tracees[core.parts["init_pid"]], core.parts["chan"]._sock,
+                                              mfd, self.host, self.cg)
+            pin.release_clone(core.parts["init_pid"], self.ci)
+            self.pidfd = os.pidfd_open(self.ci.pid)
             from ..runtime.channel import Channel
 
-            chan = Channel(sock, f"workspace {d.id}")
-            chan.wait_ready(10)
-            engine.copy_dev_shm(self.parts["init_pid"], ci.pid)
-            sysv_shm.copy_segments(self.parts["init_pid"], ci.pid, self.sysv_segments)
-            ctx = engine.ForkCtx(init_hostpid=ci.pid, plans={pl.vpid: pl for pl in self.plans},
-                                 shared={"tracees": tracees, "template-upper": str(self.lowers[0])})
-            for pl in self.plans[1:]:
-                c = engine.clone_process(tracees[pl.hostpid], pl, ci.pid, self._tmp_pid)
-                clones.append(c)
-                engine.fix_process(ctx, pl, c)
-                pin.release_clone(pl.hostpid, c)
-                cg.add(c.pid)
-            engine.reparent_clones(self.plans, {pl.vpid: c for pl, c in zip(self.plans[1:], clones)})
-            engine.finish_child(ctx)
-            masters = ctx.shared.get("pty_masters", {})
-            ws = Workspace._from_fork(self, d, cg, ci.pid, pidfd, chan, masters, host)
-            self.refs += 1  # self.lock is held by fork()
-            pidfd, chan, cg = -1, None, None  # owned by ws now
+            self.chan = Channel(sock, f"workspace {self.d.id}")
+            self.chan.wait_ready(10)
+            engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
+            sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
+            self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
+                                      shared={"tracees": tracees, "template-upper": str(core.lowers[0])})
         except BaseException:
-            for c in clones:
-                engine.discard_clone(c)
-            if chan is not None:
-                chan.close()  # the child's init sees EOF and takes its namespace down
-            if ci is not None:
-                os.kill(ci.pid, 9)
-                if pidfd >= 0:
-                    wait_exit_pidfd(pidfd, 5)
-            if pidfd >= 0:
-                os.close(pidfd)
-            if cg is not None:
-                cg.destroy()
-            d.remove()
+            self.abort()
             raise
         finally:
             if mfd >= 0:
                 os.close(mfd)
-        try:
-            if on_fork is not None:
-                on_fork(ws)
-        except BaseException:
-            for c in clones:
-                engine.discard_clone(c)
-            ws._template = None  # we hold the lock: give the reference back by hand
-            self.refs -= 1
-            ws.close()
-            raise
-        for c in clones:
+
+    def fix(self, pl, c) -> None:
+        engine.fix_process(self.ctx, pl, c)
+        self.pin.release_clone(pl.hostpid, c)
+        self.cg.add(c.pid)
+
+    def finish(self) -> None:
+        from ..runtime.workspace import Workspace
+
+        core = self.core
+        engine.reparent_clones(core.plans, {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)})
+        engine.finish_child(self.ctx)
+        masters = self.ctx.shared.get("pty_masters", {})
+        self.ws = Workspace._from_fork(core, self.d, self.cg, self.ci.pid, self.pidfd, self.chan,
+                                       masters, self.host)
+        core.refs += 1  # core.lock is held by fork()
+        self.pidfd, self.chan, self.cg = -1, None, None  # owned by ws now
+
+    def hand_out(self, on_fork) -> "Workspace":
+        """``on_fork``, then let the clones run: the workspace is the caller's."""
+        if on_fork is not None:
+            on_fork(self.ws)
+        for c in self.clones:
             c.detach()
-        log.info("forked %s from template %s in %.2f ms (%d processes)", ws.id, self.id,
-                 (time.perf_counter() - start) * 1e3, len(self.plans))
+        self.clones = []
+        ws, self.ws = self.ws, None
         return ws
+
+    def abort(self) -> None:
+        """Remove everything this child made (safe at any point, and twice)."""
+        for c in self.clones:
+            engine.discard_clone(c)
+        self.clones = []
+        if self.ws is not None:  # finished: the workspace owns the rest
+            ws, self.ws = self.ws, None
+            ws._template = None  # we hold the lock: give the reference back by hand
+            self.core.refs -= 1
+            ws.close()
+            return
+        if self.chan is not None:
+            self.chan.close()  # the child's init sees EOF and takes its namespace down
+            self.chan = None
+        if self.ci is not None:
+            os.kill(self.ci.pid, 9)
+            if self.pidfd >= 0:
+                wait_exit_pidfd(self.pidfd, 5)
+            self.ci = None
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        if self.cg is not None:
+            self.cg.destroy()
+            self.cg = None
+        if self.d is not None:
+            self.d.remove()
+            self.d = None
 
 
 def snapshot_parts(parts: dict, config: dict, shells: list[tuple[int, int, str]]) -> TemplateCore:
