@@ -12,7 +12,8 @@
 #   -o DIR    results directory (default: a new run dir in the cache)
 #   -f TESTS  the library's tests to run in the guest with the module as backend
 #             (pytest node ids, space-separated, from the repository root;
-#             default: tests/test_kmod_backend.py tests/test_fork.py; "none" skips)
+#             default: tests/test_kmod_backend.py tests/test_fork.py
+#             tests/test_fork_failures.py; "none" skips)
 # env: BUNSHIN_CACHE_DIR (default ~/.cache/bunshin; kernels live in its kmod/),
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;
