@@ -150,7 +150,7 @@ static void fork_in_task(struct callback_head *work)
 	}
 	/* stop again, as PTRACE_INTERRUPT would make it: our caller still has work to do here */
 	spin_lock_irq(&current->sighand->siglock);
-	if (current->ptrace & PT_SEIZED) {
+	if (current->ptrace & PT_SEIZED && !(current->flags & PF_EXITING)) {
 		current->jobctl |= JOBCTL_TRAP_STOP;
 		set_thread_flag(TIF_SIGPENDING);
 	}
@@ -200,7 +200,7 @@ static int abandon(struct task_struct *task, struct fork_req *req, int why)
 {
 	if (bunshin_ks.task_work_cancel(task, &req->work)) {
 		spin_lock_irq(&task->sighand->siglock);
-		if (task->ptrace & PT_SEIZED) {
+		if (task->ptrace & PT_SEIZED && !(task->flags & PF_EXITING)) {
 			task->jobctl |= JOBCTL_TRAP_STOP;
 			bunshin_ks.signal_wake_up_state(task, 0); /* what PTRACE_INTERRUPT does */
 		}

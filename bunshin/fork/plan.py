@@ -6,6 +6,7 @@ Nothing here touches the processes; a plan is made once per template and reused 
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ class ProcPlan:
     fds: list[FdInfo] = field(default_factory=list)
     is_init: bool = False
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
+        """The process's comm, for messages (read once: a template process never runs again)."""
         try:
             with open(f"/proc/{self.hostpid}/comm") as f:
                 return f.read().strip()

@@ -6,12 +6,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 
-def _mask(hostpid: int, key: str) -> int:
+def _pending(hostpid: int) -> tuple[int, int]:
+    """(shared, the main thread's own) pending signal masks, from one read of status."""
+    masks = {"ShdPnd": 0, "SigPnd": 0}
     with open(f"/proc/{hostpid}/status") as f:
         for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1], 16)
-    return 0
+            key = line[:6]
+            if key in masks and line[6] == ":":
+                masks[key] = int(line.split()[1], 16)
+    return masks["ShdPnd"], masks["SigPnd"]
 
 
 def plan_proc(proc) -> None:
@@ -19,8 +22,7 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    shared = _mask(proc.hostpid, "ShdPnd")
-    private = _mask(proc.hostpid, "SigPnd")  # the main thread's own
+    shared, private = _pending(proc.hostpid)
     for sig in range(1, 65):
         bit = 1 << (sig - 1)
         if shared & bit:
