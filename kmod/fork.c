@@ -14,6 +14,7 @@
 
 #include <linux/bunshin.h>
 #include <linux/capability.h>
+#include <linux/moduleparam.h>
 #include <linux/completion.h>
 #include <linux/nsproxy.h>
 #include <linux/pid_namespace.h>
@@ -30,8 +31,11 @@
 #include "verbs.h"
 
 /* A task that does not reach its work this long after being resumed is stuck somewhere the
- * caller should hear about (a signal stop that came first, a freezer). */
-#define FORK_TIMEOUT (2 * HZ)
+ * caller should hear about (a signal stop that came first).  Tests set 0 (give up at once)
+ * to race the path that takes the work back. */
+static unsigned int fork_timeout_ms = 2000;
+module_param(fork_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(fork_timeout_ms, "FORK: how long a resumed task may take to reach its work (ms)");
 
 struct fork_child {
 	struct pid_namespace *ns;	/* where the child's pid is allocated */
@@ -286,6 +290,7 @@ long bunshin_fork(void __user *uarg)
 	struct fork_req req = { .err = 0 };
 	struct task_struct *task;
 	long ret, left;
+	unsigned int timeout;
 	u32 i;
 
 	if (copy_from_user(&f, uarg, sizeof(f)))
@@ -337,7 +342,9 @@ long bunshin_fork(void __user *uarg)
 	if (ret)
 		goto put_kids;
 	f.resumed = 1;
-	left = wait_for_completion_killable_timeout(&req.done, FORK_TIMEOUT);
+	timeout = READ_ONCE(fork_timeout_ms);
+	left = timeout ? wait_for_completion_killable_timeout(&req.done, msecs_to_jiffies(timeout))
+		       : 0; /* a zero timeout still sleeps a tick: 0 gives up at once */
 	if (left > 0)
 		ret = req.err;
 	else

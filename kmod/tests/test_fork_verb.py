@@ -301,3 +301,47 @@ def test_fork_in_a_source_the_freezer_wants(dev, ns, looper, frozen_cgroup):
     assert [p for p in os.listdir("/proc") if p.isdigit()
             and status(int(p)).get("PPid") == [str(ns)]] == []  # no child appeared
     print(f"frozen source: {e.value.strerror} after {took:.3f} s")
+
+
+@pytest.fixture
+def no_patience():
+    """FORK's timeout at 0: each call gives up at once, racing the source to its work."""
+    knob = Path("/sys/module/bunshin/parameters/fork_timeout_ms")
+    old = knob.read_text().strip()
+    knob.write_text("0")
+    yield
+    knob.write_text(old)
+
+
+def test_fork_that_gives_up_takes_its_work_back(dev, ns, looper, no_patience):
+    """With no time to wait, a call either finds the work done (children made, as usual) or
+    takes it back before the source runs it (ETIMEDOUT, nothing made); either way the source
+    stops again for us and nothing else is left behind."""
+    pid = looper.pid
+    seize(pid)
+    outcomes = {"made": 0, "taken back": 0}
+    kids = []
+    try:
+        for _ in range(30):
+            try:
+                _, made = dev.fork(pid, [(ns, 0, 0)])
+            except OSError as e:
+                assert e.errno == errno.ETIMEDOUT and e.resumed and e.made == [], e
+                outcomes["taken back"] += 1
+                event_stop(pid)
+                continue
+            outcomes["made"] += 1
+            event_stop(pid)
+            event_stop(made[0])
+            kids += made
+            assert status(made[0])["PPid"] == [str(ns)]
+        print(f"no patience: {outcomes}")
+        _ptrace(PTRACE_DETACH, pid)
+        mine = looper.out / str(pid)
+        n = int(mine.read_text().split()[2])
+        read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+        left = sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
+                      and status(int(p)).get("PPid") == [str(ns)])
+        assert left == sorted(kids)  # only the children the calls reported
+    finally:
+        kill_all(kids, traced=True)

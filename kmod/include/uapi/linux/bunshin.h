@@ -216,7 +216,8 @@ struct bunshin_group_stats {
  * EEXIST a @tid in use; EAGAIN @pid has an unblocked signal pending (it would
  * stop for it first: let it take the signal, then call again) or one came,
  * or a freezer trap, while it was cloning itself; ETIMEDOUT it
- * did not reach the work within 2 s; EINTR the caller was killed meanwhile;
+ * did not reach the work within 2 s (module parameter fork_timeout_ms);
+ * EINTR the caller was killed meanwhile;
  * and copy_process()'s own errors (ENOMEM, EAGAIN at RLIMIT_NPROC...).  On
  * error @done says how many children were made (their @pid filled in, the
  * caller disposes of them) and @pid, when @resumed says it was resumed,
