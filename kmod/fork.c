@@ -134,6 +134,12 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 #endif
 	adopt(p, k);
 	k->pid = task_pid_nr_ns(p, req->caller_ns);
+#ifdef CONFIG_LRU_GEN
+	/* as kernel_clone() does: the multi-gen LRU walks the page tables of listed mms */
+	task_lock(p);
+	bunshin_ks.lru_gen_add_mm(p->mm);
+	task_unlock(p);
+#endif
 	bunshin_ks.wake_up_new_task(p);
 	return 0;
 }

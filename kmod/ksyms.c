@@ -27,6 +27,9 @@ static const struct {
 	{ "task_work_cancel", (void **)&bunshin_ks.task_work_cancel },
 	{ "wake_up_state", (void **)&bunshin_ks.wake_up_state },
 	{ "signal_wake_up_state", (void **)&bunshin_ks.signal_wake_up_state },
+#ifdef CONFIG_LRU_GEN
+	{ "lru_gen_add_mm", (void **)&bunshin_ks.lru_gen_add_mm },
+#endif
 };
 
 /* kallsyms_lookup_name() itself is unexported since 5.7; a kprobe placed on

@@ -38,6 +38,9 @@ struct bunshin_ksyms {
 	bool (*task_work_cancel)(struct task_struct *task, struct callback_head *cb);
 	int (*wake_up_state)(struct task_struct *p, unsigned int state);
 	void (*signal_wake_up_state)(struct task_struct *t, unsigned int state);
+#ifdef CONFIG_LRU_GEN
+	void (*lru_gen_add_mm)(struct mm_struct *mm);
+#endif
 };
 
 extern struct bunshin_ksyms bunshin_ks;
