@@ -4,6 +4,7 @@ each side driven independently after the fork."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -12,6 +13,7 @@ from conftest import wait_file as _wait
 
 import bunshin
 from bunshin.errors import ForkError
+from bunshin.fork.resources import eventfd, sharing
 
 EVENTFD = """
 e = os.eventfd(7, os.EFD_NONBLOCK)
@@ -30,7 +32,34 @@ time.sleep(1000)
 """
 
 
-def test_eventfd_keeps_count_flags_and_sharing(family):
+@pytest.fixture(params=["fdinfo", "asked"])
+def semaphore_from(request, monkeypatch):
+    """How the fork learns EFD_SEMAPHORE: fdinfo (Linux >= 6.6), or, as on older kernels whose
+    fdinfo lacks the line, by asking the eventfd."""
+    if request.param == "asked":
+        real = sharing.fdinfo
+
+        def old_kernel(hostpid, fd):
+            info = real(hostpid, fd)
+            info.pop("eventfd-semaphore", None)
+            return info
+
+        monkeypatch.setattr(eventfd.sharing, "fdinfo", old_kernel)
+    return request.param
+
+
+@pytest.mark.parametrize("sem", [False, True])
+@pytest.mark.parametrize("count", [0, 1, 2, 5])
+def test_semaphore_is_asked_of_the_eventfd_and_its_count_kept(sem, count):
+    fd = os.eventfd(count, os.EFD_SEMAPHORE if sem else 0)
+    try:
+        assert eventfd.is_semaphore(os.getpid(), fd, count) is sem
+        assert int(sharing.fdinfo(os.getpid(), fd)["eventfd-count"], 16) == count
+    finally:
+        os.close(fd)
+
+
+def test_eventfd_keeps_count_flags_and_sharing(family, semaphore_from):
     ws = start_script(family, EVENTFD, "/tmp/ready")
     kid = fork_one(family, ws)
     # the kid goes first: had it kept the source's eventfd, the source would then read 0 (EAGAIN)

@@ -99,12 +99,13 @@ def test_interval_timers_are_rearmed(no_leaks, mdwe):
 
 
 POSIX_TIMERS = r"""
-import ctypes, signal, struct, time
+import ctypes, os, signal, struct, time
 lib = ctypes.CDLL(None, use_errno=True)
 counts = {signal.SIGUSR1: 0, signal.SIGUSR2: 0}
 def on(sig, _):
     counts[sig] += 1
-    open("/tmp/counts", "w").write(f"{counts[signal.SIGUSR1]} {counts[signal.SIGUSR2]}")
+    open("/tmp/counts.new", "w").write(f"{counts[signal.SIGUSR1]} {counts[signal.SIGUSR2]}")
+    os.replace("/tmp/counts.new", "/tmp/counts")  # a reader never sees it half-written
 signal.signal(signal.SIGUSR1, on)
 signal.signal(signal.SIGUSR2, on)
 ids = []
