@@ -124,14 +124,18 @@ if [ ! -e "$KDIR/lib/modules/$KVER/modules.dep" ]; then
   rm -f "$CACHE"/debs/"$IMAGE_PKG"_*.deb
 fi
 # older extracted kernels are dead weight once a newer one is served
-for old in "$CACHE"/kernel-* "$CACHE"/initramfs-*.cpio.gz; do
+for old in "$CACHE"/kernel-* "$CACHE"/initramfs-*.cpio.gz*; do
   case $old in *"$KVER"*) ;; *) [ -e "$old" ] && rm -rf "$old";; esac
 done
 
 # --- initramfs: busybox, virtio-fs modules, guest-init.sh --------------------
 INITRD=$CACHE/initramfs-$KVER.cpio.gz
-MODS="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci fuse virtiofs overlay"
-if [ ! -e "$INITRD" ] || [ "$TESTS/guest-init.sh" -nt "$INITRD" ]; then
+# the socket diag modules: the fork engine lists unix and inet sockets through sock_diag
+MODS="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci fuse virtiofs overlay
+      unix_diag inet_diag tcp_diag udp_diag"
+MODS=$(echo $MODS)
+if [ ! -e "$INITRD" ] || [ "$TESTS/guest-init.sh" -nt "$INITRD" ] ||
+   [ "$(cat "$INITRD.mods" 2>/dev/null)" != "$MODS" ]; then
   log "building $INITRD"
   S=$(mktemp -d "$CACHE/initramfs.XXXX")
   scratch+=("$S" "$INITRD.tmp")
@@ -146,6 +150,7 @@ if [ ! -e "$INITRD" ] || [ "$TESTS/guest-init.sh" -nt "$INITRD" ]; then
   done
   (cd "$S" && find . | "$BUSYBOX" cpio -o -H newc 2>/dev/null | gzip -1) > "$INITRD.tmp"
   mv "$INITRD.tmp" "$INITRD"
+  echo "$MODS" > "$INITRD.mods"
   rm -rf "$S"
 fi
 flock -u 9
