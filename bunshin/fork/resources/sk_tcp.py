@@ -34,6 +34,15 @@ def getint(s: socket.socket, level: int, opt: int) -> int:
         return 0
 
 
+def _peek_off(s: socket.socket) -> int:
+    """The socket's SO_PEEK_OFF, -1 when none is set or TCP has none (Linux < 6.10 refuses the
+    option for TCP: peeks there always start at the head of the queue)."""
+    try:
+        return s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
+    except OSError:
+        return -1
+
+
 def ioctl_int(s: socket.socket, req: int) -> int:
     return struct.unpack("i", fcntl.ioctl(s.fileno(), req, bytes(4)))[0]
 
@@ -52,7 +61,7 @@ def save(s: socket.socket, sk, info: bytes, refuse) -> None:
         opts.append((_TCPOPT_TIMESTAMP, 0))
     sk.tcp_opts = b"".join(struct.pack("II", *o) for o in opts)
     sk.bufs = {opt: getint(s, socket.SOL_SOCKET, opt) for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF)}
-    peek_off = getint(s, socket.SOL_SOCKET, _SO_PEEK_OFF)
+    peek_off = _peek_off(s)
     s.setsockopt(_TCP, _TCP_REPAIR, _REPAIR_ON)
     try:
         if peek_off >= 0:  # a peek would start there; read from the start
