@@ -23,6 +23,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
+from .perprocess import PerProcess
+
 log = logging.getLogger("bunshin.fork")
 
 CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS = 0x40000000, 0x08000000, 0x04000000
@@ -132,29 +134,17 @@ class NamespacePool:
             s.close()
 
 
-_pool: NamespacePool | None = None
-_pool_lock = threading.Lock()
+def _make_pool() -> NamespacePool | None:
+    try:
+        size = int(os.environ.get("BUNSHIN_NS_POOL", "4"))
+    except ValueError:
+        size = 4
+    return NamespacePool(size) if size > 0 else None
 
 
-def _forget_in_child() -> None:
-    # a forked trainer has none of the parent's threads: it starts a pool of its own
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+_pool = PerProcess(_make_pool)
 
 
 def pool() -> NamespacePool | None:
     """The process's pool, or None when ``BUNSHIN_NS_POOL=0``."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            try:
-                size = int(os.environ.get("BUNSHIN_NS_POOL", "4"))
-            except ValueError:
-                size = 4
-            if size <= 0:
-                return None
-            _pool = NamespacePool(size)
-        return _pool
+    return _pool.get()

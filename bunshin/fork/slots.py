@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import BunshinError
+from .perprocess import PerProcess
 
 if TYPE_CHECKING:
     from ..runtime.cgroup.base import Cgroup
@@ -117,24 +118,11 @@ class Maker:
                 s.destroy()
 
 
-_maker: Maker | None = None
-_lock = threading.Lock()
-
-
-def _forget_in_child() -> None:
-    global _maker, _lock
-    _maker, _lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+_maker = PerProcess(Maker)
 
 
 def request(core: "TemplateCore", n: int) -> None:
     """Ask for slots for ``core`` (no-op when turned off)."""
-    global _maker
     if not enabled():
         return
-    with _lock:
-        if _maker is None:
-            _maker = Maker()
-    _maker.request(core, n)
+    _maker.get().request(core, n)
