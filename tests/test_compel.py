@@ -222,6 +222,12 @@ def test_signal_during_injection_is_delivered_after(procs, bins):
 # --- threads -------------------------------------------------------------------------------
 
 
+def thread_counts(t, counters: int, n: int) -> list[int]:
+    """The n 64-bit loop counters of the threads program, read from the stopped process."""
+    raw = t.read(counters, 8 * n)
+    return [int.from_bytes(raw[i:i + 8], "little") for i in range(0, 8 * n, 8)]
+
+
 def test_all_threads_stop_and_resume(procs, bins):
     n = 16
     p, line = procs.start([bins / "threads", str(n)])
@@ -229,8 +235,7 @@ def test_all_threads_stop_and_resume(procs, bins):
     time.sleep(0.2)
 
     def read_counts(t):
-        raw = t.read(counters, 8 * n)
-        return [int.from_bytes(raw[i:i + 8], "little") for i in range(0, 8 * n, 8)]
+        return thread_counts(t, counters, n)
 
     with Tracee.seize(p.pid) as t:
         tids = t.stop_all()

@@ -17,7 +17,8 @@ import threading
 import time
 
 import pytest
-from test_compel import Procs, bins, procs, readline, status, tracers, wait_syscall  # noqa: F401
+from test_compel import (Procs, bins, procs, readline, status, thread_counts, tracers,  # noqa: F401
+                          wait_syscall)
 
 from bunshin.compel import SYS_exit_group, SYS_getpid, Tracee
 from bunshin.errors import ForkError
@@ -164,8 +165,7 @@ def test_batch_with_every_thread_stopped(procs, bins):
     counters = int(line.split()[2], 16)
 
     def counts(t):
-        raw = t.read(counters, 8 * n)
-        return [int.from_bytes(raw[i:i + 8], "little") for i in range(0, 8 * n, 8)]
+        return thread_counts(t, counters, n)
 
     with Tracee.seize(p.pid) as t:
         t.stop_all()
