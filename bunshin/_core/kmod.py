@@ -92,6 +92,8 @@ class Backend:
     reason: str
     uses: dict[str, str] = field(default_factory=dict)
     """What each job goes through: ``{"fork parents": ..., "memory accounting": ...}``."""
+    fork_wanted: bool = True
+    """False under ``BUNSHIN_KMOD_FORK=0``: clone by injection even with a module that has FORK."""
 
     @property
     def name(self) -> str:
@@ -107,9 +109,7 @@ class Backend:
         """The module when forks can clone processes in the kernel (FORK); it comes with
         REPARENT, which the engine also needs."""
         k = self.reparent
-        if k is None or not k.serves("FORK") or self.uses.get("fork clones", "").startswith("user"):
-            return None
-        return k
+        return k if k is not None and k.serves("FORK") and self.fork_wanted else None
 
     @property
     def group_stats(self) -> Kmod | None:
@@ -140,7 +140,7 @@ def _open() -> tuple[Kmod | None, str]:
     return Kmod(fd, abi, _version(code), features), ""
 
 
-def _uses(k: Kmod | None) -> dict[str, str]:
+def _uses(k: Kmod | None, fork_wanted: bool = True) -> dict[str, str]:
     if k is None:
         return {"fork clones": "user space: injected clone3 through an intermediate process",
                 "fork parents": "user space: clones are parented to the workspace's init",
@@ -148,7 +148,7 @@ def _uses(k: Kmod | None) -> dict[str, str]:
     v = ".".join(map(str, k.module_version))
     if not k.serves("FORK"):
         clones = f"user space: injected clone3 (module {v} has no FORK)"
-    elif os.environ.get(FORK_ENV, "1").strip() == "0":
+    elif not fork_wanted:
         clones = f"user space: injected clone3 ({FORK_ENV}=0)"
     else:
         clones = "kmod FORK: each process cloned in the kernel into the child's namespace"
@@ -178,7 +178,8 @@ def _choose() -> Backend:
         return Backend(mode, None, why, _uses(None))
     v = ".".join(map(str, k.module_version))
     reason = f"{DEVICE}: ABI v{k.abi_version}, module {v}" + (f" ({ENV}=1)" if mode == "1" else "")
-    return Backend(mode, k, reason, _uses(k))
+    fork_wanted = os.environ.get(FORK_ENV, "1").strip() != "0"
+    return Backend(mode, k, reason, _uses(k, fork_wanted), fork_wanted)
 
 
 def backend() -> Backend:
