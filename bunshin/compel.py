@@ -210,11 +210,14 @@ class Tracee:
         module's FORK does); ``tid_addr`` is where each child should store its tid. The children
         come back as :meth:`clone`'s do: seized, stopped, registers those of this process.
         ``vtids[i]`` is child i's pid in its own namespace (0: unknown). An OSError from ``make``
-        is passed on after this process's stop is collected when it has ``resumed``."""
+        is passed on once the children it made anyway (its ``made``) are killed and, when it has
+        ``resumed`` this process, this process's stop is collected; on any failure no child is
+        left."""
         addr = self._call("ext_clone_begin")
         try:
             pids = make(addr)
         except OSError as e:
+            _kill_traced(getattr(e, "made", ()))
             if getattr(e, "resumed", False):
                 self._call("ext_clone_end")
             raise
@@ -224,12 +227,7 @@ class Tracee:
             for pid, vtid in zip(pids, vtids):
                 out.append(Tracee(self._call("ext_clone_adopt", pid, vtid)))
         except BaseException:
-            for pid in pids:  # stopped, traced by us: none may run on
-                try:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0x40000000)  # __WALL: collected as its tracer
-                except (ProcessLookupError, ChildProcessError):
-                    pass
+            _kill_traced(pids)
             for t in out:
                 t._ctl = None
             raise
@@ -293,6 +291,17 @@ class Tracee:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.threads())
+
+
+def _kill_traced(pids) -> None:
+    """Kill stopped processes we trace and collect them as their tracer (their parents reap
+    them): none of them may run on."""
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0x40000000)  # __WALL
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
 
 def _pidns(pid: int) -> str:

@@ -230,13 +230,15 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_inits: list[int], tmp_pid: i
     clone is made from it, and the intermediate is killed, so its orphan is adopted by the
     child's init (the template reaps the intermediate). On failure no clone is left."""
     b = backend()
-    if b.fork is not None:
-        return _clone_in_kernel(b.fork, tp, proc, child_inits)
     out: list[Tracee] = []
     try:
-        for ci in child_inits:
-            out.append(_clone_reparented(b.reparent, tp, proc, ci) if b.reparent is not None
-                       else _clone_through(tp, proc, ci, tmp_pid))
+        if b.fork is not None:  # one call per chunk of children
+            for at in range(0, len(child_inits), FORK_MAX_CHILDREN):
+                out += _fork_chunk(b.fork, tp, proc, child_inits[at:at + FORK_MAX_CHILDREN])
+        else:
+            for ci in child_inits:
+                out.append(_clone_reparented(b.reparent, tp, proc, ci) if b.reparent is not None
+                           else _clone_through(tp, proc, ci, tmp_pid))
     except BaseException:
         for c in out:
             discard_clone(c)
@@ -259,31 +261,16 @@ def _clone_through(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) ->
     return child
 
 
-def _clone_in_kernel(k, tp: Tracee, proc: ProcPlan, child_inits: list[int]) -> list[Tracee]:
-    """FORK, in chunks of at most FORK_MAX_CHILDREN: the template process is resumed once per
-    chunk, clones itself in the kernel and stops again; no injected system call. A signal
-    pending for it (EAGAIN: it would stop for that first) is taken by one injected no-op,
-    which holds it back, and the call is made again."""
-    out: list[Tracee] = []
-    try:
-        for at in range(0, len(child_inits), FORK_MAX_CHILDREN):
-            inits = child_inits[at:at + FORK_MAX_CHILDREN]
-            out += _fork_chunk(k, tp, proc, inits)
-    except BaseException:
-        for c in out:
-            discard_clone(c)
-        raise
-    return out
-
-
 def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]:
+    """One FORK: the template process is resumed once, clones itself in the kernel into each
+    child's namespace and stops again; no injected system call. A signal pending for it
+    (EAGAIN: it would stop for that first) is taken by one injected no-op, which holds it
+    back, and the call is made again."""
     want = [(ci, proc.vpid, ci) for ci in inits]
     for attempt in (0, 1):
         try:
             return tp.clone_by(lambda addr: k.fork(tp.pid, want, addr), [proc.vpid] * len(want))
-        except OSError as e:
-            for pid in getattr(e, "made", ()):
-                _drop_traced(pid)
+        except OSError as e:  # clone_by has killed what it made
             if e.errno == errno.EAGAIN and attempt == 0:
                 tp.syscall(39)  # getpid
                 continue
@@ -291,16 +278,6 @@ def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]
                             f"{len(want)} children: {e.strerror}", pid=tp.pid, step="fork",
                             errno=e.errno) from None
     raise AssertionError("unreachable")
-
-
-def _drop_traced(pid: int) -> None:
-    """Kill a stopped clone we trace and collect it as its tracer; its parent (the child's
-    init) reaps it."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, _WALL)
-    except (ProcessLookupError, ChildProcessError):
-        pass
 
 
 def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
