@@ -144,6 +144,18 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 	return 0;
 }
 
+/* Make a seized task stop in a PTRACE_EVENT_STOP before it runs user code again, as
+ * PTRACE_INTERRUPT does; an exiting task is left to exit. */
+static void ask_to_trap(struct task_struct *task)
+{
+	spin_lock_irq(&task->sighand->siglock);
+	if (task->ptrace & PT_SEIZED && !(task->flags & PF_EXITING)) {
+		task->jobctl |= JOBCTL_TRAP_STOP;
+		bunshin_ks.signal_wake_up_state(task, 0);
+	}
+	spin_unlock_irq(&task->sighand->siglock);
+}
+
 /* Runs in the task being cloned, on its way to user mode. */
 static void fork_in_task(struct callback_head *work)
 {
@@ -158,13 +170,7 @@ static void fork_in_task(struct callback_head *work)
 		if (!req->err)
 			req->made++;
 	}
-	/* stop again, as PTRACE_INTERRUPT would make it: our caller still has work to do here */
-	spin_lock_irq(&current->sighand->siglock);
-	if (current->ptrace & PT_SEIZED && !(current->flags & PF_EXITING)) {
-		current->jobctl |= JOBCTL_TRAP_STOP;
-		set_thread_flag(TIF_SIGPENDING);
-	}
-	spin_unlock_irq(&current->sighand->siglock);
+	ask_to_trap(current); /* our caller still has work to do here */
 	complete(&req->done); /* last touch: req lives on the caller's stack */
 }
 
@@ -209,12 +215,7 @@ out:
 static int abandon(struct task_struct *task, struct fork_req *req, int why)
 {
 	if (bunshin_ks.task_work_cancel(task, &req->work)) {
-		spin_lock_irq(&task->sighand->siglock);
-		if (task->ptrace & PT_SEIZED && !(task->flags & PF_EXITING)) {
-			task->jobctl |= JOBCTL_TRAP_STOP;
-			bunshin_ks.signal_wake_up_state(task, 0); /* what PTRACE_INTERRUPT does */
-		}
-		spin_unlock_irq(&task->sighand->siglock);
+		ask_to_trap(task);
 		return why;
 	}
 	wait_for_completion(&req->done); /* running now: it is short */
