@@ -76,6 +76,7 @@ static int __init bunshin_init(void)
 static void __exit bunshin_exit(void)
 {
 	misc_deregister(&bunshin_dev);
+	bunshin_share_exit();
 	bunshin_refs_exit();
 }
 

@@ -8,6 +8,7 @@
 
 long bunshin_get_version(void __user *uarg);
 long bunshin_share_stats(void __user *uarg);
+void bunshin_share_exit(void);
 long bunshin_reparent(void __user *uarg);
 long bunshin_group_stats(void __user *uarg);
 long bunshin_fork(void __user *uarg);

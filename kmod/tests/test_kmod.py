@@ -259,6 +259,39 @@ def test_pids_exiting_during_concurrent_calls(dev):
     assert errno.ESRCH in errors, "no call saw a process vanish"
 
 
+def test_concurrent_calls_agree_with_lone_calls(dev, victims):
+    """The pfn array the module keeps between calls serves one call at a time; a call racing
+    it counts in one of its own. Every answer equals a lone call's: nothing one call set in
+    the array is seen by the next."""
+    a = victims("family", 8 << 20, 2, ready=3)
+    b = victims("family", 4 << 20, 1, ready=2)
+    a.stop()
+    b.stop()
+    try:
+        sets = [tuple(a.pids), tuple(b.pids), tuple(a.pids + b.pids), tuple(b.pids[:1])]
+        alone = {s: kernel_stats(dev, list(s)) for s in sets}
+        seen = []
+
+        def query(order):
+            for _ in range(15):
+                for s in order:
+                    seen.append((s, kernel_stats(dev, list(s))))
+
+        threads = [threading.Thread(target=query, args=(sets[i:] + sets[:i],)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if alone != {s: kernel_stats(dev, list(s)) for s in sets}:
+            pytest.skip("pages of the stopped processes moved meanwhile (reclaim or compaction)")
+        assert len(seen) == 3 * 15 * len(sets)
+        wrong = [(s, got) for s, got in seen if got != alone[s]]
+        assert not wrong, wrong[:2]
+    finally:
+        a.cont()
+        b.cont()
+
+
 def user_pids():
     """Every process with an address space (kernel threads have none)."""
     pids = []
