@@ -138,11 +138,15 @@ class Pinned:
             self.restore()
             raise
 
-    def release_clone(self, template_pid: int, clone: Tracee) -> None:
-        """A clone inherited the pin from its template process: give it the original back."""
+    def release_clone(self, template_pid: int, clone: Tracee, away: bool = False) -> None:
+        """A clone inherited the pin from its template process: give it the original back
+        (``away``: without the engine's CPU, when it has others, so that it runs beside the
+        engine rather than preempting it; release it again later)."""
         cpus = self.of_pid.get(template_pid)
         if cpus is None:
             return
+        if away and len(cpus) > 1:
+            cpus = cpus - {self.cpu}
         try:
             tids = clone.threads()
         except BunshinError:
@@ -188,10 +192,12 @@ def reap_children(init: Tracee) -> int:
 
 
 def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: str,
-               cgroup) -> tuple[Tracee, socket.socket]:
+               cgroup, pin: "Pinned") -> tuple[Tracee, socket.socket]:
     """Clone the template's init into fresh namespaces and have it move into the child's root;
     returns the (running) child init and the trainer's end of its new control socket. Net, ipc
-    and uts namespaces come ready-made from the pool when it has some (the init joins them)."""
+    and uts namespaces come ready-made from the pool when it has some (the init joins them).
+    The init is let go on the CPUs other than the engine's, so that its move into the new
+    root runs beside the clones made meanwhile, not in their place on the pinned CPU."""
     p = nspool.pool()
     made = p.take() if p is not None else None
     try:
@@ -208,6 +214,7 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
         msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), len(fds)) + payload
         # The template's init shares this socket but is frozen: only the clone reads it.
         socket.send_fds(tpl_sock, [msg], fds)
+        pin.release_clone(tinit.pid, ci, away=True)
         ci.detach()
     except BaseException:
         os.kill(ci.pid, signal.SIGKILL)

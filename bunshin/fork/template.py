@@ -153,6 +153,7 @@ class TemplateCore:
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
+                    k.ready()
                     k.fix(pl, c)
             for k in kids:
                 k.finish()
@@ -176,7 +177,7 @@ class _Child:
     def __init__(self, core: TemplateCore, tracees, pin, hostname: str | None) -> None:
         self.core, self.tracees, self.pin = core, tracees, pin
         self.clones: list = []
-        self.ci = self.chan = self.ws = None
+        self.ci = self.chan = self.ws = self.ctx = None
         self.pidfd = -1
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         if slot is None:  # none made ahead: the same pieces, now (make() cleans up its own)
@@ -188,23 +189,30 @@ class _Child:
         self.host = hostname or core.config["hostname"]
         try:
             self.ci, sock = engine.clone_init(tracees[core.parts["init_pid"]], core.parts["chan"]._sock,
-                                              mfd, self.host, self.cg)
-            pin.release_clone(core.parts["init_pid"], self.ci)
+                                              mfd, self.host, self.cg, pin)
             self.pidfd = os.pidfd_open(self.ci.pid)
             from ..runtime.channel import Channel
 
             self.chan = Channel(sock, f"workspace {self.d.id}")
-            self.chan.wait_ready(10)
-            engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
-            sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
-            self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
-                                      shared={"tracees": tracees, "template-upper": str(core.lowers[0])})
         except BaseException:
             self.abort()
             raise
         finally:
             if mfd >= 0:
                 os.close(mfd)
+
+    def ready(self) -> None:
+        """Wait for the init to be in its root (it moves there while the first clones are
+        made), then give it what the clones' fixups expect: /dev/shm and SysV segments."""
+        if self.ctx is not None:
+            return
+        core = self.core
+        self.chan.wait_ready(10)
+        self.pin.release_clone(core.parts["init_pid"], self.ci)
+        engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
+        sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
+        self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
+                                  shared={"tracees": self.tracees, "template-upper": str(core.lowers[0])})
 
     def fix(self, pl, c) -> None:
         engine.fix_process(self.ctx, pl, c)
@@ -214,6 +222,7 @@ class _Child:
     def finish(self) -> None:
         from ..runtime.workspace import Workspace
 
+        self.ready()  # a workspace of its init alone has had no fixup to wait for it
         core = self.core
         engine.reparent_clones(core.plans, {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)})
         engine.finish_child(self.ctx)
