@@ -55,14 +55,14 @@ def make(core: "TemplateCore") -> Slot:
     """A state directory, cgroup and overlay root for one child of ``core``: made ahead by the
     thread, or by a fork that finds none ready. On failure nothing is left."""
     from ..runtime import cgroup
-    from ..runtime.state import Meta, WorkspaceDir, proc_start_time
+    from ..runtime.state import Meta, WorkspaceDir, own_start_time
     from . import engine
 
     d = WorkspaceDir.create()
     cg = None
     try:
         cg = cgroup.backend().create(f"ws-{d.id}", **core.config["limits"])
-        d.write_meta(Meta(id=d.id, owner_pid=os.getpid(), owner_start=proc_start_time(os.getpid()) or 0,
+        d.write_meta(Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(),
                           cgroup=cg.name, rootfs="slot", lowers=[str(p) for p in core.lowers],
                           parent=core.id))
         return Slot(d, cg, engine.overlay_fd(core.lowers, d.upper, d.work))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import ForkError, WorkspaceClosed
 from .channel import Channel
-from .state import Meta, proc_start_time
+from .state import Meta, own_start_time
 
 if TYPE_CHECKING:
     from ..fork.template import Template
@@ -143,7 +143,7 @@ class ForkingMixin:
         self.rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork", source=f"fork of {core.id}")
         self.init_pid, self._pidfd, self._init_is_child, self._chan = init_pid, pidfd, False, chan
         self._template = core
-        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=proc_start_time(os.getpid()) or 0,
+        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=own_start_time(),
                           init_pid=init_pid, cgroup=cg.name, rootfs=self.rootfs.source,
                           lowers=[str(p) for p in core.lowers], parent=core.id)
         self._dir.write_meta(self._meta)
