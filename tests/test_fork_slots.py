@@ -65,14 +65,51 @@ def test_next_fork_takes_the_slots_and_close_removes_unused_ones():
         ws.close()
 
 
+def _pids_max(ws: bunshin.Workspace) -> str:
+    cg = ws._cg
+    path = os.path.join(cg.path if isinstance(cg, cgroup.V2Cgroup) else cg._by["pids"], "pids.max")
+    with open(path) as f:
+        return f.read().strip()
+
+
+def test_ws_fork_takes_spares_made_after_the_last_and_close_removes_them():
+    """ws.fork()'s template is new each time (no slots): the workspace gets spares instead,
+    directories and cgroups with its limits, for its next ws.fork() or snapshot()."""
+    ws = bunshin.Workspace.create(pids_limit=77)
+    kids: list[bunshin.Workspace] = []
+    try:
+        kids += ws.fork(2)
+        spares = ws._spares
+        _wait_slots(spares, 3)  # the workspace's own continuation and two children
+        ready = {s.dir.id for s in spares.slots}
+        assert {f"ws-{i}" for i in ready} <= set(cgroup.backend().list())
+        more = ws.fork(1)
+        kids += more
+        assert {ws.id, more[0].id} <= ready
+        assert _pids_max(more[0]) == _pids_max(ws) == "77"
+        more[0].write_file("/tmp/mine", "child")
+        assert ws.run("test -e /tmp/mine").exit_code == 1
+        _wait_slots(spares, 2)
+        unused = {s.dir.id for s in spares.slots}
+        ws.close()
+        assert not spares.slots and not unused & _state_ids()
+        assert not {f"ws-{i}" for i in unused} & set(cgroup.backend().list())
+        assert more[0].run("echo alive").stdout == b"alive\n"
+    finally:
+        for k in kids:
+            k.close()
+        ws.close()
+
+
 def test_ws_fork_and_restore_only_where_asked(monkeypatch):
     ws = bunshin.Workspace.create()
     kids: list[bunshin.Workspace] = []
     try:
         before = _state_ids()
         kids += ws.fork(2)  # its template is never forked again: no slots made for it
-        time.sleep(0.2)
-        assert _state_ids() - before == {k.id for k in kids} | {ws.id}  # ws continues as a fork
+        _wait_slots(ws._spares, 3)  # but spares, for the workspace's next fork
+        spares = {s.dir.id for s in ws._spares.slots}
+        assert _state_ids() - before == {k.id for k in kids} | {ws.id} | spares
         monkeypatch.setenv("BUNSHIN_FORK_SLOTS", "0")
         tpl = ws.snapshot()
         try:

@@ -46,6 +46,7 @@ class TemplateCore:
         self.closed = False
         self.slots: list[slots.Slot] = []  # host-side parts of the next children (slots.py)
         self.slots_closed = False
+        self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
         self._depth_ok = False
         self._tmp_pid = engine.pid_max() - 1
         used = {p.vpid for p in plans}
@@ -65,6 +66,9 @@ class TemplateCore:
                 return
             self.closed = True
         self._destroy()
+
+    def make_slot(self) -> "slots.Slot":
+        return slots.make(self)
 
     def add_slot(self, s: "slots.Slot") -> bool:
         with self.lock:

@@ -41,6 +41,7 @@ class ForkingMixin:
     def _snapshot(self, n: int, on_fork) -> tuple["Template", list["Workspace"]]:
         """snapshot() and ``n`` more forks of the template in one pass over its processes (one
         seize and release for all): the first fork becomes this workspace."""
+        from ..fork import slots
         from ..fork.template import Template, snapshot_parts
 
         with self._close_lock:
@@ -54,6 +55,7 @@ class ForkingMixin:
                       "run_shell": self._run_shell}
             parts = self._parts()
             core = snapshot_parts(parts, config, shells)  # freezes; raises with parts untouched
+            core.spares = self.__dict__.get("_spares")
             first = [True]
 
             def hook(kid: "Workspace") -> None:
@@ -69,6 +71,11 @@ class ForkingMixin:
                 parts["cg"].thaw()
                 raise
             core.masters = self._adopt(kids[0])
+            core.spares = None
+            if slots.enabled():  # the next ws.fork()/snapshot()'s directories and cgroups
+                if "_spares" not in self.__dict__:
+                    self._spares = slots.Spares(self._limits, f"workspace {self.id}")
+                slots.request(self._spares, 1 + n)
             return Template(core), kids[1:]
 
     def restore(self, tpl: "Template") -> None:
@@ -84,7 +91,8 @@ class ForkingMixin:
                 kid.close()
                 raise WorkspaceClosed(f"workspace {self.id} is closed")
             old = type(self)()
-            old.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_close_lock", "_closed")})
+            old.__dict__.update({k: v for k, v in self.__dict__.items()
+                                 if k not in ("_close_lock", "_closed", "_spares")})
             old._closed = False
             old._shells = []
             masters = self._adopt(kid)

@@ -275,6 +275,9 @@ class Workspace(ForkingMixin):
             self._teardown()
 
     def _teardown(self) -> None:
+        spares = self.__dict__.pop("_spares", None)
+        if spares is not None:
+            spares.close()
         for sh in list(getattr(self, "_shells", [])):
             sh._detach()
         if self._chan is not None:
