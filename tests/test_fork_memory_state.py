@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -166,8 +167,12 @@ def test_sysv_shm_keeps_its_id_and_becomes_the_childs_own(no_leaks):
         pid = ws.spawn(["python3", "/sysv.py"])
         _wait(ws, "test -s /tmp/ready")
         shmid = ws.read_file("/tmp/ready").decode()
+        mine = os.readlink("/proc/thread-self/ns/ipc")
         (kid,) = ws.fork(1)
         try:
+            # the fork read and made the segments from this thread, in the workspaces' IPC
+            # namespaces: it is back in its own
+            assert os.readlink("/proc/thread-self/ns/ipc") == mine
             seg = kid.run("ipcs -m | grep 0x00001234").stdout.split()
             assert seg[1].decode() == shmid and seg[4] == b"8192"  # same id, key and size
             kid.kill(pid, 10)
@@ -187,6 +192,8 @@ def test_sysv_semaphores_are_refused(no_leaks):
                                    "lib.semget(0, 1, 0o1600)\n"
                                    "open('/tmp/ok', 'w').close()\ntime.sleep(1000)"])
         _wait(ws, "test -e /tmp/ok")
+        mine = os.readlink("/proc/thread-self/ns/ipc")
         with pytest.raises(ForkError, match="SysV semaphores"):
             ws.fork(1)
+        assert os.readlink("/proc/thread-self/ns/ipc") == mine
         assert ws.run("echo alive").stdout == b"alive\n"
