@@ -347,3 +347,37 @@ def test_restore_from_another_workspaces_template(family):
         assert sh_b.run("echo $WHO").stdout == b"a\n"
     finally:
         tpl.close()
+
+
+def _zombie_children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            fields = st[st.rindex(b")") + 2:].split()
+            if int(fields[1]) == pid and fields[0] == b"Z":
+                out.append(int(d))
+    return out
+
+
+def test_template_reaps_the_inits_of_closed_children(ws):
+    """A child's init is a child of the frozen template's init, which never reaps it: the
+    next fork after a child closed does, inside the template (and skips that when none did)."""
+    tpl = ws.snapshot()
+    try:
+        tinit = tpl._core.parts["init_pid"]
+        kids = tpl.fork(3)
+        assert _zombie_children(tinit) == []
+        for k in kids:
+            k.close()
+        assert len(_zombie_children(tinit)) == 3
+        (k,) = tpl.fork(1)
+        assert _zombie_children(tinit) == []
+        assert k.run("echo alive").stdout == b"alive\n"
+        k.close()
+    finally:
+        tpl.close()

@@ -48,6 +48,7 @@ class TemplateCore:
         self.slots_closed = False
         self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
         self._depth_ok = False
+        self.reap_due = False  # whether a child may have exited since the last reap
         self._tmp_pid = engine.pid_max() - 1
         used = {p.vpid for p in plans}
         while self._tmp_pid in used:
@@ -61,6 +62,7 @@ class TemplateCore:
 
     def release(self) -> None:
         with self.lock:
+            self.reap_due = True  # a child closing: its init is now a zombie of ours
             self.refs -= 1
             if self.refs > 0 or self.closed:
                 return
@@ -122,11 +124,14 @@ class TemplateCore:
             pin = None
             try:
                 pin = engine.Pinned(tracees)
-                engine.reap_children(tracees[p["init_pid"]])
+                if self.reap_due:  # an injected wait4 loop: only when a child went
+                    self.reap_due = False
+                    engine.reap_children(tracees[p["init_pid"]])
                 self._fork_many(tracees, pin, on_fork,
                                 [hostnames[i] if hostnames else None for i in range(n)], kids)
             except BaseException as e:
                 failed = e
+                self.reap_due = True  # the inits of the children it removed
             finally:
                 if pin is not None:
                     pin.restore()
