@@ -28,6 +28,22 @@ def _state_ids() -> set[str]:
         return set()
 
 
+def _assert_removed(ids: set[str]) -> None:
+    """Neither the state directories nor the cgroups of these slots (spares) exist."""
+    assert not ids & _state_ids()
+    assert not {f"ws-{i}" for i in ids} & set(cgroup.backend().list())
+
+
+def _close_removes_unused(holder, n: int, close) -> set[str]:
+    """Once ``n`` slots (spares) are ready again, ``close()`` removes them all; their ids."""
+    _wait_slots(holder, n)
+    unused = {s.dir.id for s in holder.slots}
+    close()
+    assert not holder.slots
+    _assert_removed(unused)
+    return unused
+
+
 def test_next_fork_takes_the_slots_and_close_removes_unused_ones():
     ws = bunshin.Workspace.create()
     tpl = ws.snapshot()
@@ -50,11 +66,7 @@ def test_next_fork_takes_the_slots_and_close_removes_unused_ones():
             k.write_file("/tmp/mine", f"child {i}")
         assert [k.read_file("/tmp/mine") for k in more] == [b"child 0", b"child 1"]
         assert ws.run("test -e /tmp/mine").exit_code == 1
-        _wait_slots(core, 2)
-        unused = {s.dir.id for s in core.slots}
-        tpl.close()
-        assert not core.slots and not unused & _state_ids()
-        assert not {f"ws-{i}" for i in unused} & set(cgroup.backend().list())
+        unused = _close_removes_unused(core, 2, tpl.close)
         assert "bunshin" not in "".join(line for line in open("/proc/self/mountinfo")
                                         if any(i in line for i in unused))
         assert kids[0].run("echo alive").stdout == b"alive\n"  # children outlive the handle
@@ -89,11 +101,7 @@ def test_ws_fork_takes_spares_made_after_the_last_and_close_removes_them():
         assert _pids_max(more[0]) == _pids_max(ws) == "77"
         more[0].write_file("/tmp/mine", "child")
         assert ws.run("test -e /tmp/mine").exit_code == 1
-        _wait_slots(spares, 2)
-        unused = {s.dir.id for s in spares.slots}
-        ws.close()
-        assert not spares.slots and not unused & _state_ids()
-        assert not {f"ws-{i}" for i in unused} & set(cgroup.backend().list())
+        _close_removes_unused(spares, 2, ws.close)
         assert more[0].run("echo alive").stdout == b"alive\n"
     finally:
         for k in kids:
@@ -144,5 +152,4 @@ def test_a_slot_left_by_a_dead_trainer_is_collected(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bunshin", "gc"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert not set(ids) & _state_ids()
-    assert not {f"ws-{i}" for i in ids} & set(cgroup.backend().list())
+    _assert_removed(set(ids))

@@ -99,9 +99,40 @@ def make(core: "TemplateCore") -> Slot:
         raise
 
 
-class Spares:
-    """The spares of one workspace (see the module's docstring); served by the same thread
-    as templates' slots (``make_slot``, ``add_slot``, ``slots``, ``slots_closed``)."""
+class Holder:
+    """What the thread serves: ``make_slot()`` makes one; ``slots`` holds those made, under
+    ``lock``, until :meth:`close_slots`."""
+
+    id: str
+    lock: threading.Lock
+    slots: list
+    slots_closed: bool
+
+    def make_slot(self) -> Spare:
+        raise NotImplementedError
+
+    def _taking(self) -> bool:
+        """Whether a slot made now would still be used (called with the lock held)."""
+        return not self.slots_closed
+
+    def add_slot(self, s: Spare) -> bool:
+        with self.lock:
+            if not self._taking():
+                return False
+            self.slots.append(s)
+            return True
+
+    def close_slots(self) -> None:
+        """No more calls will take them: drop the slots made."""
+        with self.lock:
+            self.slots_closed = True
+            ready, self.slots = self.slots, []
+        for s in ready:
+            s.destroy()
+
+
+class Spares(Holder):
+    """The spares of one workspace (see the module's docstring)."""
 
     def __init__(self, limits: dict, owner: str) -> None:
         self.limits, self.id = dict(limits), owner
@@ -112,23 +143,9 @@ class Spares:
     def make_slot(self) -> Spare:
         return _spare(self.limits, "spare", [], None)
 
-    def add_slot(self, s: Spare) -> bool:
-        with self.lock:
-            if self.slots_closed:
-                return False
-            self.slots.append(s)
-            return True
-
     def take(self) -> Spare | None:
         with self.lock:
             return self.slots.pop() if self.slots else None
-
-    def close(self) -> None:
-        with self.lock:
-            self.slots_closed = True
-            ready, self.slots = self.slots, []
-        for s in ready:
-            s.destroy()
 
 
 def enabled() -> bool:
@@ -143,7 +160,7 @@ class Maker:
         self._want: dict[int, tuple["TemplateCore", int]] = {}
         self._thread: threading.Thread | None = None
 
-    def request(self, core: "TemplateCore | Spares", n: int) -> None:
+    def request(self, core: Holder, n: int) -> None:
         """Have ``min(n, MAX)`` slots (spares) ready for ``core``'s next fork call."""
         with self._cv:
             self._want[id(core)] = (core, min(n, MAX))
@@ -152,7 +169,7 @@ class Maker:
                 self._thread.start()
             self._cv.notify()
 
-    def _next(self) -> "TemplateCore | Spares":
+    def _next(self) -> Holder:
         with self._cv:
             while True:
                 for key, (core, n) in list(self._want.items()):
@@ -179,7 +196,7 @@ class Maker:
 _maker = PerProcess(Maker)
 
 
-def request(core: "TemplateCore | Spares", n: int) -> None:
+def request(core: Holder, n: int) -> None:
     """Ask for slots (spares) for ``core`` (no-op when turned off)."""
     if not enabled():
         return

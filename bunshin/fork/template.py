@@ -29,7 +29,7 @@ log = logging.getLogger("bunshin.fork")
 __all__ = ["Template"]
 
 
-class TemplateCore:
+class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
     def __init__(self, parts: dict, plans, shells: list[tuple[int, int, str]], config: dict) -> None:
@@ -72,20 +72,8 @@ class TemplateCore:
     def make_slot(self) -> "slots.Slot":
         return slots.make(self)
 
-    def add_slot(self, s: "slots.Slot") -> bool:
-        with self.lock:
-            if self.slots_closed or self.closed:
-                return False
-            self.slots.append(s)
-            return True
-
-    def close_slots(self) -> None:
-        """No more forks will come through the handle: drop the slots made for them."""
-        with self.lock:
-            self.slots_closed = True
-            ready, self.slots = self.slots, []
-        for s in ready:
-            s.destroy()
+    def _taking(self) -> bool:
+        return not (self.slots_closed or self.closed)
 
     def _destroy(self) -> None:
         p = self.parts

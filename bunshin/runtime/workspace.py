@@ -277,7 +277,7 @@ class Workspace(ForkingMixin):
     def _teardown(self) -> None:
         spares = self.__dict__.pop("_spares", None)
         if spares is not None:
-            spares.close()
+            spares.close_slots()
         for sh in list(getattr(self, "_shells", [])):
             sh._detach()
         if self._chan is not None:
