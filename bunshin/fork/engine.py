@@ -255,16 +255,15 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_inits: list[int], tmp_pid: i
 
 def _clone_through(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
     mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
+    as_seen = mid.in_parent  # by the template process, which reaps it
     try:
-        mid_levels = _nspid(mid.pid)
         child = mid.clone(set_tid=proc.vpid)
     finally:
         # Killing it while stopped: it never runs the template's code in shared memory.
         os.kill(mid.pid, signal.SIGKILL)
         os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
         mid._ctl = None  # dead: nothing to cure or detach
-        level = len(_nspid(tp.pid)) - 1
-        tp.syscall(61, mid_levels[level], 0, _WALL, 0)  # wait4 in the template process
+        tp.syscall(61, as_seen, 0, _WALL, 0)  # wait4 in the template process
     return child
 
 
@@ -294,7 +293,7 @@ def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
     try:
         k.reparent(child.pid, child_init, traced=True)
     except OSError as e:
-        as_seen = _nspid(child.pid)[len(_nspid(tp.pid)) - 1]
+        as_seen = child.in_parent
         os.kill(child.pid, signal.SIGKILL)
         os.waitpid(child.pid, _WALL)  # as its tracer: hands the zombie to its real parent
         child._ctl = None

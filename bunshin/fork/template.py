@@ -47,6 +47,7 @@ class TemplateCore(slots.Holder):
         self.slots: list[slots.Slot] = []  # host-side parts of the next children (slots.py)
         self.slots_closed = False
         self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
+        self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
         self._depth_ok = False
         self.reap_due = False  # whether a child may have exited since the last reap
         self._tmp_pid = engine.pid_max() - 1

@@ -13,10 +13,23 @@ from .state import Meta, own_start_time
 
 if TYPE_CHECKING:
     from ..fork.template import Template
+    from .rootfs.model import Rootfs
     from ..speculate.block import Speculation
     from .workspace import Workspace
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+def _child_rootfs(core) -> "Rootfs":
+    """What each child's ``ws.rootfs`` says: made (and its layers checked, ~0.3 ms) once per
+    template or CRIU origin, whose layers never change."""
+    from .rootfs.model import Rootfs
+
+    rf = getattr(core, "child_rootfs", None)
+    if rf is None:
+        rf = core.child_rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork",
+                                        source=f"fork of {core.id}")
+    return rf
 
 
 class ForkingMixin:
@@ -137,7 +150,6 @@ class ForkingMixin:
     @classmethod
     def _from_fork(cls, core, d, cg, init_pid: int, pidfd: int, chan: Channel, masters: dict,
                    hostname: str) -> "Workspace":
-        from ..runtime.rootfs.model import Rootfs
         from .shell import Shell
 
         cfg = core.config
@@ -148,7 +160,7 @@ class ForkingMixin:
         self._shell_lock = threading.Lock()
         self._calls = 0
         self._dir, self.id, self._cg = d, d.id, cg
-        self.rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork", source=f"fork of {core.id}")
+        self.rootfs = _child_rootfs(core)
         self.init_pid, self._pidfd, self._init_is_child, self._chan = init_pid, pidfd, False, chan
         self._template = core
         self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=own_start_time(),
