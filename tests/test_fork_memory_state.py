@@ -89,6 +89,7 @@ def test_interval_timers_are_rearmed(no_leaks, mdwe):
                                   "signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)\n"
                                   "while True: time.sleep(1)\n")
         ws.spawn(["python3", "/tick.py"])
+        ws.spawn(["sleep", "1000"])  # no timer: looked at by the first fork only
         _wait(ws, "test -s /tmp/ticks")
         (kid,) = ws.fork(1)
         try:
@@ -97,6 +98,18 @@ def test_interval_timers_are_rearmed(no_leaks, mdwe):
             assert int(kid.read_file("/tmp/ticks")) > a  # fork(2) alone would have dropped the timer
         finally:
             kid.close()
+        # every fork of a template re-arms it (the processes without one are looked at once)
+        with ws.snapshot() as tpl:
+            for _ in range(2):
+                (kid,) = tpl.fork(1)
+                try:
+                    a = int(kid.read_file("/tmp/ticks"))
+                    time.sleep(0.3)
+                    assert int(kid.read_file("/tmp/ticks")) > a
+                finally:
+                    kid.close()
+            idle = {pl.name: pl.itimers_idle for pl in tpl._core.plans if not pl.is_init}
+            assert idle == {"python3": False, "sleep": True}, idle
 
 
 POSIX_TIMERS = r"""
