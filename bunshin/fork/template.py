@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
-from . import engine, nspool, slots
+from . import engine, nspool, seize, slots
 from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import sysv_shm
 from .plan import plan_tree
@@ -109,13 +109,13 @@ class TemplateCore(slots.Holder):
             if not self._depth_ok:  # the template's nesting never changes: check once
                 engine.check_depth(p["init_pid"])
                 self._depth_ok = True
-            tracees = engine.seize_all(p["cg"], self.plans)
+            tracees = seize.seize_all(p["cg"], self.plans)
             pin = None
             try:
-                pin = engine.Pinned(tracees)
+                pin = seize.Pinned(tracees)
                 if self.reap_due:  # an injected wait4 loop: only when a child went
                     self.reap_due = False
-                    engine.reap_children(tracees[p["init_pid"]])
+                    seize.reap_children(tracees[p["init_pid"]])
                 self._fork_many(tracees, pin, on_fork,
                                 [hostnames[i] if hostnames else None for i in range(n)], kids)
             except BaseException as e:
@@ -124,7 +124,7 @@ class TemplateCore(slots.Holder):
             finally:
                 if pin is not None:
                     pin.restore()
-                engine.release_all(p["cg"], tracees)
+                seize.release_all(p["cg"], tracees)
                 pool = nspool.pool()
                 if pool is not None:
                     pool.refill()
