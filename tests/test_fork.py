@@ -386,3 +386,57 @@ def test_template_reaps_the_inits_of_closed_children(ws):
         for k in kids:
             k.close()
         tpl.close()
+
+
+_CLOEXEC_FDS = r"""
+import ctypes, fcntl, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def plain_open(path):  # os.open always adds O_CLOEXEC
+    return libc.open(path.encode(), os.O_RDWR | os.O_CREAT, 0o644)
+a = plain_open("/tmp/a")                                        # none
+b = os.open("/tmp/b", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)   # set at open
+c = os.open("/tmp/c", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+os.dup2(c, 20, inheritable=True)                                # the file says O_CLOEXEC, 20 has none
+d = os.open("/tmp/d", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+os.set_inheritable(d, True)                                     # cleared after open
+e = plain_open("/tmp/e")
+os.set_inheritable(e, False)                                    # set after open
+m = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)
+fcntl.ioctl(m, 0x40045431, bytes(4))                           # TIOCSPTLCK: unlock
+f = fcntl.ioctl(m, 0x5441, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)  # TIOCGPTPEER: the file keeps
+os.set_inheritable(f, True)                                     # O_CLOEXEC, the descriptor has none
+fds = [a, b, c, 20, d, e, f]
+def report(*_):
+    flags = [fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in fds]
+    with open("/tmp/cloexec.new", "w") as f:
+        f.write(" ".join(map(str, flags)))
+    os.rename("/tmp/cloexec.new", "/tmp/cloexec")
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    signal.pause()
+"""
+
+
+def test_close_on_exec_flags_survive_every_fork(ws):
+    """Each descriptor keeps its own FD_CLOEXEC, also where /proc's fdinfo cannot tell (a pty
+    peer opened with O_CLOEXEC whose descriptor dropped it shows O_CLOEXEC), on the first
+    fork of a template and on later ones."""
+    ws.write_file("/fds.py", _CLOEXEC_FDS)
+    pid = ws.spawn(["python3", "/fds.py"])
+    wait_file(ws, "/tmp/cloexec")
+    want = ws.read_file("/tmp/cloexec")
+    assert want == b"0 1 1 0 0 1 0"
+    tpl = ws.snapshot()
+    try:
+        for _ in range(2):
+            (kid,) = tpl.fork(1)
+            try:
+                kid.run("rm /tmp/cloexec")
+                kid.kill(pid, 10)
+                wait_file(kid, "/tmp/cloexec")
+                assert kid.read_file("/tmp/cloexec") == want
+            finally:
+                kid.close()
+    finally:
+        tpl.close()
