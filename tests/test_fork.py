@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_file, wait_for_bytes
+from conftest import signal_and_read, wait_file, wait_for_bytes
 
 import bunshin
 from bunshin.errors import ForkError
@@ -432,10 +432,7 @@ def test_close_on_exec_flags_survive_every_fork(ws):
         for _ in range(2):
             (kid,) = tpl.fork(1)
             try:
-                kid.run("rm /tmp/cloexec")
-                kid.kill(pid, 10)
-                wait_file(kid, "/tmp/cloexec")
-                assert kid.read_file("/tmp/cloexec") == want
+                assert signal_and_read(kid, pid, 10, "/tmp/cloexec") == want
             finally:
                 kid.close()
     finally:

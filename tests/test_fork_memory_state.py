@@ -9,6 +9,7 @@ import pytest
 
 import bunshin
 from bunshin.errors import ForkError
+from conftest import signal_and_read
 
 SHARED = r"""
 import mmap, os, signal, sys
@@ -191,10 +192,7 @@ def test_sysv_shm_keeps_its_id_and_becomes_the_childs_own(no_leaks):
             kid.kill(pid, 10)
             time.sleep(0.2)
             for w, want in ((kid, b"wrote"), (ws, b"start")):
-                w.run("rm -f /tmp/seen")
-                w.kill(pid, 12)
-                _wait(w, "test -s /tmp/seen")
-                assert w.read_file("/tmp/seen") == want
+                assert signal_and_read(w, pid, 12, "/tmp/seen") == want
         finally:
             kid.close()
 
