@@ -42,13 +42,6 @@ def _compel() -> Any:
     return _core
 
 
-def suspends_seccomp() -> bool | None:
-    """Whether this trainer's seizes suspend the victims' seccomp filters (None: no seize made
-    yet). They do with CAP_SYS_ADMIN, when the trainer is not filtered itself."""
-    v = int(_compel().suspends_seccomp())
-    return None if v < 0 else bool(v)
-
-
 def _translate(exc: OSError, pid: int) -> ForkError:
     step = getattr(exc, "step", "seize")
     pid = getattr(exc, "pid", pid)
@@ -295,11 +288,6 @@ class Tracee:
     @property
     def alive(self) -> bool:
         return bool(self._ctl.alive)
-
-    @property
-    def in_parent(self) -> int:
-        """A clone's pid as the process that made it sees it (whom it can wait4 for)."""
-        return int(self._ctl.in_parent)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.threads())

@@ -27,12 +27,7 @@ class FdInfo:
     dev: int
     handler: object = None  # the resource ops that own it (set by plan_tree)
     dup_of: int | None = None  # an earlier fd of the same process sharing the open file
-    # FD_CLOEXEC, None: ask the first fork's clone (frozen, it cannot change). fdinfo's flags
-    # show O_CLOEXEC when the descriptor has it, but also when only the file has it in its own
-    # flags (eventfd, epoll, inotify, timerfd... made with *_CLOEXEC keep it there, as open()
-    # did before Linux 5.6, and a dup without FD_CLOEXEC still shows it): only its absence is
-    # sure.
-    cloexec: bool | None = None
+    cloexec: bool | None = None  # FD_CLOEXEC, read from the first fork's clone (frozen: cannot change)
 
 
 @dataclass
@@ -48,7 +43,6 @@ class ProcPlan:
     cwd: str
     fds: list[FdInfo] = field(default_factory=list)
     is_init: bool = False
-    seccomp_filters: int = 0  # seccomp filters it runs under
 
     @functools.cached_property
     def name(self) -> str:
@@ -60,18 +54,9 @@ class ProcPlan:
             return "?"
 
 
-def proc_status(pid: int | str) -> dict[str, str]:
-    """/proc/PID/status as a dict (PID may be "self")."""
+def _status(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/status") as f:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-
-
-def seccomp_filters(status: dict[str, str]) -> int:
-    """How many seccomp filters a task runs under, from its /proc status (before Linux 5.9,
-    which has no count: 1 for any)."""
-    if "Seccomp_filters" in status:
-        return int(status["Seccomp_filters"])
-    return 1 if status.get("Seccomp", "0").strip() == "2" else 0
 
 
 def _fdinfo(pid: int, fd: int) -> dict[str, str]:
@@ -82,7 +67,7 @@ def _fdinfo(pid: int, fd: int) -> dict[str, str]:
 def _ns_ppid(host_ppid: int, level: int) -> int:
     """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside."""
     try:
-        nspid = proc_status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
+        nspid = _status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
     except (OSError, KeyError):
         return 0
     return int(nspid[-1]) if len(nspid) == level else 0
@@ -90,7 +75,7 @@ def _ns_ppid(host_ppid: int, level: int) -> int:
 
 def read_proc(hostpid: int) -> ProcPlan:
     """Everything the engine needs to know about one (stopped) process."""
-    st = proc_status(hostpid)
+    st = _status(hostpid)
     with open(f"/proc/{hostpid}/stat", "rb") as f:
         raw = f.read()
     rest = raw[raw.rindex(b")") + 2 :].split()
@@ -107,7 +92,6 @@ def read_proc(hostpid: int) -> ProcPlan:
         threads=[hostpid, *tids],
         cwd=os.readlink(f"/proc/{hostpid}/cwd"),
         is_init=vpid == 1,
-        seccomp_filters=seccomp_filters(st),
     )
     del rest
     for name in os.listdir(f"/proc/{hostpid}/fd"):
@@ -118,10 +102,8 @@ def read_proc(hostpid: int) -> ProcPlan:
             info = _fdinfo(hostpid, fd)
         except FileNotFoundError:
             continue
-        flags = int(info["flags"], 8)
-        plan.fds.append(FdInfo(fd=fd, target=target, mode=s.st_mode, flags=flags,
-                               pos=int(info["pos"]), ino=s.st_ino, dev=s.st_dev,
-                               cloexec=None if flags & os.O_CLOEXEC else False))
+        plan.fds.append(FdInfo(fd=fd, target=target, mode=s.st_mode, flags=int(info["flags"], 8),
+                               pos=int(info["pos"]), ino=s.st_ino, dev=s.st_dev))
     plan.fds.sort(key=lambda f: f.fd)
     return plan
 

@@ -11,14 +11,7 @@
 #include "compel.h"
 #include "arch/x86_64.h"
 
-#ifndef PTRACE_O_SUSPEND_SECCOMP
-#define PTRACE_O_SUSPEND_SECCOMP (1 << 21)
-#endif
-#define BX_SEIZE_BASE (PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACECLONE)
-/* The options of every seize and PTRACE_SETOPTIONS (which replaces them all): BX_SEIZE_BASE,
- * with PTRACE_O_SUSPEND_SECCOMP once a seize showed this tracer may set it (seize.c). */
-#define BX_SEIZE_OPTS bx_seize_opts()
-unsigned long bx_seize_opts(void);
+#define BX_SEIZE_OPTS (PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACECLONE)
 #define BX_MAX_HELD 64
 #define BX_MAX_PATCH 4
 #define BX_SCRATCH_SIZE 512
@@ -40,7 +33,6 @@ struct bx_patch {
 
 struct bx_ctl {
 	pid_t pid, vpid; /* thread group: tracer's pid namespace, its own */
-	pid_t in_parent; /* made by bx_clone3_seized: its pid as the cloning process sees it */
 	int nthr, cap;
 	struct bx_thread *thr; /* thr[0] is the injection thread */
 	int step;
