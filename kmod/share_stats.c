@@ -465,12 +465,28 @@ static struct {
 	unsigned long n;
 } share_cache = { .lock = __MUTEX_INITIALIZER(share_cache.lock) };
 
+static void share_dense_free(u16 **dense, unsigned long **chunks)
+{
+	kvfree(*dense);
+	bitmap_free(*chunks);
+	*dense = NULL;
+	*chunks = NULL;
+}
+
+/* A zeroed array for @n pfns and its chunk bitmap; false, with neither held, without memory. */
+static bool share_dense_alloc(unsigned long n, gfp_t gfp, u16 **dense, unsigned long **chunks)
+{
+	*dense = kvcalloc(n, sizeof(u16), gfp | __GFP_NOWARN);
+	*chunks = bitmap_zalloc(DIV_ROUND_UP(n, SHARE_CHUNK), gfp);
+	if (*dense && *chunks)
+		return true;
+	share_dense_free(dense, chunks);
+	return false;
+}
+
 static void share_cache_drop(void)
 {
-	kvfree(share_cache.dense);
-	bitmap_free(share_cache.chunks);
-	share_cache.dense = NULL;
-	share_cache.chunks = NULL;
+	share_dense_free(&share_cache.dense, &share_cache.chunks);
 	share_cache.n = 0;
 }
 
@@ -479,12 +495,8 @@ static bool share_cache_take(struct share_state *st, unsigned long n)
 {
 	if (share_cache.n != n) {
 		share_cache_drop();
-		share_cache.dense = kvcalloc(n, sizeof(u16), GFP_KERNEL | __GFP_NOWARN);
-		share_cache.chunks = bitmap_zalloc(DIV_ROUND_UP(n, SHARE_CHUNK), GFP_KERNEL);
-		if (!share_cache.dense || !share_cache.chunks) {
-			share_cache_drop();
+		if (!share_dense_alloc(n, GFP_KERNEL, &share_cache.dense, &share_cache.chunks))
 			return false;
-		}
 		share_cache.n = n;
 	}
 	st->dense = share_cache.dense;
@@ -538,16 +550,8 @@ static void share_pick_dense(struct share_state *st)
 			return;
 		mutex_unlock(&share_cache.lock);
 	}
-	st->dense = kvcalloc(n, sizeof(u16), GFP_KERNEL_ACCOUNT | __GFP_NOWARN);
-	st->chunks = bitmap_zalloc(DIV_ROUND_UP(n, SHARE_CHUNK), GFP_KERNEL_ACCOUNT);
-	if (st->dense && st->chunks) {
+	if (share_dense_alloc(n, GFP_KERNEL_ACCOUNT, &st->dense, &st->chunks))
 		st->ndense = n;
-		return;
-	}
-	kvfree(st->dense);
-	bitmap_free(st->chunks);
-	st->dense = NULL;
-	st->chunks = NULL;
 }
 
 static int share_check(const struct bunshin_share_stats *req)
@@ -603,8 +607,7 @@ static void share_free(struct share_state *st)
 		share_cache_clean(st);
 		mutex_unlock(&share_cache.lock);
 	} else {
-		kvfree(st->dense);
-		bitmap_free(st->chunks);
+		share_dense_free(&st->dense, &st->chunks);
 	}
 	bunshin_ref_put(BUNSHIN_REF_PFNS);
 	kvfree(st->first_pid_of);

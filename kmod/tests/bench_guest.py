@@ -4,8 +4,9 @@
   (BUNSHIN_KMOD=1) against the library's own /proc/PID/pagemap path (BUNSHIN_KMOD=0, Cython);
   both answers must be equal.
 - fork: Template.fork of a 5-process workspace (init, a shell with two background jobs, a
-  Python process), and of issue 3's small workspace (init and a shell), with the module (each process cloned by FORK in the kernel, straight into the child
-  under its init, then REPARENTed: exact parent links), with the module but cloning by injection
+  Python process), and of issue 3's small workspace (init and a shell), with the module (each
+  process cloned by FORK in the kernel, straight into the child under its init, then
+  REPARENTed: exact parent links), with the module but cloning by injection
   (BUNSHIN_KMOD_FORK=0: REPARENT only), and with the user-space engine alone; also the time of
   one process's clone (engine.clone_process) on each path.
 
