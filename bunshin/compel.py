@@ -42,6 +42,13 @@ def _compel() -> Any:
     return _core
 
 
+def suspends_seccomp() -> bool | None:
+    """Whether this trainer's seizes suspend the victims' seccomp filters (None: no seize made
+    yet). They do with CAP_SYS_ADMIN, when the trainer is not filtered itself."""
+    v = int(_compel().suspends_seccomp())
+    return None if v < 0 else bool(v)
+
+
 def _translate(exc: OSError, pid: int) -> ForkError:
     step = getattr(exc, "step", "seize")
     pid = getattr(exc, "pid", pid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -97,3 +98,42 @@ def test_full_disk_fails_cleanly(no_leaks, monkeypatch):
     finally:
         subprocess.run(["umount", tiny], check=True)
         os.rmdir(tiny)
+
+
+# Holds a PTRACE_SEIZE on a process (as a debugger would) until its stdin closes.
+_OTHER_TRACER = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+if libc.ptrace(0x4206, int(sys.argv[1]), None, None):  # PTRACE_SEIZE
+    sys.exit(f"seize: errno {ctypes.get_errno()}")
+print("seized", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_process_traced_by_someone_else_fails_cleanly(no_leaks):
+    """The engine seizes init first, then fails on a process a debugger holds: the init it
+    already seized (frozen, not yet stopped) is let go as well, and the source runs on."""
+    ws, sh = _busy_workspace()
+    try:
+        procs = [p.pid for p in ws.processes()]
+        hostpid = next(hp for hp in ws.host_pids()
+                       if b"time.sleep(0.05)" in open(f"/proc/{hp}/cmdline", "rb").read())
+        other = subprocess.Popen([sys.executable, "-c", _OTHER_TRACER, str(hostpid)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert other.stdout.readline() == "seized\n"
+            with pytest.raises(ForkError, match=r"\(python3\) is traced by host process"):
+                ws.fork(1)
+            assert [p.pid for p in ws.processes()] == procs
+            assert sh.run("echo $V $PWD").stdout == b"intact /tmp\n"
+            assert not ws.cgroup.frozen()
+        finally:
+            other.stdin.close()
+            other.wait()
+        (kid,) = ws.fork(1)  # once the debugger is gone it forks
+        assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+        kid.close()
+    finally:
+        ws.close()

@@ -34,6 +34,11 @@ def batch_code_size():
     return bx_batch_code_size()
 
 
+def suspends_seccomp():
+    """1: seizes suspend the victims' seccomp filters; 0: they cannot; -1: none made yet."""
+    return bx_suspends_seccomp()
+
+
 def page_max_calls():
     """How many calls one Ctl.calls() takes."""
     return BX_PAGE_MAX_CALLS

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 from .._core import PROTO, _syscalls
 from .._core.kmod import FORK_MAX_CHILDREN, backend
-from ..compel import Tracee
+from ..compel import Tracee, suspends_seccomp
 from ..errors import BunshinError, ForkError
 from . import nspool
-from .plan import ProcPlan
+from .plan import ProcPlan, proc_status, seccomp_filters
 from .remote import Remote, enter_namespaces
 
 log = logging.getLogger("bunshin.fork")
@@ -95,22 +95,82 @@ def check_depth(template_init: int) -> None:
             "forking a fork of a fork", step="depth")
 
 
-def seize_all(cg, hostpids: list[int]) -> dict[int, Tracee]:
+def check_seccomp(plans: list[ProcPlan]) -> None:
+    """Refuse to fork a process that added seccomp filters of its own when seizes cannot
+    suspend them: the fork's injected calls could be refused, or kill it. Filters every
+    process inherited from the trainer allow what the trainer itself does, so they are no
+    reason to refuse."""
+    if suspends_seccomp() is not False:
+        return
+    own = seccomp_filters(proc_status("self"))
+    filtered = next((pl for pl in plans if pl.seccomp_filters > own), None)
+    if filtered is not None:
+        raise ForkError(
+            f"process {filtered.vpid} ({filtered.name}) runs under a seccomp filter of its own and "
+            "this trainer cannot suspend filters while it forks (that needs CAP_SYS_ADMIN and a "
+            "trainer not under seccomp itself): the fork's system calls could be refused or kill "
+            "it. Run the trainer unfiltered (e.g. a privileged container)", pid=filtered.hostpid,
+            step="seize")
+
+
+def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
     before it can run user code again. On failure the group is left frozen, nothing seized."""
     tracees: dict[int, Tracee] = {}
+    stopped: set[int] = set()
     try:
-        for pid in hostpids:
-            tracees[pid] = Tracee.seize_frozen(pid)
+        for pl in plans:
+            try:
+                tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
+            except ForkError as e:
+                raise _seize_error(pl, e) from None
         cg.thaw()
-        for t in tracees.values():
+        for pid, t in tracees.items():
             t.wait_stopped()
+            stopped.add(pid)
         for t in tracees.values():
             t.stop_all()
+        check_seccomp(plans)  # the first seize of this trainer has told whether it can
     except BaseException:
+        _let_stop(cg, tracees, stopped)
         release_all(cg, tracees)
         raise
     return tracees
+
+
+def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
+    what = f"process {pl.vpid} ({pl.name})"
+    if e.errno == errno.EPERM:
+        try:
+            tracer = int(proc_status(pl.hostpid).get("TracerPid", "0"))
+        except (OSError, ValueError):
+            tracer = 0
+        if tracer:
+            msg = (f"{what} is traced by host process {tracer} (a debugger?) and a process has one "
+                   "tracer: detach it, then fork again")
+        else:
+            msg = f"{what} refused ptrace (Yama's ptrace_scope, or a missing CAP_SYS_PTRACE?)"
+    else:
+        msg = f"{what} could not be seized: {os.strerror(e.errno) if e.errno else e}"
+    return ForkError(msg, pid=pl.hostpid, step="seize", errno=e.errno)
+
+
+def _let_stop(cg, tracees: dict[int, Tracee], stopped: set[int]) -> None:
+    """A seized task can be let go only from a ptrace stop: after a failure before every
+    seized process stopped, the others are let reach theirs (a dead one is skipped)."""
+    rest = [t for pid, t in tracees.items() if pid not in stopped]
+    if not rest:
+        return
+    try:
+        cg.thaw()
+    except BunshinError as e:
+        log.warning("thawing to let go of the seized processes: %s", e)
+        return
+    for t in rest:
+        try:
+            t.wait_stopped()
+        except BunshinError as e:
+            log.warning("template process %d did not stop: %s", t.pid, e)
 
 
 class Pinned:

@@ -43,6 +43,7 @@ class ProcPlan:
     cwd: str
     fds: list[FdInfo] = field(default_factory=list)
     is_init: bool = False
+    seccomp_filters: int = 0  # seccomp filters it runs under
 
     @functools.cached_property
     def name(self) -> str:
@@ -54,9 +55,18 @@ class ProcPlan:
             return "?"
 
 
-def _status(pid: int) -> dict[str, str]:
+def proc_status(pid: int | str) -> dict[str, str]:
+    """/proc/PID/status as a dict (PID may be "self")."""
     with open(f"/proc/{pid}/status") as f:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def seccomp_filters(status: dict[str, str]) -> int:
+    """How many seccomp filters a task runs under, from its /proc status (before Linux 5.9,
+    which has no count: 1 for any)."""
+    if "Seccomp_filters" in status:
+        return int(status["Seccomp_filters"])
+    return 1 if status.get("Seccomp", "0").strip() == "2" else 0
 
 
 def _fdinfo(pid: int, fd: int) -> dict[str, str]:
@@ -67,7 +77,7 @@ def _fdinfo(pid: int, fd: int) -> dict[str, str]:
 def _ns_ppid(host_ppid: int, level: int) -> int:
     """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside."""
     try:
-        nspid = _status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
+        nspid = proc_status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
     except (OSError, KeyError):
         return 0
     return int(nspid[-1]) if len(nspid) == level else 0
@@ -75,7 +85,7 @@ def _ns_ppid(host_ppid: int, level: int) -> int:
 
 def read_proc(hostpid: int) -> ProcPlan:
     """Everything the engine needs to know about one (stopped) process."""
-    st = _status(hostpid)
+    st = proc_status(hostpid)
     with open(f"/proc/{hostpid}/stat", "rb") as f:
         raw = f.read()
     rest = raw[raw.rindex(b")") + 2 :].split()
@@ -92,6 +102,7 @@ def read_proc(hostpid: int) -> ProcPlan:
         threads=[hostpid, *tids],
         cwd=os.readlink(f"/proc/{hostpid}/cwd"),
         is_init=vpid == 1,
+        seccomp_filters=seccomp_filters(st),
     )
     del rest
     for name in os.listdir(f"/proc/{hostpid}/fd"):

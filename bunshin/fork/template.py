@@ -114,7 +114,7 @@ class TemplateCore:
             if not self._depth_ok:  # the template's nesting never changes: check once
                 engine.check_depth(p["init_pid"])
                 self._depth_ok = True
-            tracees = engine.seize_all(p["cg"], [pl.hostpid for pl in self.plans])
+            tracees = engine.seize_all(p["cg"], self.plans)
             pin = None
             try:
                 pin = engine.Pinned(tracees)

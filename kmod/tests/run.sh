@@ -14,7 +14,7 @@
 #             (pytest node ids, space-separated, from the repository root;
 #             default: tests/test_kmod_backend.py tests/test_fork.py
 #             tests/test_fork_failures.py tests/test_fork_comm.py
-#             tests/test_fork_tcp.py; "none" skips)
+#             tests/test_fork_tcp.py tests/test_fork_seccomp.py; "none" skips)
 # env: BUNSHIN_CACHE_DIR (default ~/.cache/bunshin; kernels live in its kmod/),
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;

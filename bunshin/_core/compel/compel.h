@@ -89,6 +89,8 @@ int bx_detach(struct bx_ctl *c);
 void bx_free(struct bx_ctl *c);
 pid_t bx_pid(const struct bx_ctl *c);   /* thread group id, tracer's namespace */
 pid_t bx_tid(const struct bx_ctl *c);   /* injection thread, tracer's namespace */
+/* Whether seizes suspend the victims' seccomp filters: 1 yes, 0 no, -1 no seize made yet. */
+int bx_suspends_seccomp(void);
 int bx_threads(const struct bx_ctl *c, pid_t *out, int max); /* returns the count */
 int bx_last_step(const struct bx_ctl *c);
 const char *bx_step_name(int step);

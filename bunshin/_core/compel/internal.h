@@ -11,7 +11,14 @@
 #include "compel.h"
 #include "arch/x86_64.h"
 
-#define BX_SEIZE_OPTS (PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACECLONE)
+#ifndef PTRACE_O_SUSPEND_SECCOMP
+#define PTRACE_O_SUSPEND_SECCOMP (1 << 21)
+#endif
+#define BX_SEIZE_BASE (PTRACE_O_TRACESYSGOOD | PTRACE_O_TRACECLONE)
+/* The options of every seize and PTRACE_SETOPTIONS (which replaces them all): BX_SEIZE_BASE,
+ * with PTRACE_O_SUSPEND_SECCOMP once a seize showed this tracer may set it (seize.c). */
+#define BX_SEIZE_OPTS bx_seize_opts()
+unsigned long bx_seize_opts(void);
 #define BX_MAX_HELD 64
 #define BX_MAX_PATCH 4
 #define BX_SCRATCH_SIZE 512

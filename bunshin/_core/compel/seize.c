@@ -200,10 +200,49 @@ static int wait_interrupt_stop(struct bx_ctl *c, int i)
 	return bx_arch_get_regs(tid, &c->thr[i].regs);
 }
 
+/*
+ * Whether seizes suspend the victim's seccomp filter (-1: not tried yet). With it, the calls
+ * compel injects are not subject to the filter (a filter that kills on setns or pidfd_open
+ * would otherwise kill a template process mid-fork), and neither are the fixups in a clone,
+ * which is attached with its parent's options; the filter applies again after detach, and
+ * clones keep it. CRIU seizes the same way. The kernel allows it to a tracer with
+ * CAP_SYS_ADMIN that is not itself filtered, on kernels with CONFIG_CHECKPOINT_RESTORE;
+ * elsewhere compel seizes without it (a filtered victim may then refuse or die of a call).
+ */
+static int suspend_seccomp = -1;
+
+int bx_suspends_seccomp(void)
+{
+	return suspend_seccomp;
+}
+
+unsigned long bx_seize_opts(void)
+{
+	return BX_SEIZE_BASE | (suspend_seccomp > 0 ? PTRACE_O_SUSPEND_SECCOMP : 0);
+}
+
+static int seize_once(pid_t tid)
+{
+	if (suspend_seccomp < 0) {
+		if (!ptrace(PTRACE_SEIZE, tid, 0, BX_SEIZE_BASE | PTRACE_O_SUSPEND_SECCOMP)) {
+			suspend_seccomp = 1;
+			return 0;
+		}
+		if (errno != EINVAL && errno != EPERM)
+			return -1;
+		if (ptrace(PTRACE_SEIZE, tid, 0, BX_SEIZE_BASE))
+			return -1; /* EPERM from both: traced already, not the option's fault */
+		suspend_seccomp = 0;
+		bx_log("%d: seized without PTRACE_O_SUSPEND_SECCOMP", tid);
+		return 0;
+	}
+	return ptrace(PTRACE_SEIZE, tid, 0, BX_SEIZE_OPTS) ? -1 : 0;
+}
+
 static int seize_thread(struct bx_ctl *c, pid_t tid)
 {
 	/* No PTRACE_O_EXITKILL: if the tracer dies, the kernel detaches and the victim lives. */
-	if (ptrace(PTRACE_SEIZE, tid, 0, BX_SEIZE_OPTS)) {
+	if (seize_once(tid)) {
 		/* a thread made by one we seized is attached to us already (TRACECLONE) */
 		char tracer[32];
 		if (errno != EPERM || bx_status_field(tid, "TracerPid", tracer, sizeof tracer) ||
