@@ -121,6 +121,11 @@ def checks(kd: KernDat) -> list[Check]:
     out.append(Check("ptrace", kd.ptrace_seize, True, _why(kd, "ptrace_seize") or scope,
                      f"ptrace refused ({scope}) → the fork engine cannot seize processes; "
                      "run as root or set kernel.yama.ptrace_scope to 1 or less"))
+    out.append(Check("seccomp'd processes", kd.ptrace_suspend_seccomp, False,
+                     _why(kd, "ptrace_suspend_seccomp") or "PTRACE_O_SUSPEND_SECCOMP allowed: a fork's "
+                     "calls are not subject to the processes' filters",
+                     "a process that adds a seccomp filter of its own cannot be forked (ForkError); "
+                     "run the trainer with CAP_SYS_ADMIN and not under seccomp itself"))
     out.append(Check("pidfd_open", kd.pidfd_open, False, _why(kd, "pidfd_open") or "works",
                      "no pidfd_open → workspace processes are tracked by PID (racy on reuse)"))
     out.append(Check("pagemap PFNs + kpagecount", kd.pagemap_pfn and kd.kpagecount, False,

@@ -34,7 +34,7 @@ __all__ = ["KernDat", "get", "probe", "cache_path", "NAMESPACES"]
 
 log = logging.getLogger("bunshin.kerndat")
 
-_SCHEMA = 1
+_SCHEMA = 2
 _DEADLINE = 3.0  # seconds; a probe still running then is killed and reported as hung
 NAMESPACES = {  # name -> CLONE_NEW* flag
     "mnt": 0x00020000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
@@ -44,6 +44,7 @@ _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
 _SYS_PIDFD_OPEN, _SYS_CLONE3, _SYS_USERFAULTFD = 434, 435, 323
 _PR_SET_MEMORY_MERGE, _PR_GET_MEMORY_MERGE = 67, 68
 _PTRACE_SEIZE = 0x4206
+_PTRACE_O_SUSPEND_SECCOMP = 1 << 21
 _USERFAULTFD_IOC_NEW = 0xAA00  # _IO(0xAA, 0x00) from linux/userfaultfd.h
 _CAP_SYS_ADMIN, _CAP_SYS_RESOURCE = 21, 24
 _PROBE_TID = 77  # any pid but 2 proves set_tid was honoured in a fresh pid namespace
@@ -77,6 +78,7 @@ class KernDat:
     thp_mode: str | None
     ptrace_scope: int | None  # None when Yama is not built in
     ptrace_seize: bool
+    ptrace_suspend_seccomp: bool  # PTRACE_O_SUSPEND_SECCOMP allowed to this process
     nofile_hard: int
     cap_sys_admin: bool
     cap_sys_resource: bool
@@ -291,14 +293,14 @@ def _p_ksm_prctl() -> bool:
     return _libc.prctl(_PR_GET_MEMORY_MERGE, 0, 0, 0, 0) == 1
 
 
-def _p_ptrace() -> bool:
+def _p_ptrace(options: int = 0) -> bool:
     victim = os.fork()
     if victim == 0:
         while True:
             signal.pause()
     try:
         _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        _check(_libc.ptrace(_PTRACE_SEIZE, victim, None, None))
+        _check(_libc.ptrace(_PTRACE_SEIZE, victim, None, options or None))
         return True
     finally:
         os.kill(victim, signal.SIGKILL)
@@ -385,7 +387,8 @@ def probe() -> KernDat:
     jobs |= {"overlayfs_mount": lambda: _p_overlay(tmp), "clone3_set_tid": _p_clone3,
              "pidfd_open": _p_pidfd, "pagemap": _p_pagemap, "ksm_prctl": _p_ksm_prctl,
              "userfaultfd_syscall": _p_uffd_syscall, "userfaultfd_dev": _p_uffd_dev,
-             "ptrace_seize": _p_ptrace}
+             "ptrace_seize": _p_ptrace,
+             "ptrace_suspend_seccomp": lambda: _p_ptrace(_PTRACE_O_SUSPEND_SECCOMP)}
     if "freezer" in v1:
         jobs["freezer_v1"] = lambda: _p_freeze(v1["freezer"], v2=False)
     if v2:
@@ -434,6 +437,7 @@ def probe() -> KernDat:
         thp_mode=_thp_mode(),
         ptrace_scope=_int_or_none(_read("/proc/sys/kernel/yama/ptrace_scope")),
         ptrace_seize=bool(res.get("ptrace_seize")),
+        ptrace_suspend_seccomp=bool(res.get("ptrace_suspend_seccomp")),
         nofile_hard=resource.getrlimit(resource.RLIMIT_NOFILE)[1],
         cap_sys_admin=bool(caps >> _CAP_SYS_ADMIN & 1),
         cap_sys_resource=bool(caps >> _CAP_SYS_RESOURCE & 1),

@@ -94,6 +94,8 @@ def test_process_features_match_kernel_version_and_caps(kd):
     assert kd.clone3_set_tid == (admin and KVER >= (5, 5))
     assert kd.pidfd_open == (KVER >= (5, 3))
     assert kd.ptrace_seize == (os.geteuid() == 0 or kd.ptrace_scope in (None, 0))
+    unfiltered = "Seccomp:\t0" in Path("/proc/self/status").read_text()
+    assert kd.ptrace_suspend_seccomp == (admin and unfiltered and kd.ptrace_seize)
     assert kd.pagemap_pfn == admin
     assert kd.kpagecount == (admin and os.path.exists("/proc/kpagecount"))
     assert kd.userfaultfd_dev == (os.geteuid() == 0 and os.path.exists("/dev/userfaultfd"))
