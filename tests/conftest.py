@@ -123,6 +123,15 @@ def wait_file(w, path: str, timeout: float = 15) -> str:
     raise AssertionError(f"{path} never appeared in {w.id}")
 
 
+def put(w, path: str, text: str) -> None:
+    """Write ``path`` in workspace ``w`` for a program there that waits for it to appear:
+    atomically (a temporary file renamed into place), since ``write_file`` creates the file
+    before it writes the bytes and a program polling for it could read it empty."""
+    w.write_file(path + ".part", text)
+    root = f"/proc/{w.init_pid}/root"
+    os.rename(root + path + ".part", root + path)
+
+
 SCRIPT_PRELUDE = """
 import os, sys, time, socket, json, struct
 def wait(p):

@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from conftest import SCRIPT_PRELUDE, fork_one, start_script
+from conftest import SCRIPT_PRELUDE, fork_one, put, start_script
 from conftest import wait_file as _wait
 
 import bunshin
@@ -64,7 +64,7 @@ def test_eventfd_keeps_count_flags_and_sharing(family, semaphore_from):
     kid = fork_one(family, ws)
     # the kid goes first: had it kept the source's eventfd, the source would then read 0 (EAGAIN)
     for w in (kid, ws):
-        w.write_file("/tmp/go", "")
+        put(w, "/tmp/go", "")
         # 7 carried + 100 written by the other process of the same workspace; still semaphore
         assert _wait(w, "/tmp/out") == "107 nonblock [1, 1, 1]"
 
@@ -103,7 +103,7 @@ def test_timerfd_is_rearmed_with_time_left_interval_and_ticks(family):
     info = kid.read_file(f"/proc/2/fdinfo/{far}").decode()
     assert "clockid: 7" in info
     for w in (kid, ws):
-        w.write_file("/tmp/go", "")
+        put(w, "/tmp/go", "")
         ticks, again, unread, interval, (far_interval, far_left) = eval(_wait(w, "/tmp/out"))
         assert ticks >= 1 and again >= 1 and unread == 1
         assert abs(interval - 0.2) < 1e-6 and far_interval == 0
@@ -148,7 +148,7 @@ def test_socketpairs_keep_queued_bytes_and_talk_afterfork_one(family):
     kid = fork_one(family, ws)
     assert kid.run(f"ls {pids}").stdout == fds  # the ends kept aside during the fork are closed
     for w in (kid, ws):
-        w.write_file("/tmp/go", "")
+        put(w, "/tmp/go", "")
         assert eval(_wait(w, "/tmp/a-out")) == ["b1b2", "b1|b2", "b1|b2"] + ["after-b"] * 3
         assert eval(_wait(w, "/tmp/b-out")) == ["a1a2", "a1|a2", "a1|a2"] + ["after-a"] * 3
 
@@ -233,7 +233,7 @@ def test_repl_over_a_socketpair_keeps_its_variables_on_both_sides(family):
     ws.spawn(["python3", "/t.py"])
 
     def ask(w, k: int, code: str) -> str:
-        w.write_file(f"/tmp/req-{k}", code)
+        put(w, f"/tmp/req-{k}", code)
         return _wait(w, f"/tmp/resp-{k}")
 
     assert ask(ws, 0, "x = 41") == ""
@@ -257,7 +257,7 @@ time.sleep(1000)
 """, "/tmp/ready")
     with pytest.raises(ForkError, match=r"process 2 \(python3\) fd \d+ is a unix socket .* not yet accepted"):
         ws.fork(1)
-    ws.write_file("/tmp/go", "")
+    put(ws, "/tmp/go", "")
     assert _wait(ws, "/tmp/out") == "ok"
 
 

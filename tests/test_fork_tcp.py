@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from conftest import SCRIPT_PRELUDE, fork_one, start_script
+from conftest import SCRIPT_PRELUDE, fork_one, put, start_script
 from conftest import wait_file as _wait
 
 import bunshin
@@ -89,7 +89,7 @@ def test_listeners_and_udp_keep_address_port_and_options(family):
     assert before[1][0] == 1 and before[1][-1] == 1 and before[1][-2] == 3
     kid = fork_one(family, ws)
     for w in (kid, ws):
-        w.write_file("/tmp/go", w.id)
+        put(w, "/tmp/go", w.id)
         res, got = json.loads(_wait(w, "/tmp/out"))
         assert res == before
         assert got == [w.id] * 4 + [True]
@@ -141,7 +141,7 @@ def test_established_connection_continues_mid_stream_on_both_sides(family, host,
     assert n > 1 << 20  # megabytes queued: in the server's receive queue and the client's send queue
     kid = fork_one(family, ws)
     for w in (kid, ws):
-        w.write_file("/tmp/go", w.id)
+        put(w, "/tmp/go", w.id)
     for w in (kid, ws):
         assert _wait(w, "/tmp/client") == f"queued-for-client;{n}:True:{w.id}."
         assert int(_wait(w, "/tmp/server")) == n
@@ -180,7 +180,7 @@ def test_keepalive_http_session_continues_in_both(family):
     family.extend(kids)
     for w in (*kids, ws):
         w.write_file("/srv/page.txt", w.id)
-        w.write_file("/tmp/go", "")
+        put(w, "/tmp/go", "")
         assert json.loads(_wait(w, "/tmp/out")) == ["before", w.id, True]
 
 
@@ -202,7 +202,7 @@ def test_unaccepted_connection_refused_source_untouched(family):
         ws.fork(1)
     msg = str(e.value)
     assert "process 2 (python3) fd" in msg and "127.0.0.1:9100" in msg and "not yet accepted" in msg
-    ws.write_file("/tmp/go", "")
+    put(ws, "/tmp/go", "")
     assert _wait(ws, "/tmp/out") == "ping"
 
 
