@@ -296,6 +296,11 @@ class Tracee:
     def alive(self) -> bool:
         return bool(self._ctl.alive)
 
+    @property
+    def in_parent(self) -> int:
+        """A clone's pid as the process that made it sees it (whom it can wait4 for)."""
+        return int(self._ctl.in_parent)
+
     def __iter__(self) -> Iterator[int]:
         return iter(self.threads())
 

@@ -113,6 +113,15 @@ def family(no_leaks):
         w.close()
 
 
+def signal_and_read(w, pid: int, sig: int, path: str, timeout: float = 15) -> bytes:
+    """Ask a test program in workspace ``w`` to report: remove ``path``, send ``sig`` to
+    ``pid`` (a pid inside ``w``), and return what the program writes there."""
+    w.run(f"rm -f {path}")
+    w.kill(pid, sig)
+    wait_file(w, path, timeout)
+    return w.read_file(path)
+
+
 def wait_file(w, path: str, timeout: float = 15) -> str:
     """Contents of ``path`` in workspace ``w`` once it exists."""
     deadline = time.monotonic() + timeout

@@ -336,6 +336,7 @@ def test_clone_into_pid_namespace_with_same_pid(procs, bins, tmp_path):
         with t.clone(pidns_owner=init, set_tid=p.pid) as child:
             procs.extra.append(child.pid)
             assert status(child.pid, "NSpid").split() == [str(child.pid), str(p.pid)]
+            assert child.in_parent == child.pid  # as the victim, in our namespace, sees it
             st = child.thread_state()
             assert st.vtid == p.pid
             assert int.from_bytes(child.read(st.tid_addr, 4), "little") == p.pid

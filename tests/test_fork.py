@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_file, wait_for_bytes
+from conftest import signal_and_read, wait_file, wait_for_bytes
 
 import bunshin
 from bunshin.errors import ForkError
@@ -345,5 +345,95 @@ def test_restore_from_another_workspaces_template(family):
     try:
         b.restore(tpl)
         assert sh_b.run("echo $WHO").stdout == b"a\n"
+    finally:
+        tpl.close()
+
+
+def _zombie_children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            fields = st[st.rindex(b")") + 2:].split()
+            if int(fields[1]) == pid and fields[0] == b"Z":
+                out.append(int(d))
+    return out
+
+
+def test_template_reaps_the_inits_of_closed_children(ws):
+    """A child's init is a child of the frozen template's init, which never reaps it: the
+    next fork after a child closed does, inside the template (and skips that when none did).
+    The intermediates a clone goes through are reaped by their template process at once."""
+    ws.spawn(["sleep", "1000"])
+    tpl = ws.snapshot()
+    kids: list[bunshin.Workspace] = []
+    try:
+        tinit = tpl._core.parts["init_pid"]
+        for k in tpl.fork(3):
+            k.close()
+        assert len(_zombie_children(tinit)) == 3
+        kids += tpl.fork(1)
+        assert _zombie_children(tinit) == []
+        assert len(tpl.host_pids()) == 2
+        for pid in tpl.host_pids():
+            assert _zombie_children(pid) == [], pid
+        assert kids[0].run("echo alive").stdout == b"alive\n"
+    finally:
+        for k in kids:
+            k.close()
+        tpl.close()
+
+
+_CLOEXEC_FDS = r"""
+import ctypes, fcntl, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def plain_open(path):  # os.open always adds O_CLOEXEC
+    return libc.open(path.encode(), os.O_RDWR | os.O_CREAT, 0o644)
+a = plain_open("/tmp/a")                                        # none
+b = os.open("/tmp/b", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)   # set at open
+c = os.open("/tmp/c", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+os.dup2(c, 20, inheritable=True)                                # the file says O_CLOEXEC, 20 has none
+d = os.open("/tmp/d", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+os.set_inheritable(d, True)                                     # cleared after open
+e = plain_open("/tmp/e")
+os.set_inheritable(e, False)                                    # set after open
+m = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)
+fcntl.ioctl(m, 0x40045431, bytes(4))                           # TIOCSPTLCK: unlock
+f = fcntl.ioctl(m, 0x5441, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)  # TIOCGPTPEER: the file keeps
+os.set_inheritable(f, True)                                     # O_CLOEXEC, the descriptor has none
+fds = [a, b, c, 20, d, e, f]
+def report(*_):
+    flags = [fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in fds]
+    with open("/tmp/cloexec.new", "w") as f:
+        f.write(" ".join(map(str, flags)))
+    os.rename("/tmp/cloexec.new", "/tmp/cloexec")
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    signal.pause()
+"""
+
+
+def test_close_on_exec_flags_survive_every_fork(ws):
+    """Each descriptor keeps its own FD_CLOEXEC, also where /proc's fdinfo cannot tell (a pty
+    peer opened with O_CLOEXEC whose descriptor dropped it shows O_CLOEXEC), on the first
+    fork of a template and on later ones."""
+    ws.write_file("/fds.py", _CLOEXEC_FDS)
+    pid = ws.spawn(["python3", "/fds.py"])
+    wait_file(ws, "/tmp/cloexec")
+    want = ws.read_file("/tmp/cloexec")
+    assert want == b"0 1 1 0 0 1 0"
+    tpl = ws.snapshot()
+    try:
+        for _ in range(2):
+            (kid,) = tpl.fork(1)
+            try:
+                assert signal_and_read(kid, pid, 10, "/tmp/cloexec") == want
+            finally:
+                kid.close()
     finally:
         tpl.close()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 import bunshin
 from bunshin.errors import ForkError
+from conftest import signal_and_read
 
 SHARED = r"""
 import mmap, os, signal, sys
@@ -88,6 +90,7 @@ def test_interval_timers_are_rearmed(no_leaks, mdwe):
                                   "signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)\n"
                                   "while True: time.sleep(1)\n")
         ws.spawn(["python3", "/tick.py"])
+        ws.spawn(["sleep", "1000"])  # no timer: looked at by the first fork only
         _wait(ws, "test -s /tmp/ticks")
         (kid,) = ws.fork(1)
         try:
@@ -96,6 +99,18 @@ def test_interval_timers_are_rearmed(no_leaks, mdwe):
             assert int(kid.read_file("/tmp/ticks")) > a  # fork(2) alone would have dropped the timer
         finally:
             kid.close()
+        # every fork of a template re-arms it (the processes without one are looked at once)
+        with ws.snapshot() as tpl:
+            for _ in range(2):
+                (kid,) = tpl.fork(1)
+                try:
+                    a = int(kid.read_file("/tmp/ticks"))
+                    time.sleep(0.3)
+                    assert int(kid.read_file("/tmp/ticks")) > a
+                finally:
+                    kid.close()
+            idle = {pl.name: pl.itimers_idle for pl in tpl._core.plans if not pl.is_init}
+            assert idle == {"python3": False, "sleep": True}, idle
 
 
 POSIX_TIMERS = r"""
@@ -166,17 +181,18 @@ def test_sysv_shm_keeps_its_id_and_becomes_the_childs_own(no_leaks):
         pid = ws.spawn(["python3", "/sysv.py"])
         _wait(ws, "test -s /tmp/ready")
         shmid = ws.read_file("/tmp/ready").decode()
+        mine = os.readlink("/proc/thread-self/ns/ipc")
         (kid,) = ws.fork(1)
         try:
+            # the fork read and made the segments from this thread, in the workspaces' IPC
+            # namespaces: it is back in its own
+            assert os.readlink("/proc/thread-self/ns/ipc") == mine
             seg = kid.run("ipcs -m | grep 0x00001234").stdout.split()
             assert seg[1].decode() == shmid and seg[4] == b"8192"  # same id, key and size
             kid.kill(pid, 10)
             time.sleep(0.2)
             for w, want in ((kid, b"wrote"), (ws, b"start")):
-                w.run("rm -f /tmp/seen")
-                w.kill(pid, 12)
-                _wait(w, "test -s /tmp/seen")
-                assert w.read_file("/tmp/seen") == want
+                assert signal_and_read(w, pid, 12, "/tmp/seen") == want
         finally:
             kid.close()
 
@@ -187,6 +203,8 @@ def test_sysv_semaphores_are_refused(no_leaks):
                                    "lib.semget(0, 1, 0o1600)\n"
                                    "open('/tmp/ok', 'w').close()\ntime.sleep(1000)"])
         _wait(ws, "test -e /tmp/ok")
+        mine = os.readlink("/proc/thread-self/ns/ipc")
         with pytest.raises(ForkError, match="SysV semaphores"):
             ws.fork(1)
+        assert os.readlink("/proc/thread-self/ns/ipc") == mine
         assert ws.run("echo alive").stdout == b"alive\n"

@@ -4,9 +4,9 @@ fixups in its clone) are not subject to the filter, and the clone keeps the filt
 from __future__ import annotations
 
 import signal
-import time
 
 import bunshin
+from conftest import signal_and_read, wait_file
 
 # Kills the process on setns and pidfd_open (calls a fork injects), fails uname with EPERM (the
 # probe that shows the filter is still there), allows everything else.
@@ -38,32 +38,18 @@ while True:
 """
 
 
-def _wait(w: bunshin.Workspace, cmd: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while w.run(cmd).exit_code != 0:
-        assert time.monotonic() < deadline, f"timed out waiting for: {cmd}"
-        time.sleep(0.05)
-
-
-def _probe(w: bunshin.Workspace, pid: int) -> bytes:
-    w.run("rm -f /tmp/probe")
-    w.kill(pid, signal.SIGUSR1)
-    _wait(w, "test -s /tmp/probe")
-    return w.read_file("/tmp/probe")
-
-
 def test_filtered_process_forks_and_keeps_its_filter(no_leaks):
     with bunshin.Workspace.create() as ws:
         ws.write_file("/filtered.py", FILTERED)
         pid = ws.spawn(["python3", "/filtered.py"])
-        _wait(ws, "test -e /tmp/ready")
+        wait_file(ws, "/tmp/ready")
         assert ws.run(f"grep -x 'Seccomp:.2' /proc/{pid}/status").exit_code == 0
         (kid,) = ws.fork(1)
         try:
             for w in (ws, kid):  # the source's process survived, the clone exists
                 assert pid in {p.pid for p in w.processes()}
                 assert w.run(f"grep -x 'Seccomp:.2' /proc/{pid}/status").exit_code == 0
-                assert _probe(w, pid) == b"EPERM"
+                assert signal_and_read(w, pid, signal.SIGUSR1, "/tmp/probe") == b"EPERM"
         finally:
             kid.close()
 

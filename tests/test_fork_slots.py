@@ -28,6 +28,22 @@ def _state_ids() -> set[str]:
         return set()
 
 
+def _assert_removed(ids: set[str]) -> None:
+    """Neither the state directories nor the cgroups of these slots (spares) exist."""
+    assert not ids & _state_ids()
+    assert not {f"ws-{i}" for i in ids} & set(cgroup.backend().list())
+
+
+def _close_removes_unused(holder, n: int, close) -> set[str]:
+    """Once ``n`` slots (spares) are ready again, ``close()`` removes them all; their ids."""
+    _wait_slots(holder, n)
+    unused = {s.dir.id for s in holder.slots}
+    close()
+    assert not holder.slots
+    _assert_removed(unused)
+    return unused
+
+
 def test_next_fork_takes_the_slots_and_close_removes_unused_ones():
     ws = bunshin.Workspace.create()
     tpl = ws.snapshot()
@@ -50,16 +66,44 @@ def test_next_fork_takes_the_slots_and_close_removes_unused_ones():
             k.write_file("/tmp/mine", f"child {i}")
         assert [k.read_file("/tmp/mine") for k in more] == [b"child 0", b"child 1"]
         assert ws.run("test -e /tmp/mine").exit_code == 1
-        _wait_slots(core, 2)
-        unused = {s.dir.id for s in core.slots}
-        tpl.close()
-        assert not core.slots and not unused & _state_ids()
-        assert not {f"ws-{i}" for i in unused} & set(cgroup.backend().list())
+        unused = _close_removes_unused(core, 2, tpl.close)
         assert "bunshin" not in "".join(line for line in open("/proc/self/mountinfo")
                                         if any(i in line for i in unused))
         assert kids[0].run("echo alive").stdout == b"alive\n"  # children outlive the handle
     finally:
         tpl.close()
+        for k in kids:
+            k.close()
+        ws.close()
+
+
+def _pids_max(ws: bunshin.Workspace) -> str:
+    cg = ws._cg
+    path = os.path.join(cg.path if isinstance(cg, cgroup.V2Cgroup) else cg._by["pids"], "pids.max")
+    with open(path) as f:
+        return f.read().strip()
+
+
+def test_ws_fork_takes_spares_made_after_the_last_and_close_removes_them():
+    """ws.fork()'s template is new each time (no slots): the workspace gets spares instead,
+    directories and cgroups with its limits, for its next ws.fork() or snapshot()."""
+    ws = bunshin.Workspace.create(pids_limit=77)
+    kids: list[bunshin.Workspace] = []
+    try:
+        kids += ws.fork(2)
+        spares = ws._spares
+        _wait_slots(spares, 3)  # the workspace's own continuation and two children
+        ready = {s.dir.id for s in spares.slots}
+        assert {f"ws-{i}" for i in ready} <= set(cgroup.backend().list())
+        more = ws.fork(1)
+        kids += more
+        assert {ws.id, more[0].id} <= ready
+        assert _pids_max(more[0]) == _pids_max(ws) == "77"
+        more[0].write_file("/tmp/mine", "child")
+        assert ws.run("test -e /tmp/mine").exit_code == 1
+        _close_removes_unused(spares, 2, ws.close)
+        assert more[0].run("echo alive").stdout == b"alive\n"
+    finally:
         for k in kids:
             k.close()
         ws.close()
@@ -71,8 +115,9 @@ def test_ws_fork_and_restore_only_where_asked(monkeypatch):
     try:
         before = _state_ids()
         kids += ws.fork(2)  # its template is never forked again: no slots made for it
-        time.sleep(0.2)
-        assert _state_ids() - before == {k.id for k in kids} | {ws.id}  # ws continues as a fork
+        _wait_slots(ws._spares, 3)  # but spares, for the workspace's next fork
+        spares = {s.dir.id for s in ws._spares.slots}
+        assert _state_ids() - before == {k.id for k in kids} | {ws.id} | spares
         monkeypatch.setenv("BUNSHIN_FORK_SLOTS", "0")
         tpl = ws.snapshot()
         try:
@@ -107,5 +152,4 @@ def test_a_slot_left_by_a_dead_trainer_is_collected(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bunshin", "gc"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert not set(ids) & _state_ids()
-    assert not {f"ws-{i}" for i in ids} & set(cgroup.backend().list())
+    _assert_removed(set(ids))

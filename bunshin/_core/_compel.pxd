@@ -46,6 +46,7 @@ cdef extern from "compel.h" nogil:
     void bx_free(bx_ctl *c)
     pid_t bx_pid(const bx_ctl *c)
     pid_t bx_tid(const bx_ctl *c)
+    pid_t bx_in_parent(const bx_ctl *c)
     int bx_suspends_seccomp()
     int bx_threads(const bx_ctl *c, pid_t *out, int max)
     int bx_last_step(const bx_ctl *c)

@@ -117,6 +117,10 @@ cdef class Ctl:
         return bx_tid(self._live())
 
     @property
+    def in_parent(self):
+        return bx_in_parent(self._live())
+
+    @property
     def alive(self):
         return self.c != NULL and bx_alive(self.c)
 

@@ -49,7 +49,7 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspac
     CRIU ≥ 4), :class:`CheckpointError` (CRIU failed; its log is kept in the message).
     """
     from ..runtime import cgroup as _cgroup
-    from ..runtime.state import Meta, WorkspaceDir, proc_start_time
+    from ..runtime.state import Meta, WorkspaceDir, own_start_time
 
     src = Path(path).absolute()
     meta = images.read_meta(src)
@@ -57,7 +57,7 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspac
     start = time.perf_counter()
     d = WorkspaceDir.create()
     # owned from the start, so that `bunshin gc` elsewhere leaves a restore in progress alone
-    d.write_meta(Meta(id=d.id, owner_pid=os.getpid(), owner_start=proc_start_time(os.getpid()) or 0,
+    d.write_meta(Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(),
                       cgroup=f"ws-{d.id}", rootfs=f"image:{src}"))
     cg = None
     fds: list[int] = []

@@ -10,13 +10,12 @@ its template process and moved under the child's init), and once all exist each 
 under the clone of its parent (REPARENT, while still stopped under ptrace), so the child's
 process tree is the template's; without it, every clone stays a child of the child's init.
 All ptrace work for one fork happens in the calling thread (REPARENT of a traced clone must
-come from its tracer).
+come from its tracer). Stopping the template's processes and letting them go is seize.py's.
 """
 
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import signal
 import socket
@@ -26,13 +25,13 @@ from dataclasses import dataclass, field
 
 from .._core import PROTO, _syscalls
 from .._core.kmod import FORK_MAX_CHILDREN, backend
-from ..compel import Tracee, suspends_seccomp
+from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from . import nspool
-from .plan import ProcPlan, proc_status, seccomp_filters
+from .plan import ProcPlan
 from .remote import Remote, enter_namespaces
+from .seize import Pinned
 
-log = logging.getLogger("bunshin.fork")
 
 CLONE_VM = 0x00000100
 CLONE_NS_ALL = 0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000  # pid mnt net ipc uts
@@ -95,163 +94,13 @@ def check_depth(template_init: int) -> None:
             "forking a fork of a fork", step="depth")
 
 
-def check_seccomp(plans: list[ProcPlan]) -> None:
-    """Refuse to fork a process that added seccomp filters of its own when seizes cannot
-    suspend them: the fork's injected calls could be refused, or kill it. Filters every
-    process inherited from the trainer allow what the trainer itself does, so they are no
-    reason to refuse."""
-    if suspends_seccomp() is not False:
-        return
-    own = seccomp_filters(proc_status("self"))
-    filtered = next((pl for pl in plans if pl.seccomp_filters > own), None)
-    if filtered is not None:
-        raise ForkError(
-            f"process {filtered.vpid} ({filtered.name}) runs under a seccomp filter of its own and "
-            "this trainer cannot suspend filters while it forks (that needs CAP_SYS_ADMIN and a "
-            "trainer not under seccomp itself): the fork's system calls could be refused or kill "
-            "it. Run the trainer unfiltered (e.g. a privileged container)", pid=filtered.hostpid,
-            step="seize")
-
-
-def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
-    """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
-    before it can run user code again. On failure the group is left frozen, nothing seized."""
-    tracees: dict[int, Tracee] = {}
-    stopped: set[int] = set()
-    try:
-        for pl in plans:
-            try:
-                tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
-            except ForkError as e:
-                raise _seize_error(pl, e) from None
-        cg.thaw()
-        for pid, t in tracees.items():
-            t.wait_stopped()
-            stopped.add(pid)
-        for t in tracees.values():
-            t.stop_all()
-        check_seccomp(plans)  # the first seize of this trainer has told whether it can
-    except BaseException:
-        _let_stop(cg, tracees, stopped)
-        release_all(cg, tracees)
-        raise
-    return tracees
-
-
-def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
-    what = f"process {pl.vpid} ({pl.name})"
-    if e.errno == errno.EPERM:
-        try:
-            tracer = int(proc_status(pl.hostpid).get("TracerPid", "0"))
-        except (OSError, ValueError):
-            tracer = 0
-        if tracer:
-            msg = (f"{what} is traced by host process {tracer} (a debugger?) and a process has one "
-                   "tracer: detach it, then fork again")
-        else:
-            msg = f"{what} refused ptrace (Yama's ptrace_scope, or a missing CAP_SYS_PTRACE?)"
-    else:
-        msg = f"{what} could not be seized: {os.strerror(e.errno) if e.errno else e}"
-    return ForkError(msg, pid=pl.hostpid, step="seize", errno=e.errno)
-
-
-def _let_stop(cg, tracees: dict[int, Tracee], stopped: set[int]) -> None:
-    """A seized task can be let go only from a ptrace stop: after a failure before every
-    seized process stopped, the others are let reach theirs (a dead one is skipped)."""
-    rest = [t for pid, t in tracees.items() if pid not in stopped]
-    if not rest:
-        return
-    try:
-        cg.thaw()
-    except BunshinError as e:
-        log.warning("thawing to let go of the seized processes: %s", e)
-        return
-    for t in rest:
-        try:
-            t.wait_stopped()
-        except BunshinError as e:
-            log.warning("template process %d did not stop: %s", t.pid, e)
-
-
-class Pinned:
-    """The engine thread and every seized task on one CPU for the length of a fork batch: a
-    ptrace round trip between two CPUs costs ~5x one on a single CPU (a wake-up IPI each way,
-    measured 95-110 us vs 18-20 us here). Original affinities are put back, clones included."""
-
-    def __init__(self, tracees: dict[int, Tracee]) -> None:
-        self.saved: dict[int, set[int]] = {}
-        mine = os.sched_getaffinity(0)
-        self.cpu = min(mine)
-        self.saved[0] = mine
-        self.of_pid: dict[int, set[int]] = {}
-        try:
-            os.sched_setaffinity(0, {self.cpu})
-            for pid, t in tracees.items():
-                for tid in t.threads():
-                    try:
-                        self.saved[tid] = os.sched_getaffinity(tid)
-                        os.sched_setaffinity(tid, {self.cpu})
-                    except OSError:
-                        pass
-                self.of_pid[pid] = self.saved.get(pid, mine)
-        except BaseException:
-            self.restore()
-            raise
-
-    def release_clone(self, template_pid: int, clone: Tracee) -> None:
-        """A clone inherited the pin from its template process: give it the original back."""
-        cpus = self.of_pid.get(template_pid)
-        if cpus is None:
-            return
-        try:
-            tids = clone.threads()
-        except BunshinError:
-            tids = [clone.pid]
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpus)
-            except OSError:
-                pass
-
-    def restore(self) -> None:
-        for tid, cpus in self.saved.items():
-            try:
-                os.sched_setaffinity(tid, cpus)
-            except OSError:
-                pass
-        self.saved.clear()
-
-
-def release_all(cg, tracees: dict[int, Tracee]) -> None:
-    """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen.
-    Curing comes first: it may inject (re-queue held signals), which a frozen task cannot run."""
-    for t in tracees.values():
-        try:
-            t.cure()
-        except BunshinError as e:
-            log.warning("curing template process %d: %s", t.pid, e)
-    cg.freeze()
-    for t in tracees.values():
-        try:
-            t.detach()
-        except BunshinError as e:
-            log.warning("detaching template process %d: %s", t.pid, e)
-
-
-def reap_children(init: Tracee) -> int:
-    """Reap, inside the template's init, the inits of children that have exited: they are its
-    children (the clone3 that made them ran there) and it is frozen, so it never would."""
-    n = 0
-    while init.syscall(61, -1, 0, _WNOHANG | _WALL, 0) > 0:  # wait4
-        n += 1
-    return n
-
-
 def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: str,
-               cgroup) -> tuple[Tracee, socket.socket]:
+               cgroup, pin: Pinned) -> tuple[Tracee, socket.socket]:
     """Clone the template's init into fresh namespaces and have it move into the child's root;
     returns the (running) child init and the trainer's end of its new control socket. Net, ipc
-    and uts namespaces come ready-made from the pool when it has some (the init joins them)."""
+    and uts namespaces come ready-made from the pool when it has some (the init joins them).
+    The init is let go on the CPUs other than the engine's, so that its move into the new
+    root runs beside the clones made meanwhile, not in their place on the pinned CPU."""
     p = nspool.pool()
     made = p.take() if p is not None else None
     try:
@@ -268,6 +117,7 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
         msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), len(fds)) + payload
         # The template's init shares this socket but is frozen: only the clone reads it.
         socket.send_fds(tpl_sock, [msg], fds)
+        pin.release_clone(tinit.pid, ci, away=True)
         ci.detach()
     except BaseException:
         os.kill(ci.pid, signal.SIGKILL)
@@ -308,16 +158,15 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_inits: list[int], tmp_pid: i
 
 def _clone_through(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
     mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
+    as_seen = mid.in_parent  # by the template process, which reaps it
     try:
-        mid_levels = _nspid(mid.pid)
         child = mid.clone(set_tid=proc.vpid)
     finally:
         # Killing it while stopped: it never runs the template's code in shared memory.
         os.kill(mid.pid, signal.SIGKILL)
         os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
         mid._ctl = None  # dead: nothing to cure or detach
-        level = len(_nspid(tp.pid)) - 1
-        tp.syscall(61, mid_levels[level], 0, _WALL, 0)  # wait4 in the template process
+        tp.syscall(61, as_seen, 0, _WALL, 0)  # wait4 in the template process
     return child
 
 
@@ -347,7 +196,7 @@ def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
     try:
         k.reparent(child.pid, child_init, traced=True)
     except OSError as e:
-        as_seen = _nspid(child.pid)[len(_nspid(tp.pid)) - 1]
+        as_seen = child.in_parent
         os.kill(child.pid, signal.SIGKILL)
         os.waitpid(child.pid, _WALL)  # as its tracer: hands the zombie to its real parent
         child._ctl = None

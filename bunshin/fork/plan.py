@@ -27,7 +27,12 @@ class FdInfo:
     dev: int
     handler: object = None  # the resource ops that own it (set by plan_tree)
     dup_of: int | None = None  # an earlier fd of the same process sharing the open file
-    cloexec: bool | None = None  # FD_CLOEXEC, read from the first fork's clone (frozen: cannot change)
+    # FD_CLOEXEC, None: ask the first fork's clone (frozen, it cannot change). fdinfo's flags
+    # show O_CLOEXEC when the descriptor has it, but also when only the file has it in its own
+    # flags (eventfd, epoll, inotify, timerfd... made with *_CLOEXEC keep it there, as open()
+    # did before Linux 5.6, and a dup without FD_CLOEXEC still shows it): only its absence is
+    # sure.
+    cloexec: bool | None = None
 
 
 @dataclass
@@ -113,8 +118,10 @@ def read_proc(hostpid: int) -> ProcPlan:
             info = _fdinfo(hostpid, fd)
         except FileNotFoundError:
             continue
-        plan.fds.append(FdInfo(fd=fd, target=target, mode=s.st_mode, flags=int(info["flags"], 8),
-                               pos=int(info["pos"]), ino=s.st_ino, dev=s.st_dev))
+        flags = int(info["flags"], 8)
+        plan.fds.append(FdInfo(fd=fd, target=target, mode=s.st_mode, flags=flags,
+                               pos=int(info["pos"]), ino=s.st_ino, dev=s.st_dev,
+                               cloexec=None if flags & os.O_CLOEXEC else False))
     plan.fds.sort(key=lambda f: f.fd)
     return plan
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
-from . import engine, nspool, slots
+from . import engine, nspool, seize, slots
 from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import sysv_shm
 from .plan import plan_tree
@@ -29,7 +29,7 @@ log = logging.getLogger("bunshin.fork")
 __all__ = ["Template"]
 
 
-class TemplateCore:
+class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
     def __init__(self, parts: dict, plans, shells: list[tuple[int, int, str]], config: dict) -> None:
@@ -46,7 +46,10 @@ class TemplateCore:
         self.closed = False
         self.slots: list[slots.Slot] = []  # host-side parts of the next children (slots.py)
         self.slots_closed = False
+        self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
+        self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
         self._depth_ok = False
+        self.reap_due = False  # whether a child may have exited since the last reap
         self._tmp_pid = engine.pid_max() - 1
         used = {p.vpid for p in plans}
         while self._tmp_pid in used:
@@ -60,26 +63,18 @@ class TemplateCore:
 
     def release(self) -> None:
         with self.lock:
+            self.reap_due = True  # a child closing: its init is now a zombie of ours
             self.refs -= 1
             if self.refs > 0 or self.closed:
                 return
             self.closed = True
         self._destroy()
 
-    def add_slot(self, s: "slots.Slot") -> bool:
-        with self.lock:
-            if self.slots_closed or self.closed:
-                return False
-            self.slots.append(s)
-            return True
+    def make_slot(self) -> "slots.Slot":
+        return slots.make(self)
 
-    def close_slots(self) -> None:
-        """No more forks will come through the handle: drop the slots made for them."""
-        with self.lock:
-            self.slots_closed = True
-            ready, self.slots = self.slots, []
-        for s in ready:
-            s.destroy()
+    def _taking(self) -> bool:
+        return not (self.slots_closed or self.closed)
 
     def _destroy(self) -> None:
         p = self.parts
@@ -114,19 +109,22 @@ class TemplateCore:
             if not self._depth_ok:  # the template's nesting never changes: check once
                 engine.check_depth(p["init_pid"])
                 self._depth_ok = True
-            tracees = engine.seize_all(p["cg"], self.plans)
+            tracees = seize.seize_all(p["cg"], self.plans)
             pin = None
             try:
-                pin = engine.Pinned(tracees)
-                engine.reap_children(tracees[p["init_pid"]])
+                pin = seize.Pinned(tracees)
+                if self.reap_due:  # an injected wait4 loop: only when a child went
+                    self.reap_due = False
+                    seize.reap_children(tracees[p["init_pid"]])
                 self._fork_many(tracees, pin, on_fork,
                                 [hostnames[i] if hostnames else None for i in range(n)], kids)
             except BaseException as e:
                 failed = e
+                self.reap_due = True  # the inits of the children it removed
             finally:
                 if pin is not None:
                     pin.restore()
-                engine.release_all(p["cg"], tracees)
+                seize.release_all(p["cg"], tracees)
                 pool = nspool.pool()
                 if pool is not None:
                     pool.refill()
@@ -153,6 +151,7 @@ class TemplateCore:
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
+                    k.ready()
                     k.fix(pl, c)
             for k in kids:
                 k.finish()
@@ -176,7 +175,7 @@ class _Child:
     def __init__(self, core: TemplateCore, tracees, pin, hostname: str | None) -> None:
         self.core, self.tracees, self.pin = core, tracees, pin
         self.clones: list = []
-        self.ci = self.chan = self.ws = None
+        self.ci = self.chan = self.ws = self.ctx = None
         self.pidfd = -1
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         if slot is None:  # none made ahead: the same pieces, now (make() cleans up its own)
@@ -188,23 +187,30 @@ class _Child:
         self.host = hostname or core.config["hostname"]
         try:
             self.ci, sock = engine.clone_init(tracees[core.parts["init_pid"]], core.parts["chan"]._sock,
-                                              mfd, self.host, self.cg)
-            pin.release_clone(core.parts["init_pid"], self.ci)
+                                              mfd, self.host, self.cg, pin)
             self.pidfd = os.pidfd_open(self.ci.pid)
             from ..runtime.channel import Channel
 
             self.chan = Channel(sock, f"workspace {self.d.id}")
-            self.chan.wait_ready(10)
-            engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
-            sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
-            self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
-                                      shared={"tracees": tracees, "template-upper": str(core.lowers[0])})
         except BaseException:
             self.abort()
             raise
         finally:
             if mfd >= 0:
                 os.close(mfd)
+
+    def ready(self) -> None:
+        """Wait for the init to be in its root (it moves there while the first clones are
+        made), then give it what the clones' fixups expect: /dev/shm and SysV segments."""
+        if self.ctx is not None:
+            return
+        core = self.core
+        self.chan.wait_ready(10)
+        self.pin.release_clone(core.parts["init_pid"], self.ci)
+        engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
+        sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
+        self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
+                                  shared={"tracees": self.tracees, "template-upper": str(core.lowers[0])})
 
     def fix(self, pl, c) -> None:
         engine.fix_process(self.ctx, pl, c)
@@ -214,6 +220,7 @@ class _Child:
     def finish(self) -> None:
         from ..runtime.workspace import Workspace
 
+        self.ready()  # a workspace of its init alone has had no fixup to wait for it
         core = self.core
         engine.reparent_clones(core.plans, {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)})
         engine.finish_child(self.ctx)

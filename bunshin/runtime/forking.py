@@ -9,14 +9,27 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import ForkError, WorkspaceClosed
 from .channel import Channel
-from .state import Meta, proc_start_time
+from .state import Meta, own_start_time
 
 if TYPE_CHECKING:
     from ..fork.template import Template
+    from .rootfs.model import Rootfs
     from ..speculate.block import Speculation
     from .workspace import Workspace
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+def _child_rootfs(core) -> "Rootfs":
+    """What each child's ``ws.rootfs`` says: made (and its layers checked, ~0.3 ms) once per
+    template or CRIU origin, whose layers never change."""
+    from .rootfs.model import Rootfs
+
+    rf = getattr(core, "child_rootfs", None)
+    if rf is None:
+        rf = core.child_rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork",
+                                        source=f"fork of {core.id}")
+    return rf
 
 
 class ForkingMixin:
@@ -41,6 +54,7 @@ class ForkingMixin:
     def _snapshot(self, n: int, on_fork) -> tuple["Template", list["Workspace"]]:
         """snapshot() and ``n`` more forks of the template in one pass over its processes (one
         seize and release for all): the first fork becomes this workspace."""
+        from ..fork import slots
         from ..fork.template import Template, snapshot_parts
 
         with self._close_lock:
@@ -54,6 +68,7 @@ class ForkingMixin:
                       "run_shell": self._run_shell}
             parts = self._parts()
             core = snapshot_parts(parts, config, shells)  # freezes; raises with parts untouched
+            core.spares = self.__dict__.get("_spares")
             first = [True]
 
             def hook(kid: "Workspace") -> None:
@@ -69,6 +84,11 @@ class ForkingMixin:
                 parts["cg"].thaw()
                 raise
             core.masters = self._adopt(kids[0])
+            core.spares = None
+            if slots.enabled():  # the next ws.fork()/snapshot()'s directories and cgroups
+                if "_spares" not in self.__dict__:
+                    self._spares = slots.Spares(self._limits, f"workspace {self.id}")
+                slots.request(self._spares, 1 + n)
             return Template(core), kids[1:]
 
     def restore(self, tpl: "Template") -> None:
@@ -84,7 +104,8 @@ class ForkingMixin:
                 kid.close()
                 raise WorkspaceClosed(f"workspace {self.id} is closed")
             old = type(self)()
-            old.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_close_lock", "_closed")})
+            old.__dict__.update({k: v for k, v in self.__dict__.items()
+                                 if k not in ("_close_lock", "_closed", "_spares")})
             old._closed = False
             old._shells = []
             masters = self._adopt(kid)
@@ -129,7 +150,6 @@ class ForkingMixin:
     @classmethod
     def _from_fork(cls, core, d, cg, init_pid: int, pidfd: int, chan: Channel, masters: dict,
                    hostname: str) -> "Workspace":
-        from ..runtime.rootfs.model import Rootfs
         from .shell import Shell
 
         cfg = core.config
@@ -140,10 +160,10 @@ class ForkingMixin:
         self._shell_lock = threading.Lock()
         self._calls = 0
         self._dir, self.id, self._cg = d, d.id, cg
-        self.rootfs = Rootfs(lowers=tuple(core.lowers), kind="fork", source=f"fork of {core.id}")
+        self.rootfs = _child_rootfs(core)
         self.init_pid, self._pidfd, self._init_is_child, self._chan = init_pid, pidfd, False, chan
         self._template = core
-        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=proc_start_time(os.getpid()) or 0,
+        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=own_start_time(),
                           init_pid=init_pid, cgroup=cg.name, rootfs=self.rootfs.source,
                           lowers=[str(p) for p in core.lowers], parent=core.id)
         self._dir.write_meta(self._meta)

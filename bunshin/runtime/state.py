@@ -11,7 +11,7 @@ import logging
 import os
 import secrets
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config
@@ -27,6 +27,19 @@ def proc_start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+_own_start: tuple[int, int] = (0, 0)
+
+
+def own_start_time() -> int:
+    """:func:`proc_start_time` of this process, read once per process (a forked trainer reads
+    its own)."""
+    global _own_start
+    pid = os.getpid()
+    if _own_start[0] != pid:
+        _own_start = (pid, proc_start_time(pid) or 0)
+    return _own_start[1]
 
 
 @dataclass
@@ -77,7 +90,7 @@ class WorkspaceDir:
 
     def write_meta(self, meta: Meta) -> None:
         tmp = self.meta_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(meta)))
+        tmp.write_text(json.dumps(vars(meta)))  # flat, JSON-ready fields: no asdict() deep copy
         os.replace(tmp, self.meta_file)
 
     def read_meta(self) -> Meta | None:

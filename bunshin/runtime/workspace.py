@@ -36,7 +36,7 @@ from .channel import Channel
 from .reap import reap_init
 from .forking import ForkingMixin
 from .result import Result, exit_code_from_status
-from .state import Meta, WorkspaceDir, proc_start_time
+from .state import Meta, WorkspaceDir, own_start_time
 
 if TYPE_CHECKING:
     from .shell import Shell
@@ -183,7 +183,7 @@ class Workspace(ForkingMixin):
         self._dir = WorkspaceDir.create()
         self.id = self._dir.id
         self.rootfs = rfs
-        owner_start = proc_start_time(os.getpid()) or 0
+        owner_start = own_start_time()
         self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=owner_start,
                           cgroup=f"ws-{self.id}", rootfs=rfs.source,
                           lowers=[str(p) for p in rfs.lowers])
@@ -275,6 +275,9 @@ class Workspace(ForkingMixin):
             self._teardown()
 
     def _teardown(self) -> None:
+        spares = self.__dict__.pop("_spares", None)
+        if spares is not None:
+            spares.close_slots()
         for sh in list(getattr(self, "_shells", [])):
             sh._detach()
         if self._chan is not None:

@@ -229,6 +229,7 @@ out:
 		k = adopt_child(c, child, child_vtid(req), req->flags, &e2);
 		bx_log("%d: child %d stopped", c->pid, child);
 		if (k) {
+			k->in_parent = (pid_t)rv;
 			/* the child inherited our fds; fork() also dropped its robust list */
 			n = 0;
 			for (int i = 0; i < 2; i++)

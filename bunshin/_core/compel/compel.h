@@ -89,6 +89,9 @@ int bx_detach(struct bx_ctl *c);
 void bx_free(struct bx_ctl *c);
 pid_t bx_pid(const struct bx_ctl *c);   /* thread group id, tracer's namespace */
 pid_t bx_tid(const struct bx_ctl *c);   /* injection thread, tracer's namespace */
+/* A clone's pid in the active pid namespace of the process that made it (clone3's result
+ * there: whom it can wait4 for); 0 for a task compel did not clone. */
+pid_t bx_in_parent(const struct bx_ctl *c);
 /* Whether seizes suspend the victims' seccomp filters: 1 yes, 0 no, -1 no seize made yet. */
 int bx_suspends_seccomp(void);
 int bx_threads(const struct bx_ctl *c, pid_t *out, int max); /* returns the count */

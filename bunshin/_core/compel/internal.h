@@ -40,6 +40,7 @@ struct bx_patch {
 
 struct bx_ctl {
 	pid_t pid, vpid; /* thread group: tracer's pid namespace, its own */
+	pid_t in_parent; /* made by bx_clone3_seized: its pid as the cloning process sees it */
 	int nthr, cap;
 	struct bx_thread *thr; /* thr[0] is the injection thread */
 	int step;

@@ -402,6 +402,7 @@ void bx_free(struct bx_ctl *c)
 
 pid_t bx_pid(const struct bx_ctl *c) { return c->pid; }
 pid_t bx_tid(const struct bx_ctl *c) { return c->thr[0].tid; }
+pid_t bx_in_parent(const struct bx_ctl *c) { return c->in_parent; }
 int bx_last_step(const struct bx_ctl *c) { return c->step; }
 int bx_alive(const struct bx_ctl *c) { return !c->dead; }
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -30,27 +29,24 @@ class Segment:
 
 
 def _in_ipc_ns(init_hostpid: int, fn):
-    """Run ``fn`` in a thread that joined the IPC namespace of ``init_hostpid`` (setns of an
-    IPC namespace affects only the calling thread)."""
-    box: dict = {}
-
-    def body() -> None:
+    """Run ``fn`` in the IPC namespace of ``init_hostpid``: the calling thread joins it and
+    comes back (setns of an IPC namespace affects only the calling thread, and unlike a mount
+    namespace's it is allowed in a threaded process). A thread made for it cost ~0.3 ms."""
+    home = os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+    try:
         fd = os.open(f"/proc/{init_hostpid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
         try:
             if _libc.setns(fd, _CLONE_NEWIPC):
                 raise OSError(ctypes.get_errno(), "setns(ipc)")
-            box["v"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["e"] = e
         finally:
             os.close(fd)
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "e" in box:
-        raise box["e"]
-    return box["v"]
+        try:
+            return fn()
+        finally:
+            if _libc.setns(home, _CLONE_NEWIPC):
+                raise OSError(ctypes.get_errno(), "setns back to the trainer's own IPC namespace")
+    finally:
+        os.close(home)
 
 
 def _read_table(name: str) -> list[list[str]]:

@@ -43,6 +43,10 @@ def _parse(text: str) -> list[PosixTimer]:
 
 
 def plan_proc(proc) -> None:
+    # Whether a fork found no setitimer() timer running: the process is frozen for good, so none
+    # can start again and later forks need not look (an armed one keeps counting down, though,
+    # and is read by every fork).
+    proc.itimers_idle = False
     try:
         with open(f"/proc/{proc.hostpid}/timers") as f:
             proc.posix_timers = _parse(f.read())
@@ -55,6 +59,8 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
+    if proc.itimers_idle and not proc.posix_timers:
+        return
     src = ctx.shared["tracees"][proc.hostpid]
     page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
     # W+X refused: calls() runs one at a time, and the data needs memory of its own
@@ -64,9 +70,12 @@ def fixup_proc(ctx, proc, r) -> None:
         bufs = [addr + i * _ITV.size for i in range(len(_ITIMERS))]
         got = src.calls([(36, (which, buf), src.BATCH_OK_ERR) for which, buf in zip(_ITIMERS, bufs)])
         raw = src.read(addr, len(_ITIMERS) * _ITV.size)
+        armed = False
         for i, which in enumerate(_ITIMERS):
             if got[i] == 0 and any(_ITV.unpack_from(raw, i * _ITV.size)):
+                armed = True
                 r.call("setitimer", which, r.put(raw[i * _ITV.size:(i + 1) * _ITV.size]), 0)
+        proc.itimers_idle = not armed and all(g == 0 for g in got)
         _posix_timers(proc, r, src, addr + len(_ITIMERS) * _ITV.size)
     finally:
         if page is None:
