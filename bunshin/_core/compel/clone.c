@@ -44,11 +44,13 @@ static int learn_self(struct bx_ctl *c)
 {
 	if (c->known)
 		return 0;
-	pid_t ns[32];
-	int n = bx_read_nspid(c->pid, ns, 32);
-	if (n < 0)
-		return n;
-	c->nslevels = n;
+	if (!c->nslevels) { /* known from the seize, unless this block came from a clone */
+		pid_t ns[32];
+		int n = bx_read_nspid(c->pid, ns, 32);
+		if (n < 0)
+			return n;
+		c->nslevels = n;
+	}
 	c->tid_addr = bx_find_tid_addr(c, &c->thr[0]);
 	if (bx_get_robust(c->thr[0].tid, &c->robust, &c->robust_len))
 		c->robust = 0; /* none to give the child */

@@ -254,12 +254,62 @@ static int seize_thread(struct bx_ctl *c, pid_t tid)
 	return 0;
 }
 
+/* What a seize needs to know of a task, from one read of /proc/TID/status: a read costs
+ * about what an injection does, and a seize used to make four. */
+struct status_ids {
+	pid_t tgid, ppid, vtgid, vtid; /* vtgid, vtid: in the task's own pid namespace */
+	int levels;                    /* pid namespaces from the tracer's inwards */
+};
+
+static pid_t last_of(const char *v, int *count)
+{
+	pid_t last = 0;
+	int n = 0;
+	for (char *end;; v = end) {
+		long x = strtol(v, &end, 10);
+		if (end == v)
+			break;
+		last = (pid_t)x;
+		n++;
+	}
+	if (count)
+		*count = n;
+	return last;
+}
+
+static int read_ids(pid_t tid, struct status_ids *o)
+{
+	char path[64], line[512];
+	int seen = 0;
+	snprintf(path, sizeof path, "/proc/%d/status", tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return errno == ENOENT ? -ESRCH : -errno;
+	memset(o, 0, sizeof *o);
+	while (seen != 0xf && fgets(line, sizeof line, f)) {
+		char *v = strchr(line, ':');
+		if (!v)
+			continue;
+		*v++ = 0;
+		if (!strcmp(line, "Tgid"))
+			o->tgid = (pid_t)atoi(v), seen |= 1;
+		else if (!strcmp(line, "PPid"))
+			o->ppid = (pid_t)atoi(v), seen |= 2;
+		else if (!strcmp(line, "NStgid"))
+			o->vtgid = last_of(v, &o->levels), seen |= 4;
+		else if (!strcmp(line, "NSpid"))
+			o->vtid = last_of(v, NULL), seen |= 8;
+	}
+	fclose(f);
+	return seen == 0xf && o->tgid > 0 && o->vtid > 0 ? 0 : -EINVAL;
+}
+
 /* Attach and ask for a stop, without waiting for it: a task frozen by the cgroup freezer stops
  * only once thawed, so the engine seizes the whole frozen tree first, then thaws, then waits. */
 struct bx_ctl *bx_seize_begin(pid_t tid, int *err)
 {
-	char buf[64];
-	int ret = bx_status_field(tid, "Tgid", buf, sizeof buf);
+	struct status_ids ids;
+	int ret = read_ids(tid, &ids);
 	struct bx_ctl *c = NULL;
 	if (ret)
 		goto fail;
@@ -267,11 +317,12 @@ struct bx_ctl *bx_seize_begin(pid_t tid, int *err)
 	c = calloc(1, sizeof *c);
 	if (!c)
 		goto fail;
-	c->pid = atoi(buf);
-	c->vpid = own_ns_pid(c->pid);
-	c->parent_is_us = !bx_status_field(c->pid, "PPid", buf, sizeof buf) && atoi(buf) == getpid();
+	c->pid = ids.tgid;
+	c->vpid = ids.vtgid;
+	c->nslevels = ids.levels;
+	c->parent_is_us = ids.ppid == getpid();
 	c->step = BX_STEP_SEIZE;
-	if ((ret = bx_add_thread(c, tid)) < 0)
+	if ((ret = bx_add_thread_as(c, tid, ids.vtid)) < 0)
 		goto fail;
 	if ((ret = seize_thread(c, tid)))
 		goto fail;
