@@ -489,7 +489,11 @@ class Workspace(ForkingMixin):
 
     def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644, parents: bool = True) -> None:
         """Write ``data`` to ``path`` inside the workspace (replacing it), creating parent
-        directories when ``parents``. Symlinks resolve inside the workspace, never outside."""
+        directories when ``parents``. Symlinks resolve inside the workspace, never outside.
+
+        Not atomic: the file exists (empty) before its bytes are written, so a program in the
+        workspace that polls for it can read it short. For such a reader, write another name
+        and rename it into place (``ws.run("mv /tmp/x.part /tmp/x")``)."""
         _check_abs(path, "path")
         if isinstance(data, str):
             data = data.encode()
