@@ -95,6 +95,7 @@ int bx_add_thread(struct bx_ctl *c, pid_t tid);
 int bx_add_thread_as(struct bx_ctl *c, pid_t tid, pid_t vtid);
 int bx_read_nspid(pid_t tid, pid_t *out, int max);
 int bx_status_field(pid_t tid, const char *key, char *out, size_t n);
+int bx_status_fields(pid_t tid, int nkeys, const char *const keys[], char *const out[], size_t n);
 int bx_wait(struct bx_ctl *c, pid_t tid, int *status);
 
 /* syscall.c */

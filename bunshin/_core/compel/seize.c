@@ -40,27 +40,49 @@ const char *bx_step_name(int step)
 	return step_names[step];
 }
 
-int bx_status_field(pid_t tid, const char *key, char *out, size_t n)
+/* Several keys of /proc/TID/status from one read (a read costs about what an injection does):
+ * out[i] gets the value of keys[i]. 0 once every key was found. */
+int bx_status_fields(pid_t tid, int nkeys, const char *const keys[], char *const out[], size_t n)
 {
 	char path[64], line[512];
-	size_t klen = strlen(key);
 	snprintf(path, sizeof path, "/proc/%d/status", tid);
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return errno == ENOENT ? -ESRCH : -errno;
-	int ret = -ENOENT;
-	while (fgets(line, sizeof line, f)) {
-		if (strncmp(line, key, klen) || line[klen] != ':')
-			continue;
-		char *v = line + klen + 1;
-		v += strspn(v, " \t");
-		v[strcspn(v, "\n")] = 0;
-		snprintf(out, n, "%s", v);
-		ret = 0;
-		break;
+	int found = 0;
+	while (found < nkeys && fgets(line, sizeof line, f)) {
+		for (int i = 0; i < nkeys; i++) {
+			size_t klen = strlen(keys[i]);
+			if (strncmp(line, keys[i], klen) || line[klen] != ':')
+				continue;
+			char *v = line + klen + 1;
+			v += strspn(v, " \t");
+			v[strcspn(v, "\n")] = 0;
+			snprintf(out[i], n, "%s", v);
+			found++;
+			break;
+		}
 	}
 	fclose(f);
-	return ret;
+	return found == nkeys ? 0 : -ENOENT;
+}
+
+int bx_status_field(pid_t tid, const char *key, char *out, size_t n)
+{
+	return bx_status_fields(tid, 1, &key, &out, n);
+}
+
+/* A list of pids as NSpid and NStgid give it (the tracer's namespace first); returns how many. */
+static int parse_pids(const char *s, pid_t *out, int max)
+{
+	int n = 0;
+	for (char *end; n < max; s = end) {
+		long v = strtol(s, &end, 10);
+		if (end == s)
+			break;
+		out[n++] = (pid_t)v;
+	}
+	return n ? n : -EINVAL;
 }
 
 /* NSpid lists the pid from the tracer's namespace inwards; returns how many levels. */
@@ -68,16 +90,7 @@ int bx_read_nspid(pid_t tid, pid_t *out, int max)
 {
 	char buf[256];
 	int ret = bx_status_field(tid, "NSpid", buf, sizeof buf);
-	if (ret)
-		return ret;
-	int n = 0;
-	for (char *p = buf, *end; n < max; p = end) {
-		long v = strtol(p, &end, 10);
-		if (end == p)
-			break;
-		out[n++] = (pid_t)v;
-	}
-	return n ? n : -EINVAL;
+	return ret ? ret : parse_pids(buf, out, max);
 }
 
 static pid_t own_ns_pid(pid_t tid)
@@ -254,54 +267,31 @@ static int seize_thread(struct bx_ctl *c, pid_t tid)
 	return 0;
 }
 
-/* What a seize needs to know of a task, from one read of /proc/TID/status: a read costs
- * about what an injection does, and a seize used to make four. */
+/* What a seize needs to know of a task, from one read of /proc/TID/status (a seize used to
+ * make four). */
 struct status_ids {
 	pid_t tgid, ppid, vtgid, vtid; /* vtgid, vtid: in the task's own pid namespace */
 	int levels;                    /* pid namespaces from the tracer's inwards */
 };
 
-static pid_t last_of(const char *v, int *count)
-{
-	pid_t last = 0;
-	int n = 0;
-	for (char *end;; v = end) {
-		long x = strtol(v, &end, 10);
-		if (end == v)
-			break;
-		last = (pid_t)x;
-		n++;
-	}
-	if (count)
-		*count = n;
-	return last;
-}
-
 static int read_ids(pid_t tid, struct status_ids *o)
 {
-	char path[64], line[512];
-	int seen = 0;
-	snprintf(path, sizeof path, "/proc/%d/status", tid);
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return errno == ENOENT ? -ESRCH : -errno;
-	memset(o, 0, sizeof *o);
-	while (seen != 0xf && fgets(line, sizeof line, f)) {
-		char *v = strchr(line, ':');
-		if (!v)
-			continue;
-		*v++ = 0;
-		if (!strcmp(line, "Tgid"))
-			o->tgid = (pid_t)atoi(v), seen |= 1;
-		else if (!strcmp(line, "PPid"))
-			o->ppid = (pid_t)atoi(v), seen |= 2;
-		else if (!strcmp(line, "NStgid"))
-			o->vtgid = last_of(v, &o->levels), seen |= 4;
-		else if (!strcmp(line, "NSpid"))
-			o->vtid = last_of(v, NULL), seen |= 8;
-	}
-	fclose(f);
-	return seen == 0xf && o->tgid > 0 && o->vtid > 0 ? 0 : -EINVAL;
+	static const char *const keys[] = {"Tgid", "PPid", "NStgid", "NSpid"};
+	char v[4][256];
+	char *const out[] = {v[0], v[1], v[2], v[3]};
+	pid_t ns[32];
+	int ret = bx_status_fields(tid, 4, keys, out, sizeof v[0]);
+	if (ret)
+		return ret;
+	o->tgid = (pid_t)atoi(v[0]);
+	o->ppid = (pid_t)atoi(v[1]);
+	if ((o->levels = parse_pids(v[2], ns, 32)) < 0)
+		return o->levels;
+	o->vtgid = ns[o->levels - 1];
+	if ((ret = parse_pids(v[3], ns, 32)) < 0)
+		return ret;
+	o->vtid = ns[ret - 1];
+	return 0;
 }
 
 /* Attach and ask for a stop, without waiting for it: a task frozen by the cgroup freezer stops
