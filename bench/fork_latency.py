@@ -7,7 +7,10 @@ memory), large (+ 2 GiB; 1 GiB with --quick). For each, interleaved in one loop:
     child exit + wait: an upper bound). Σ native = bash + Python per iteration: the physical
     floor of copying these processes (bunshin-init, a small static C program, is not counted).
   * bunshin `tpl.fork(1)` from a snapshot taken once (the child is closed outside the timing);
-  * bunshin `ws.fork(1)` = snapshot + fork, what users call.
+    its child's init was cloned ahead while the loop did the rest; then, after the loop, the same
+    forks back to back with BUNSHIN_EARLY_INIT=0 (each clones its child's init itself);
+  * bunshin `ws.fork(1)` = snapshot + fork, what users call;
+  * bunshin `tpl.fork(8)`, a group (after the loop; 50 ms of idle time between two groups).
 CRIU (when find_criu() gives a usable one): the medium worker as a plain host process (setsid),
 `criu dump --leave-running` then, the original killed (a restore needs its pid free), `criu
 restore --restore-detached`, images on tmpfs; the restored copy is dumped next time.
@@ -53,6 +56,7 @@ MEDIUM_MIB = 256
 # with ENOSPC from clone3. A library bug, reported; until fixed, ws.fork() is sampled at most
 # this many times per workspace (and the JSON says so).
 WS_FORK_MAX = 24
+GROUP = 8  # children of one tpl.fork() call in the group figure
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -93,6 +97,22 @@ def measure_size(name: str, mib: int, n: int) -> dict:
                 tplf.append(timed_fork(lambda: tpl.fork(1)))
                 if len(wsf) < WS_FORK_MAX:
                     wsf.append(timed_fork(lambda: ld.ws.fork(1)))
+            # the same forks with each child's init cloned by the fork itself, as back-to-back
+            # forks with no idle time between them get (bunshin/fork/earlyinit.py)
+            cold = []
+            os.environ["BUNSHIN_EARLY_INIT"] = "0"
+            try:
+                timed_fork(lambda: tpl.fork(1))  # takes the slot whose init was made ahead
+                for _ in range(n):
+                    cold.append(timed_fork(lambda: tpl.fork(1)))
+            finally:
+                del os.environ["BUNSHIN_EARLY_INIT"]
+            # a group: tpl.fork(GROUP), what a GRPO step asks for
+            group = []
+            timed_fork(lambda: tpl.fork(GROUP))  # its slots and inits, made ahead for the next
+            for _ in range(max(3, n // 4)):
+                time.sleep(0.05)  # the trainer's own work between two groups
+                group.append(timed_fork(lambda: tpl.fork(GROUP)))
             # the source after its ws.fork() calls: how many copies of the worker are alive
             # (each ws.fork leaves the previous generation frozen as a template)
             chain = _count_worker_copies(ld) if mib else None
@@ -104,7 +124,10 @@ def measure_size(name: str, mib: int, n: int) -> dict:
     native = [b + (py[i] if py else 0.0) for i, b in enumerate(bash)]
     res = {"mib": mib, "processes": ["bunshin-init", "bash"] + (["python3 worker"] if mib else []),
            "native_bash_subshell": summary(bash), "native_sum": summary(native),
-           "bunshin_tpl_fork": summary(tplf), "bunshin_ws_fork": summary(wsf), "child_ok": child_ok}
+           "bunshin_tpl_fork": summary(tplf), "bunshin_ws_fork": summary(wsf), "child_ok": child_ok,
+           "bunshin_tpl_fork_init_not_ahead": summary(cold),
+           f"bunshin_tpl_fork_{GROUP}": summary(group),
+           f"bunshin_tpl_fork_{GROUP}_per_child_p50_ms": statistics.median(group) * 1e3 / GROUP}
     if py:
         res["native_python_fork"] = summary(py)
     res["ws_fork_samples"] = len(wsf)
@@ -115,7 +138,7 @@ def measure_size(name: str, mib: int, n: int) -> dict:
     if chain is not None:
         res["worker_copies_alive_after_ws_forks"] = chain
     nat = res["native_sum"]["p50_ms"]
-    for k in ("bunshin_tpl_fork", "bunshin_ws_fork"):
+    for k in ("bunshin_tpl_fork", "bunshin_ws_fork", "bunshin_tpl_fork_init_not_ahead"):
         res[f"{k}_over_native"] = res[k]["p50_ms"] / nat
         res[f"{k}_minus_native_ms"] = res[k]["p50_ms"] - nat
     return res
@@ -340,6 +363,11 @@ def main() -> None:
     emit("fork_latency", res)
 
 
+def _per_child(s: dict, name: str) -> dict | None:
+    g = s.get(f"bunshin_tpl_fork_{GROUP}")
+    return {"p50_ms": g["p50_ms"] / GROUP, "p95_ms": g["p95_ms"] / GROUP} if g else None
+
+
 def plot(res: dict) -> None:
     import matplotlib
 
@@ -349,18 +377,21 @@ def plot(res: dict) -> None:
     fig, ax = plt.subplots(figsize=(12, 5.2))
     series = [("native Σ fork()", "#999", lambda s, name: s.get("native_sum")),
               ("bunshin tpl.fork(1)", "#1f77b4", lambda s, name: s.get("bunshin_tpl_fork")),
+              ("tpl.fork(1), init not made ahead", "#9ecae1",
+               lambda s, name: s.get("bunshin_tpl_fork_init_not_ahead")),
+              (f"tpl.fork({GROUP}) per child", "#08519c", _per_child),
               ("bunshin ws.fork(1)", "#6baed6", lambda s, name: s.get("bunshin_ws_fork")),
               ("CRIU dump+restore", "#d62728",
                lambda s, name: res["criu"].get("dump_plus_restore") if name == "medium" else None)]
     groups = {**res["sizes"], **res.get("apps", {})}
     names = list(groups)
-    w = 0.2
+    w = 0.14
     for j, (label, color, get) in enumerate(series):
         xs, p50, p95 = [], [], []
         for i, name in enumerate(names):
             s = get(groups[name], name)
             if s:
-                xs.append(i + (j - 1.5) * w)
+                xs.append(i + (j - 2.5) * w)
                 p50.append(s["p50_ms"])
                 p95.append(s["p95_ms"])
         if not xs:

@@ -519,6 +519,46 @@ def test_freeze_empty_group(be):
         cg.destroy()
 
 
+def test_v1_freezer_is_kept_on_by_an_empty_frozen_group(prefix, monkeypatch):
+    """cgroup/v1.py: an empty group kept frozen at the freezer root, made by the first freeze
+    (again after a gc removed it), never by BUNSHIN_FREEZER_ON=0, removed by gc once no group of
+    ours is left."""
+    try:
+        be = V1Backend()
+    except UnsupportedKernel as e:
+        pytest.skip(str(e))
+    from bunshin.runtime import gc
+    from bunshin.runtime.cgroup.v1 import FREEZER_ON
+
+    on = os.path.join(be.mounts["freezer"], FREEZER_ON)
+    if os.path.isdir(on):
+        os.rmdir(on)
+    monkeypatch.setenv("BUNSHIN_FREEZER_ON", "0")
+    cg = be.create("warm")
+    try:
+        cg.freeze()
+        cg.thaw()
+        assert not os.path.exists(on)
+        monkeypatch.delenv("BUNSHIN_FREEZER_ON")
+        for _ in range(2):  # made, removed as if by a gc elsewhere, made again
+            cg.freeze()
+            assert cg.frozen()
+            with open(os.path.join(on, "freezer.state")) as f:
+                assert f.read().strip() == "FROZEN"
+            assert _fs.read_procs(os.path.join(on, "cgroup.procs")) == []
+            cg.thaw()
+            assert not cg.frozen()
+            assert os.path.isdir(on)  # thawing ours leaves it on
+            os.rmdir(on)
+        cg.freeze()
+        cg.thaw()
+    finally:
+        cg.destroy()
+    monkeypatch.setattr(cgroup, "backend", lambda: be)
+    assert "cgroup:freezer-on" in gc.collect()
+    assert not os.path.exists(on)
+
+
 # ---------------------------------------------------------------- killing and removal
 
 

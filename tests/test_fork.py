@@ -108,13 +108,25 @@ def test_pipes_keep_buffered_bytes(family):
     ws = bunshin.Workspace.create()
     family.append(ws)
     # a reader that waits for a signal before reading: the bytes sit in the pipe at fork time
-    ws.write_file("/reader.sh", "trap 'cat > /tmp/got; exit' USR1\nwhile :; do sleep 0.05; done\n")
+    ws.write_file("/reader.sh", "trap 'cat > /tmp/got; exit' USR1\n: > /tmp/trapped\n"
+                                "while :; do sleep 0.05; done\n")
     pid = ws.spawn(["sh", "-c", "printf 'queued-bytes' | sh /reader.sh"])
+    wait_file(ws, "/tmp/trapped", 30)  # forked before its trap, the reader dies of the signal
+    # then the loop runs a while: the fork may land in one of its vforks (the snapshot waits
+    # for the exec: test_fork_vfork.py)
     time.sleep(0.5)
-    # the loop's own forks show as "sh /reader.sh" until they exec sleep: take the one whose
-    # parent is not a reader (a slow guest catches those transient children)
-    readers = {p.pid: p.ppid for p in ws.processes() if p.cmdline[:2] == ["sh", "/reader.sh"]}
-    (reader,) = [p for p, pp in readers.items() if pp not in readers]
+    deadline = time.monotonic() + 30
+    while True:
+        time.sleep(0.05)
+        # the loop's own forks show as "sh /reader.sh" until they exec sleep: take the one
+        # whose parent is not a reader (a slow guest catches those transient children)
+        procs = ws.processes()
+        readers = {p.pid: p.ppid for p in procs if p.cmdline[:2] == ["sh", "/reader.sh"]}
+        roots = [p for p, pp in readers.items() if pp not in readers]
+        writers = [p for p in procs if p.ppid == pid and p.pid not in readers]  # printf's side
+        if (len(roots) == 1 and not writers) or time.monotonic() > deadline:
+            break
+    (reader,) = roots
     (kid,) = ws.fork(1)
     family.append(kid)
     for w in (ws, kid):
@@ -365,18 +377,24 @@ def _zombie_children(pid: int) -> list[int]:
 
 
 def test_template_reaps_the_inits_of_closed_children(ws):
-    """A child's init is a child of the frozen template's init, which never reaps it: the
-    next fork after a child closed does, inside the template (and skips that when none did).
-    The intermediates a clone goes through are reaped by their template process at once."""
+    """A child's init is a child of the frozen template's init, which never reaps it: a fork
+    does, inside the template, once REAP_AT children have closed since the last reap (and
+    not before). The intermediates a clone goes through are reaped by their template process
+    at once."""
+    from bunshin.fork.template import REAP_AT
+
     ws.spawn(["sleep", "1000"])
     tpl = ws.snapshot()
     kids: list[bunshin.Workspace] = []
     try:
         tinit = tpl._core.parts["init_pid"]
-        for k in tpl.fork(3):
+        for k in tpl.fork(REAP_AT - 1):
             k.close()
-        assert len(_zombie_children(tinit)) == 3
-        kids += tpl.fork(1)
+        assert len(_zombie_children(tinit)) == REAP_AT - 1
+        kids += tpl.fork(1)  # too few closed: left for later
+        assert len(_zombie_children(tinit)) == REAP_AT - 1
+        kids.pop().close()
+        kids += tpl.fork(1)  # REAP_AT closed: all reaped, in one stop of the template's init
         assert _zombie_children(tinit) == []
         assert len(tpl.host_pids()) == 2
         for pid in tpl.host_pids():
@@ -433,6 +451,44 @@ def test_close_on_exec_flags_survive_every_fork(ws):
             (kid,) = tpl.fork(1)
             try:
                 assert signal_and_read(kid, pid, 10, "/tmp/cloexec") == want
+            finally:
+                kid.close()
+    finally:
+        tpl.close()
+
+
+_PAUSER = r"""
+import signal
+woke = 0
+def on_usr2(sig, frame):
+    global woke
+    woke += 1
+    open(f"/tmp/woke-{woke}", "w").close()
+signal.signal(signal.SIGUSR2, on_usr2)
+open("/tmp/ready", "w").close()
+while True:
+    signal.pause()
+"""
+
+
+def test_a_signal_sent_as_the_fork_ends_interrupts_the_call_the_process_sleeps_in(ws):
+    """A process frozen inside pause() is cloned inside it. A signal that reaches the clone
+    before it runs again (here: sent from on_fork, before the clones resume) must interrupt
+    that pause() (its handler runs, pause returns EINTR), not run the handler and then let
+    the clone enter pause() again and sleep on: the kernel, not the engine, restarts an
+    interrupted call as the clone leaves its last ptrace stop."""
+    import signal
+
+    pid = ws.spawn(["python3", "-c", _PAUSER])
+    wait_file(ws, "/tmp/ready")
+    tpl = ws.snapshot()
+    try:
+        for _ in range(2):
+            (kid,) = tpl.fork(1, on_fork=lambda k: k.kill(pid, signal.SIGUSR2))
+            try:
+                wait_file(kid, "/tmp/woke-1", timeout=5)
+                kid.kill(pid, signal.SIGUSR2)  # and it goes on taking signals
+                wait_file(kid, "/tmp/woke-2", timeout=5)
             finally:
                 kid.close()
     finally:

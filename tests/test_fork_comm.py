@@ -110,6 +110,29 @@ def test_timerfd_is_rearmed_with_time_left_interval_and_ticks(family):
         assert 900 < far_left < 1000
 
 
+FAST_TIMERFD = """
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.timerfd_create(1, 0)
+assert libc.timerfd_settime(fd, 0, struct.pack('4q', 0, 20000, 0, 20000), None) == 0  # every 20 us
+out('/tmp/ready', '')
+wait('/tmp/go')
+n = sum(struct.unpack('Q', os.read(fd, 8))[0] for _ in range(3))  # blocks if it is not armed
+out('/tmp/out', str(n))
+time.sleep(1000)
+"""
+
+
+def test_periodic_timerfd_due_again_while_the_fork_reads_it_stays_armed(family):
+    # 20 us: the timer has fired again (frozen, nobody reads it) by the time the fork reads
+    # the time it has left after moving it on, which is then 0
+    ws = start_script(family, FAST_TIMERFD, "/tmp/ready")
+    kid = fork_one(family, ws)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert int(_wait(w, "/tmp/out")) >= 3
+
+
 PAIRS = """
 import socket
 TYPES = (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET)

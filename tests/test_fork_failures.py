@@ -41,8 +41,8 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
             calls = {"n": 0}
             real_clone, real_fix = engine.clone_process, engine.fix_process
 
-            def clone(tp, proc, child_inits, tmp):
-                cs = real_clone(tp, proc, child_inits, tmp)  # one per child of the call
+            def clone(source, proc, child_inits, tmp, *rest):
+                cs = real_clone(source, proc, child_inits, tmp, *rest)  # one per child of the call
                 calls["n"] += 1
                 if where == "clone" and calls["n"] == k:
                     os.kill(cs[-1].pid, 9)  # dies between clone and fixup

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
 
 import bunshin
 from bunshin.errors import ForkError
-from conftest import signal_and_read
+from conftest import fork_one, put, signal_and_read, start_script, wait_file
 
 SHARED = r"""
 import mmap, os, signal, sys
@@ -74,6 +75,59 @@ def test_shared_memory_becomes_the_childs_own_copy(no_leaks):
             kid.close()
 
 
+READ_ONLY_MAPS = r"""
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+def ro_shared(fd):  # PROT_READ, MAP_SHARED
+    addr = libc.mmap(None, 4096, 1, 1, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    return addr
+with open("/data.bin", "wb") as f:
+    f.write(b"start".ljust(4096, b"."))
+upper_fd = os.open("/data.bin", os.O_RDWR)             # in the upper layer, writable file
+shm_fd = os.open("/dev/shm/ro", os.O_RDWR | os.O_CREAT, 0o600)
+os.write(shm_fd, b"start".ljust(4096, b"."))
+maps = {"lower": ro_shared(os.open("/etc/passwd", os.O_RDONLY)),  # a lower layer's file
+        "upper": ro_shared(upper_fd), "shm": ro_shared(shm_fd)}
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+open("/tmp/ready", "w").close()
+while True:
+    if signal.sigwait({signal.SIGUSR1, signal.SIGUSR2}) == signal.SIGUSR1:
+        # the source's file was opened O_RDWR: it may (the child's remapping may not)
+        if libc.mprotect(ctypes.c_void_p(maps["upper"]), 4096, 3) == 0:
+            ctypes.memmove(maps["upper"], b"wrote", 5)
+        os.pwrite(shm_fd, b"wrote", 0)
+    else:
+        with open("/tmp/seen-", "w") as f:  # _seen(w, pid, "")
+            f.write(" ".join(ctypes.string_at(maps[k], 5).decode() for k in ("lower", "upper", "shm")))
+"""
+
+
+def test_read_only_shared_file_mappings_show_each_sides_own_files(no_leaks):
+    """A read-only MAP_SHARED mapping of a lower layer's file is inherited as it is (nothing
+    can write that file); one of a workspace-written file or of /dev/shm maps the child's own
+    file, so nothing the child writes reaches the source. (A remapped read-only mapping
+    cannot be made writable in the child: its file is opened read-only there, as opening it
+    for writing would copy it up, at a cost growing with its size.)"""
+    with bunshin.Workspace.create() as ws:
+        ws.write_file("/ro.py", READ_ONLY_MAPS)
+        pid = ws.spawn(["python3", "/ro.py"])
+        _wait(ws, "test -e /tmp/ready")
+        passwd = ws.read_file("/etc/passwd")[:5].decode()
+        (kid,) = ws.fork(1)
+        try:
+            assert _seen(kid, pid, "") == _seen(ws, pid, "") == f"{passwd} start start"
+            kid.kill(pid, 10)  # writes through its (now writable) mapping and into /dev/shm
+            time.sleep(0.3)
+            assert _seen(kid, pid, "").split()[::2] == [passwd, "wrote"]
+            assert _seen(ws, pid, "") == f"{passwd} start start"
+            assert ws.read_file("/data.bin")[:5] == b"start"
+        finally:
+            kid.close()
+
+
 # PR_SET_MDWE: the process refuses writable+executable memory, so the engine reads its timers
 # one call at a time, in memory mapped for the purpose
 _MDWE = "import ctypes, sys\nif ctypes.CDLL(None).prctl(65, 1, 0, 0, 0): sys.exit(3)\n"
@@ -84,8 +138,9 @@ def test_interval_timers_are_rearmed(no_leaks, mdwe):
     with bunshin.Workspace.create() as ws:
         if mdwe and ws.run(f"python3 -c '{_MDWE}'").exit_code:
             pytest.skip("this kernel has no PR_SET_MDWE")
-        ws.write_file("/tick.py", (_MDWE if mdwe else "") + "import signal, time\nn = 0\n"
-                                  "def tick(*_):\n    global n\n    n += 1\n    open('/tmp/ticks', 'w').write(str(n))\n"
+        ws.write_file("/tick.py", (_MDWE if mdwe else "") + "import os, signal, time\nn = 0\n"
+                                  "def tick(*_):\n    global n\n    n += 1\n    open('/tmp/ticks.new', 'w').write(str(n))\n"
+                                  "    os.replace('/tmp/ticks.new', '/tmp/ticks')\n"
                                   "signal.signal(signal.SIGALRM, tick)\n"
                                   "signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)\n"
                                   "while True: time.sleep(1)\n")
@@ -208,3 +263,38 @@ def test_sysv_semaphores_are_refused(no_leaks):
             ws.fork(1)
         assert os.readlink("/proc/thread-self/ns/ipc") == mine
         assert ws.run("echo alive").stdout == b"alive\n"
+
+
+PENDING_SIGNALS = """
+import signal, threading
+held = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGRTMIN + 3}
+signal.pthread_sigmask(signal.SIG_BLOCK, held)
+signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)  # the thread's own queue
+os.kill(os.getpid(), signal.SIGRTMIN + 3)                   # the process's queue
+out('/tmp/ready', '')
+wait('/tmp/go')
+out('/tmp/out', repr(sorted(int(s) for s in signal.sigpending())))
+time.sleep(1000)
+"""
+
+
+def _status_mask(hostpid: int, key: str) -> int:
+    with open(f"/proc/{hostpid}/status") as f:
+        return next(int(line.split()[1], 16) for line in f if line.startswith(key + ":"))
+
+
+def test_blocked_pending_signals_are_pending_in_the_child(family):
+    """fork(2) clears pending signals: the engine raises the template's again in the clone,
+    process-directed ones (kill) and the thread's own (tgkill) alike."""
+    ws = start_script(family, PENDING_SIGNALS, "/tmp/ready")
+    pid = next(p.pid for p in ws.processes() if p.cmdline[-1:] == ["/t.py"])
+    ws.kill(pid, 10)  # from outside, as the trainer would
+    hostpid = next(hp for hp in ws.host_pids() if open(f"/proc/{hp}/cmdline").read().endswith("/t.py\0"))
+    deadline = time.monotonic() + 10
+    while not _status_mask(hostpid, "ShdPnd") & (1 << (10 - 1)):
+        assert time.monotonic() < deadline, "SIGUSR1 never became pending"
+        time.sleep(0.01)
+    kid = fork_one(family, ws)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert wait_file(w, "/tmp/out") == repr([10, 12, int(signal.SIGRTMIN) + 3])

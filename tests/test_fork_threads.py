@@ -107,3 +107,34 @@ def test_python_threads_keep_running_with_their_ids(no_leaks):
             assert int(b2[0]) != int(b1[0]) or int(a2[0]) != int(a1[0])  # workers still appending
         finally:
             kid.close()
+
+
+def test_forks_of_a_threaded_process_fit_under_the_pids_limit(family):
+    """A clone is born in the template's cgroup and moved into its child's before its threads
+    are recreated: four forks of a 17-task process need room for four clones and their
+    intermediates under the template's pids limit, not for all their threads."""
+    ws = bunshin.Workspace.create(pids_limit=18 + 4 + 4 + 2)
+    family.append(ws)
+    ws.write_file("/idle.py", IDLE_THREADS)
+    pid = ws.spawn(["python3", "/idle.py"])
+    _wait(ws, "test -e /tmp/started")
+    tpl = ws.snapshot()
+    try:
+        assert tpl._core.parts["cg"].stats().pids_current == 18  # init, and 17 threads
+        kids = tpl.fork(4)
+        family += kids
+        for k in kids:
+            assert len(k.run(f"ls /proc/{pid}/task").stdout.split()) == 17
+            assert k._cg.stats().pids_current == 18
+    finally:
+        tpl.close()
+
+
+# 16 threads that wait, beside the main one: tasks that cost no CPU in five workspaces
+IDLE_THREADS = r"""
+import threading, time
+for _ in range(16):
+    threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
+open("/tmp/started", "w").close()
+time.sleep(1e6)
+"""

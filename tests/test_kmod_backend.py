@@ -19,6 +19,7 @@ import bunshin
 from bunshin import doctor
 from bunshin._core import kmod
 from bunshin.memory import pids_usage
+from conftest import wait_file
 
 HAVE_DEVICE = os.path.exists(kmod.DEVICE)
 needs_module = pytest.mark.skipif(not HAVE_DEVICE, reason="bunshin.ko not loaded (run kmod/tests/run.sh)")
@@ -184,8 +185,10 @@ def test_both_backends_agree_on_a_fork_family(mode):
 def test_both_backends_agree_on_forked_workspaces(family, mode):
     ws = bunshin.Workspace.create()
     family.append(ws)
-    ws.spawn(["python3", "-c", "b = bytearray(8 << 20); import time; time.sleep(1000)"])
-    time.sleep(1.0)
+    # forked once it holds its 8 MiB (python may take over a second to start in the guest)
+    ws.spawn(["python3", "-c", "b = bytearray(8 << 20); open('/tmp/ready', 'w').close(); "
+              "import time; time.sleep(1000)"])
+    wait_file(ws, "/tmp/ready", 60)
     family.extend(ws.fork(2))
     for _ in range(3):
         mode("1")

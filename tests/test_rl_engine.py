@@ -4,7 +4,6 @@ contained and reported."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from bunshin.cache.toolcall import ToolCall
@@ -142,12 +141,17 @@ def test_bad_policy_and_task_are_refused():
         RolloutEngine(scripted([[]]), Task("t", "p", tools=("bash", "browser")), 1)
 
 
-def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks):
+def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks, monkeypatch):
     import time
+
+    # the next children's inits, made in the background after tpl.fork (fork/earlyinit.py),
+    # would change the family between the two samples compared here
+    monkeypatch.setenv("BUNSHIN_EARLY_INIT", "0")
 
     import bunshin
     from bunshin.memory import pids_usage
     from bunshin.rl.metrics import MemorySampler, cgroup_frozen, cgroup_pids
+    from bunshin.runtime.cgroup._fs import wait_for
 
     ws = bunshin.Workspace.create()
     tpl = kids = None
@@ -160,6 +164,7 @@ def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks):
         kids = tpl.fork(2)
         s = MemorySampler()
         assert s.footprint() == pids_usage(cgroup_pids(), pss=False).total_bytes
+        wait_for(cgroup_frozen, 5)  # the held template is refrozen once the fork engine is idle
         frozen = {p for name in cgroup_frozen() for p in cgroup_pids()[name]}
         assert frozen and set(s._cache) == frozen  # only the template's processes are cached
         # a child writes its copy of the hog: new private pages, seen although the template is cached

@@ -136,6 +136,7 @@ def overlay_mount_fd(list lowers, upper, work):
 
 
 KCMP_FILE = 0
+KCMP_VM = 1
 
 
 def kcmp(int pid1, int pid2, int typ, unsigned long idx1, unsigned long idx2):

@@ -16,12 +16,15 @@ come from its tracer). Stopping the template's processes and letting them go is 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import socket
 import struct
+import termios
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .._core import PROTO, _syscalls
 from .._core.kmod import FORK_MAX_CHILDREN, backend
@@ -53,17 +56,6 @@ def _nspid(hostpid: int) -> list[int]:
     raise ForkError(f"pid {hostpid} has no NSpid line", pid=hostpid)
 
 
-def ctty_index(hostpid: int) -> int | None:
-    """Index of the process's controlling pty (/dev/pts/N), from tty_nr in /proc/PID/stat."""
-    with open(f"/proc/{hostpid}/stat", "rb") as f:
-        raw = f.read()
-    tty_nr = int(raw[raw.rindex(b")") + 2 :].split()[4])
-    major, minor = (tty_nr >> 8) & 0xFFF, (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00)
-    if 136 <= major <= 143:
-        return (major - 136) * 256 + minor
-    return None
-
-
 @dataclass
 class ForkCtx:
     """What the fixups of one child share."""
@@ -71,12 +63,6 @@ class ForkCtx:
     init_hostpid: int
     plans: dict[int, ProcPlan]
     shared: dict = field(default_factory=dict)
-    _ctty: dict = field(default_factory=dict)
-
-    def ctty(self, proc: ProcPlan) -> int | None:
-        if proc.hostpid not in self._ctty:
-            self._ctty[proc.hostpid] = ctty_index(proc.hostpid)
-        return self._ctty[proc.hostpid]
 
 
 MAX_PID_NS_LEVEL = 32  # the kernel's limit on nested pid namespaces
@@ -101,6 +87,7 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
     and uts namespaces come ready-made from the pool when it has some (the init joins them).
     The init is let go on the CPUs other than the engine's, so that its move into the new
     root runs beside the clones made meanwhile, not in their place on the pinned CPU."""
+    _wait_taken(tpl_sock)
     p = nspool.pool()
     made = p.take() if p is not None else None
     try:
@@ -115,7 +102,8 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
         payload = hostname.encode()
         fds = [mount_fd, theirs.fileno(), *(made.fds() if made else ())]
         msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), len(fds)) + payload
-        # The template's init shares this socket but is frozen: only the clone reads it.
+        # The template's init shares this socket but is stopped: only the clone reads it
+        # (and, until it has, no other clone is made: _wait_taken).
         socket.send_fds(tpl_sock, [msg], fds)
         pin.release_clone(tinit.pid, ci, away=True)
         ci.detach()
@@ -130,7 +118,30 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
     return ci, ours
 
 
-def clone_process(tp: Tracee, proc: ProcPlan, child_inits: list[int], tmp_pid: int) -> list[Tracee]:
+def _wait_taken(tpl_sock: socket.socket, timeout: float = 5.0) -> None:
+    """Every init cloned from the template holds the template's end of this socket until its
+    REROOT replaces it, so a new clone could take the message sent to the previous one (and
+    each init would move into the other's root and answer the other's channel). A clone is
+    therefore made only once every message sent is taken: nothing left in the socket's
+    queue (SIOCOUTQ: bytes sent and not yet received)."""
+    deadline = time.monotonic() + timeout
+    buf = bytearray(4)
+    delay = 0.00002
+    while True:
+        fcntl.ioctl(tpl_sock.fileno(), termios.TIOCOUTQ, buf)
+        if not int.from_bytes(buf, "little"):
+            return
+        if time.monotonic() >= deadline:
+            raise ForkError("the previous child's init did not take its start-up message within "
+                            f"{timeout}s (killed before it ran?); this template cannot make another "
+                            "child's init: close it and snapshot again", step="reroot")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+
+
+def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
+                  tmp_pid: int, ahead: list[Tracee | None] | None = None,
+                  dead: list[int] | None = None) -> list[Tracee]:
     """Clone ``proc`` into each child's pid namespace (one per pid in ``child_inits``, the
     children's inits) with its own PID, parented to that child's init; returns the clones in
     that order. With the module's FORK the template process clones itself in the kernel, all
@@ -138,36 +149,97 @@ def clone_process(tp: Tracee, proc: ProcPlan, child_inits: list[int], tmp_pid: i
     process and moved under the child's init. Without the module, an intermediate sharing the
     template's memory (CLONE_VM: nothing copied) is made in the child's namespace, the real
     clone is made from it, and the intermediate is killed, so its orphan is adopted by the
-    child's init (the template reaps the intermediate). On failure no clone is left."""
+    child's init (the template reaps the intermediate); ``ahead[i]``, when there, is child
+    i's intermediate made ahead (earlyinit.py), used (and ended) instead of a new one. On
+    failure no clone is left, nor any of those intermediates.
+
+    ``source()`` gives the template process, called only when it must run (it may thaw a
+    held template: a fork whose intermediates were all made ahead leaves it frozen);
+    ``dead``: where the intermediates made ahead go once dead, for the caller to reap later
+    in the template process, rather than now."""
     b = backend()
     out: list[Tracee] = []
+    mids: list[int] = []  # intermediates, as the template process sees them: reaped together
+    ahead = list(ahead) if ahead is not None else [None] * len(child_inits)
     try:
         if b.fork is not None:  # one call per chunk of children
             for at in range(0, len(child_inits), FORK_MAX_CHILDREN):
-                out += _fork_chunk(b.fork, tp, proc, child_inits[at:at + FORK_MAX_CHILDREN])
+                out += _fork_chunk(b.fork, source(), proc, child_inits[at:at + FORK_MAX_CHILDREN])
         else:
-            for ci in child_inits:
-                out.append(_clone_reparented(b.reparent, tp, proc, ci) if b.reparent is not None
-                           else _clone_through(tp, proc, ci, tmp_pid))
+            for i, ci in enumerate(child_inits):
+                if b.reparent is not None:
+                    out.append(_clone_reparented(b.reparent, source(), proc, ci))
+                    continue
+                mid, ahead[i] = ahead[i], None
+                # one made ahead is in its child's cgroup, and so is its zombie: that one can
+                # wait; one made now counts against the template's pids limit until reaped
+                later = dead if mid is not None and dead is not None else mids
+                out.append(_clone_through(source, proc, ci, tmp_pid, later, mid))
+        _end_unused(ahead, mids)  # none is left unused but by a backend that needs none
+        if mids:
+            reap_in(source(), mids)
     except BaseException:
         for c in out:
             discard_clone(c)
+        _end_unused(ahead, mids)
+        if dead:
+            mids += dead  # nothing is left for the caller to reap
+            dead.clear()
+        try:
+            if mids:
+                reap_in(source(), mids)
+        except BunshinError:
+            pass  # the template process is what failed: the fork says so already
         raise
     return out
 
 
-def _clone_through(tp: Tracee, proc: ProcPlan, child_init: int, tmp_pid: int) -> Tracee:
-    mid = tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
-    as_seen = mid.in_parent  # by the template process, which reaps it
+def _end_unused(ahead: list[Tracee | None], mids: list[int]) -> None:
+    for mid in ahead:
+        if mid is not None:
+            end_mid(mid, mids)
+    ahead[:] = [None] * len(ahead)
+
+
+def reap_in(tp: Tracee, pids: list[int]) -> None:
+    """wait4 for each of ``pids`` (dead children of the template process) inside it: one stop
+    for all (compel's batch in the page it keeps there), or one call when there is one."""
+    if len(pids) == 1:
+        tp.syscall(61, pids[0], 0, _WALL, 0)
+    elif pids:
+        for at in range(0, len(pids), Tracee.max_calls()):
+            tp.calls([(61, (pid, 0, _WALL, 0), Tracee.BATCH_OK_ERR)
+                      for pid in pids[at:at + Tracee.max_calls()]])
+
+
+def make_mid(tp: Tracee, child_init: int, tmp_pid: int) -> Tracee:
+    """An intermediate for the clone of ``tp`` into the child whose init is ``child_init``:
+    stopped, in that child's pid namespace as ``tmp_pid``, sharing ``tp``'s memory (nothing
+    copied); a child of ``tp``, which must reap it (:func:`end_mid`, :func:`reap_in`)."""
+    return tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
+
+
+def end_mid(mid: Tracee, mids: list[int]) -> None:
+    """Kill an intermediate; its pid as its template process sees it goes into ``mids``, for
+    :func:`reap_in` there. Until then its zombie holds a pid of the child's namespace, which
+    therefore cannot end."""
+    mids.append(mid.in_parent)
+    # Killing it while stopped: it never runs the template's code in shared memory.
+    os.kill(mid.pid, signal.SIGKILL)
+    os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
+    mid._ctl = None  # dead: nothing to cure or detach
+
+
+def _clone_through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
+                   mids: list[int], mid: Tracee | None = None) -> Tracee:
+    """The clone through an intermediate (``mid`` when one was made ahead); the dead
+    intermediate goes into ``mids`` for the caller to reap, with the others of the call."""
+    if mid is None:
+        mid = make_mid(source(), child_init, tmp_pid)
     try:
-        child = mid.clone(set_tid=proc.vpid)
+        return mid.clone(set_tid=proc.vpid)
     finally:
-        # Killing it while stopped: it never runs the template's code in shared memory.
-        os.kill(mid.pid, signal.SIGKILL)
-        os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
-        mid._ctl = None  # dead: nothing to cure or detach
-        tp.syscall(61, as_seen, 0, _WALL, 0)  # wait4 in the template process
-    return child
+        end_mid(mid, mids)
 
 
 def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]:

@@ -49,6 +49,7 @@ class ProcPlan:
     fds: list[FdInfo] = field(default_factory=list)
     is_init: bool = False
     seccomp_filters: int = 0  # seccomp filters it runs under
+    ctty: int | None = None  # index of its controlling pty (/dev/pts/N), if it has one
 
     @functools.cached_property
     def name(self) -> str:
@@ -58,6 +59,7 @@ class ProcPlan:
                 return f.read().strip()
         except OSError:
             return "?"
+
 
 
 def proc_status(pid: int | str) -> dict[str, str]:
@@ -88,6 +90,14 @@ def _ns_ppid(host_ppid: int, level: int) -> int:
     return int(nspid[-1]) if len(nspid) == level else 0
 
 
+def _pty_index(tty_nr: int) -> int | None:
+    """The /dev/pts index of a tty_nr from /proc/PID/stat; None for any other terminal."""
+    major, minor = (tty_nr >> 8) & 0xFFF, (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00)
+    if 136 <= major <= 143:  # UNIX98_PTY_SLAVE_MAJOR and its 7 siblings
+        return (major - 136) * 256 + minor
+    return None
+
+
 def read_proc(hostpid: int) -> ProcPlan:
     """Everything the engine needs to know about one (stopped) process."""
     st = proc_status(hostpid)
@@ -108,8 +118,8 @@ def read_proc(hostpid: int) -> ProcPlan:
         cwd=os.readlink(f"/proc/{hostpid}/cwd"),
         is_init=vpid == 1,
         seccomp_filters=seccomp_filters(st),
+        ctty=_pty_index(int(rest[4])),  # after the comm: state ppid pgrp session tty_nr
     )
-    del rest
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
         try:
@@ -126,14 +136,52 @@ def read_proc(hostpid: int) -> ProcPlan:
     return plan
 
 
+class VforkInFlight(ForkError):
+    """A process shares its memory with its parent without being its thread: a vfork() (or
+    posix_spawn) whose child has not called exec or _exit yet. The parent cannot reach a ptrace
+    stop until its child does (it waits killable, not interruptible), and one address space
+    cannot become two in a fork: the snapshot waits for the exec (template.snapshot_parts)."""
+
+    def __init__(self, pairs: list[tuple[ProcPlan, ProcPlan]]) -> None:
+        parent, child = pairs[0]
+        super().__init__(
+            f"process {parent.vpid} ({parent.name}) is in vfork(): its child {child.vpid} "
+            f"({child.name}) shares its memory and has not called exec or _exit",
+            pid=child.hostpid, step="snapshot")
+        self.pairs = pairs
+
+
+def vfork_pairs(procs: list[ProcPlan]) -> list[tuple[ProcPlan, ProcPlan]]:
+    """(parent, child) of every process sharing its parent's address space (see VforkInFlight).
+    Only parents are compared: CLONE_VM without CLONE_PARENT is the only way to get there."""
+    from .._core._syscalls import KCMP_VM, kcmp
+
+    by_vpid = {p.vpid: p for p in procs}
+    pairs = []
+    for p in procs:
+        parent = by_vpid.get(p.ppid)
+        if parent is None:
+            continue
+        try:
+            if kcmp(parent.hostpid, p.hostpid, KCMP_VM, 0, 0) == 0:
+                pairs.append((parent, p))
+        except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
+            pass
+    return pairs
+
+
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
-    """Plans for every process, init first; raises ForkError for what no handler supports."""
+    """Plans for every process, init first; raises ForkError for what no handler supports
+    (VforkInFlight for a vfork not over yet)."""
     from . import resources
     from .._core._syscalls import KCMP_FILE, kcmp
 
     procs = sorted((read_proc(p) for p in hostpids), key=lambda p: p.vpid)
     if not procs or not procs[0].is_init:
         raise ForkError("the workspace has no init process; it cannot be forked")
+    pairs = vfork_pairs(procs)
+    if pairs:
+        raise VforkInFlight(pairs)
     for p in procs:
         for i, f in enumerate(p.fds):
             # Descriptors dup()ed inside one process share one open file: keep that.

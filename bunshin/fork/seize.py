@@ -2,7 +2,8 @@
 
 The template's cgroup is frozen between forks. A fork seizes every process while frozen, thaws
 the group so that each stops under ptrace before running a single instruction, pins them and
-the engine to one CPU, and at the end cures, freezes and detaches them again.
+the engine to one CPU, and at the end cures, freezes and detaches them again — or, for a
+template the user holds, keeps them seized and frozen for the next fork (keeper.py).
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class Pinned:
             self.restore()
             raise
 
+    def repin_engine(self) -> None:
+        """Pin the calling (engine) thread again, for a later batch of the same tracees."""
+        os.sched_setaffinity(0, {self.cpu})
+
     def release_clone(self, template_pid: int, clone: Tracee, away: bool = False) -> None:
         """A clone inherited the pin from its template process: give it the original back
         (``away``: without the engine's CPU, when it has others, so that it runs beside the
@@ -168,10 +173,10 @@ def release_all(cg, tracees: dict[int, Tracee]) -> None:
             log.warning("detaching template process %d: %s", t.pid, e)
 
 
-def reap_children(init: Tracee) -> int:
+def reap_children(init: Tracee, due: int) -> int:
     """Reap, inside the template's init, the inits of children that have exited: they are its
-    children (the clone3 that made them ran there) and it is frozen, so it never would."""
-    n = 0
-    while init.syscall(61, -1, 0, _WNOHANG | _WALL, 0) > 0:  # wait4
-        n += 1
-    return n
+    children (the clone3 that made them ran there) and it is frozen, so it never would. One
+    batch of ``due`` + 1 non-blocking wait4 calls, in one stop; returns how many it reaped."""
+    n = min(due + 1, Tracee.max_calls())
+    rets = init.calls([(61, (-1, 0, _WNOHANG | _WALL, 0), Tracee.BATCH_OK_ERR)] * n)  # wait4
+    return sum(1 for r in rets if r > 0)

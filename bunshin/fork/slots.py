@@ -29,6 +29,7 @@ from ..errors import BunshinError
 from .perprocess import PerProcess
 
 if TYPE_CHECKING:
+    from .earlyinit import EarlyInit
     from ..runtime.cgroup.base import Cgroup
     from ..runtime.state import WorkspaceDir
     from .template import TemplateCore
@@ -55,13 +56,18 @@ class Spare:
 
 @dataclass
 class Slot(Spare):
-    mount_fd: int  # the detached overlay root (closing it unmounts it)
+    mount_fd: int  # the detached overlay root (closing it unmounts it); -1 once an init has it
+    early: "EarlyInit | None" = None  # the child's init, cloned ahead (earlyinit.py)
 
     def destroy(self) -> None:
-        try:
-            os.close(self.mount_fd)
-        except OSError:
-            pass
+        if self.early is not None:
+            self.early.discard()
+            self.early = None
+        if self.mount_fd >= 0:
+            try:
+                os.close(self.mount_fd)
+            except OSError:
+                pass
         super().destroy()
 
 

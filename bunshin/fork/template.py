@@ -5,10 +5,15 @@ template and its upper layer becomes a read-only lower layer of every child. The
 itself continues as a fresh fork of the template (same PIDs, so the agent notices nothing).
 Fork cost therefore does not grow with the files the workspace wrote. A template lives while
 its handle or any child created from it does (its layer is under them).
+
+Forks run in the fork engine's thread (keeper.py). While the handle is open, that thread keeps
+the template's processes seized between forks, and clones the next children's inits into the
+slots made ahead (earlyinit.py, slots.py), so a fork starts with its children's inits running.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -16,10 +21,10 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
-from . import engine, nspool, seize, slots
+from . import earlyinit, engine, keeper, nspool, seize, slots
 from ..runtime.reap import reap_init, wait_exit_pidfd
-from .resources import sysv_shm
-from .plan import plan_tree
+from .resources import ptys, sysv_shm
+from .plan import VforkInFlight, plan_tree
 
 if TYPE_CHECKING:
     from ..runtime.workspace import Workspace
@@ -27,6 +32,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("bunshin.fork")
 
 __all__ = ["Template"]
+
+# The inits of closed children stay zombies of the frozen template's init until a fork reaps
+# them inside it; a reap costs a stop of that init (~20 us per call, one batch for all), so
+# forks reap only once this many children have closed (a zombie holds a pid and little else).
+REAP_AT = 8
 
 
 class TemplateCore(slots.Holder):
@@ -49,11 +59,33 @@ class TemplateCore(slots.Holder):
         self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
         self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
         self._depth_ok = False
-        self.reap_due = False  # whether a child may have exited since the last reap
-        self._tmp_pid = engine.pid_max() - 1
-        used = {p.vpid for p in plans}
-        while self._tmp_pid in used:
-            self._tmp_pid -= 1
+        self.reap_due = 0  # children closed (or removed by a failed fork) since the last reap
+        self._trainer_ptys: set[int] | None = None
+        # while a Template handle is open, the engine's thread keeps the processes seized
+        # between forks (keeper.py): their Tracees and CPU pin, and the trainer that holds them
+        self.held: dict | None = None
+        self.pin: seize.Pinned | None = None
+        self.held_by = 0
+        # held and thawed (still ptrace-stopped): a fork refreezes only once the engine is idle
+        self.awake = False
+        # intermediates a fork ended, by template process, for it to reap (they hold a pid of
+        # their child's namespace): in the engine's idle time, when it is thawed anyway
+        self.zombies: dict[int, list[int]] = {}
+        # each template process's intermediates (engine.make_mid) take a pid of their own in
+        # the child's namespace, unused by the template's, as several may live at once
+        self.tmp_pids: dict[int, int] = {}
+        used, tmp = {p.vpid for p in plans}, engine.pid_max()
+        for pl in plans[1:]:
+            tmp -= 1
+            while tmp in used:
+                tmp -= 1
+            self.tmp_pids[pl.hostpid] = tmp
+
+    def trainer_ptys(self) -> set[int]:
+        """Indexes of the ptys whose masters a child's Workspace holds (its shell sessions')."""
+        if self._trainer_ptys is None:
+            self._trainer_ptys = ptys.trainer_indexes(self.plans)
+        return self._trainer_ptys
 
     def acquire(self) -> None:
         with self.lock:
@@ -63,7 +95,7 @@ class TemplateCore(slots.Holder):
 
     def release(self) -> None:
         with self.lock:
-            self.reap_due = True  # a child closing: its init is now a zombie of ours
+            self.reap_due += 1  # a child closing: its init is now a zombie of ours
             self.refs -= 1
             if self.refs > 0 or self.closed:
                 return
@@ -73,10 +105,55 @@ class TemplateCore(slots.Holder):
     def make_slot(self) -> "slots.Slot":
         return slots.make(self)
 
+    def add_slot(self, s) -> bool:
+        if not super().add_slot(s):
+            return False
+        if self.held is not None and earlyinit.enabled():
+            keeper.engine().post(self._early_inits)
+        return True
+
+    def _early_inits(self) -> None:
+        """Idle work of the engine's thread: the child's init cloned into each slot that has
+        none, while the template is held (earlyinit.py); the next fork finds it running."""
+        with self.lock:
+            if self.held is None or self.pin is None or not self._taking():
+                return
+            todo = [s for s in self.slots if s.early is None and s.mount_fd >= 0]
+            if not todo:
+                return
+            p = self.parts
+            tinit = self.held[p["init_pid"]]
+            self.pin.repin_engine()
+            self._wake()
+            try:
+                self._reap_zombies(self.held)
+                fit = earlyinit.mids_fit(self)
+                for s in todo:
+                    s.early = earlyinit.clone_into(s, tinit, p["chan"]._sock, self.config["hostname"],
+                                                   self.pin)
+                    if fit:
+                        earlyinit.make_mids(s.early, self, self.held, s.cg)
+            except BaseException as e:  # noqa: BLE001 - the fork clones its init itself
+                log.warning("template %s: cloning a child's init ahead: %s", self.id, e)
+                self._let_go_locked()  # whatever state the template is in, a fork starts clean
+                return
+            finally:
+                if self.held is not None:
+                    self._doze()
+            pool = nspool.pool()
+            if pool is not None:  # the inits took their net/ipc/uts namespaces from it
+                pool.refill()
+            for s in todo:
+                try:
+                    earlyinit.settle(s.early, self, s, self.pin)
+                except (BunshinError, OSError) as e:
+                    log.warning("template %s: a child's init made ahead: %s", self.id, e)
+
     def _taking(self) -> bool:
         return not (self.slots_closed or self.closed)
 
     def _destroy(self) -> None:
+        self.let_go()  # a Template handle closing did; at exit, or after a failure, maybe not
         p = self.parts
         p["chan"].close()
         for m in self.masters:
@@ -97,9 +174,13 @@ class TemplateCore(slots.Holder):
 
     # -- forking --------------------------------------------------------------------------
     def fork(self, n: int, on_fork: Callable[["Workspace"], None] | None = None,
-             hostnames: Sequence[str] | None = None) -> list["Workspace"]:
-        """``n`` new workspaces, each a copy-on-write clone of the template."""
+             hostnames: Sequence[str] | None = None, keep: bool = False) -> list["Workspace"]:
+        """``n`` new workspaces, each a copy-on-write clone of the template, made in the fork
+        engine's thread. ``keep``: leave the template's processes seized by that thread for the
+        next fork (until :meth:`let_go`)."""
+        return keeper.engine().run(self._fork, n, on_fork, hostnames, keep, abandon=_close_all)
 
+    def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool) -> list["Workspace"]:
         kids: list[Workspace] = []
         failed: BaseException | None = None
         with self.lock:
@@ -109,22 +190,18 @@ class TemplateCore(slots.Holder):
             if not self._depth_ok:  # the template's nesting never changes: check once
                 engine.check_depth(p["init_pid"])
                 self._depth_ok = True
-            tracees = seize.seize_all(p["cg"], self.plans)
-            pin = None
+            tracees, pin = self._stop()
             try:
-                pin = seize.Pinned(tracees)
-                if self.reap_due:  # an injected wait4 loop: only when a child went
-                    self.reap_due = False
-                    seize.reap_children(tracees[p["init_pid"]])
+                if self.reap_due >= REAP_AT:
+                    self.reap_due -= seize.reap_children(tracees[p["init_pid"]], self.reap_due)
+                    self.reap_due = max(self.reap_due, 0)
                 self._fork_many(tracees, pin, on_fork,
                                 [hostnames[i] if hostnames else None for i in range(n)], kids)
             except BaseException as e:
                 failed = e
-                self.reap_due = True  # the inits of the children it removed
+                self.reap_due += n  # the inits of the children it removed
             finally:
-                if pin is not None:
-                    pin.restore()
-                seize.release_all(p["cg"], tracees)
+                self._go(keep and failed is None)
                 pool = nspool.pool()
                 if pool is not None:
                     pool.refill()
@@ -133,6 +210,96 @@ class TemplateCore(slots.Holder):
                 k.close()
             raise failed
         return kids
+
+    def _stop(self) -> tuple[dict, seize.Pinned]:
+        """The template's processes seized and ptrace-stopped, the engine on their CPU (called
+        with the lock held, in the engine's thread). Held ones stay frozen until a Tracee of
+        theirs is looked up (_Waking): a fork that only clones through intermediates made
+        ahead and fixes its clones needs none of them to run."""
+        if self.held is not None and self.pin is not None:
+            self.pin.repin_engine()  # another template's let_go may have unpinned it
+            return self.held, self.pin
+        tracees = seize.seize_all(self.parts["cg"], self.plans)
+        try:
+            pin = seize.Pinned(tracees)
+        except BaseException:
+            seize.release_all(self.parts["cg"], tracees)
+            raise
+        self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
+        self.awake = True  # seize_all thawed the group
+        keeper.holding(self)
+        return self.held, pin
+
+    def _go(self, keep: bool) -> None:
+        """After a fork: keep holding (refrozen once the engine is idle), or let go (a failed
+        fork always does)."""
+        if keep:
+            keeper.engine().post(self._doze_idle)
+            return
+        self._let_go_locked()
+
+    # Held between forks the processes are ptrace-stopped and frozen: ptrace alone would let
+    # them run if the trainer died. A fork thaws them only once it needs one to run (_Waking;
+    # ~0.2 ms), and the refreeze after it (~0.15 ms) is left to the engine's idle time, off
+    # the caller's wait; forks that come first find them thawed.
+    def _wake(self) -> None:
+        if not self.awake:
+            self.parts["cg"].thaw()
+            self.awake = True
+
+    def _doze(self) -> None:
+        if self.awake:
+            self.parts["cg"].freeze()  # ptrace-stopped tasks freeze at once
+            self.awake = False
+
+    def _doze_idle(self) -> None:
+        with self.lock:
+            if self.held is None:
+                return
+            try:
+                self._reap_zombies(self.held)
+                self._doze()
+            except BunshinError as e:
+                log.warning("template %s: %s", self.id, e)
+                self._let_go_locked()
+
+    def _reap_zombies(self, held: dict) -> None:
+        """Reap the intermediates forks ended (thaws the template: it runs the wait4s)."""
+        while self.zombies:
+            hostpid, pids = self.zombies.popitem()
+            engine.reap_in(held[hostpid], pids)
+
+    def let_go(self) -> None:
+        """Let the engine's thread release the processes it holds: cured, frozen, detached."""
+        if self.held is None or self.held_by != os.getpid():  # a process forked from ours has none
+            return
+        keeper.engine().run(self._let_go_with_lock)
+
+    def _let_go_with_lock(self) -> None:
+        with self.lock:
+            self._let_go_locked()
+
+    def _let_go_locked(self) -> None:
+        held, pin = self.held, self.pin
+        self.held = self.pin = None
+        keeper.released(self)
+        if held is None:
+            return
+        if pin is not None:
+            pin.restore()
+        try:
+            # held between forks they are frozen too, and curing may inject (re-queue signals
+            # that came meanwhile): they stay in their ptrace stops when thawed
+            self._wake()
+            self._reap_zombies(held)
+        except BunshinError as e:
+            log.warning("template %s: %s", self.id, e)
+        self.zombies.clear()
+        for s in self.slots:  # intermediates made ahead live only while held
+            if s.early is not None:
+                earlyinit.drop_mids(s.early.mids, held)
+        seize.release_all(self.parts["cg"], held)
+        self.awake = False
 
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
                    done: list["Workspace"]) -> None:
@@ -146,8 +313,12 @@ class TemplateCore(slots.Holder):
             for host in hostnames:
                 kids.append(_Child(self, tracees, pin, host))
             for pl in self.plans[1:]:
-                clones = engine.clone_process(tracees[pl.hostpid], pl, [k.ci.pid for k in kids],
-                                              self._tmp_pid)
+                dead: list[int] = []
+                clones = engine.clone_process(functools.partial(tracees.__getitem__, pl.hostpid),
+                                              pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
+                                              [k.take_mid(pl.hostpid) for k in kids], dead)
+                if dead:
+                    self.zombies.setdefault(pl.hostpid, []).extend(dead)
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
@@ -168,6 +339,20 @@ class TemplateCore(slots.Holder):
                      ws.id, self.id, done_ms, len(hostnames), len(self.plans))
 
 
+class _Waking(dict):
+    """A held template's Tracees by host pid. Looking one up thaws the template first: a
+    frozen task cannot run an injected call (woken by ptrace, it would freeze again before
+    running it) and its threads' state cannot be read."""
+
+    def __init__(self, tracees: dict, wake: Callable[[], None]) -> None:
+        super().__init__(tracees)
+        self._wake = wake
+
+    def __getitem__(self, hostpid: int):
+        self._wake()
+        return super().__getitem__(hostpid)
+
+
 class _Child:
     """One child of a fork call while it is being made: its slot, init and clones, and how
     to remove all of it."""
@@ -177,7 +362,18 @@ class _Child:
         self.clones: list = []
         self.ci = self.chan = self.ws = self.ctx = None
         self.pidfd = -1
+        self.early = False
+        self.meta = None
+        self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
+        self.mids: dict = {}  # intermediates made ahead, until their process is cloned
+        self.born_in_cg: set[int] = set()  # template pids whose clone came from one (in self.cg)
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
+        ei = slot.early if slot is not None else None
+        if ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
+            earlyinit.drop_mids(ei.mids, tracees)
+            slot.destroy()  # its init did not settle, or has another hostname: start afresh
+            core.reap_due += 1
+            slot = None
         if slot is None:  # none made ahead: the same pieces, now (make() cleans up its own)
             try:
                 slot = slots.make(core)
@@ -185,13 +381,17 @@ class _Child:
                 raise ForkError(f"cannot create the child's directory: {e}") from None
         self.d, self.cg, mfd = slot.dir, slot.cg, slot.mount_fd
         self.host = hostname or core.config["hostname"]
+        if slot.early is not None:  # its init is in its root already (earlyinit.py)
+            ei, slot.early = slot.early, None
+            self.early = True
+            self.ci, self.chan, self.pidfd, self.meta = ei.ci, ei.chan, ei.pidfd, ei.meta
+            self.masters, ei.masters = ei.masters, {}
+            self.mids, ei.mids = ei.mids, {}
+            return
         try:
-            self.ci, sock = engine.clone_init(tracees[core.parts["init_pid"]], core.parts["chan"]._sock,
-                                              mfd, self.host, self.cg, pin)
-            self.pidfd = os.pidfd_open(self.ci.pid)
-            from ..runtime.channel import Channel
-
-            self.chan = Channel(sock, f"workspace {self.d.id}")
+            ei = earlyinit.start(tracees[core.parts["init_pid"]], core.parts["chan"]._sock, mfd,
+                                 self.host, self.cg, pin, f"workspace {self.d.id}")
+            self.ci, self.chan, self.pidfd = ei.ci, ei.chan, ei.pidfd
         except BaseException:
             self.abort()
             raise
@@ -205,17 +405,29 @@ class _Child:
         if self.ctx is not None:
             return
         core = self.core
-        self.chan.wait_ready(10)
-        self.pin.release_clone(core.parts["init_pid"], self.ci)
+        if not self.early:  # one made ahead is in its root already, on its own CPUs
+            self.chan.wait_ready(10)
+            self.pin.release_clone(core.parts["init_pid"], self.ci)
         engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
         sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
-                                  shared={"tracees": self.tracees, "template-upper": str(core.lowers[0])})
+                                  shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
+                                          "pty_masters": self.masters})
+        self.masters = {}
+
+    def take_mid(self, hostpid: int):
+        """The intermediate made ahead for the clone of ``hostpid``, if any (it is in this
+        child's cgroup, and so will be the clone)."""
+        mid = self.mids.pop(hostpid, None)
+        if mid is not None:
+            self.born_in_cg.add(hostpid)
+        return mid
 
     def fix(self, pl, c) -> None:
+        if pl.hostpid not in self.born_in_cg:
+            self.cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
         engine.fix_process(self.ctx, pl, c)
         self.pin.release_clone(pl.hostpid, c)
-        self.cg.add(c.pid)
 
     def finish(self) -> None:
         from ..runtime.workspace import Workspace
@@ -224,9 +436,9 @@ class _Child:
         core = self.core
         engine.reparent_clones(core.plans, {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)})
         engine.finish_child(self.ctx)
-        masters = self.ctx.shared.get("pty_masters", {})
+        masters = self.ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
         self.ws = Workspace._from_fork(core, self.d, self.cg, self.ci.pid, self.pidfd, self.chan,
-                                       masters, self.host)
+                                       masters, self.host, self.meta)
         core.refs += 1  # core.lock is held by fork()
         self.pidfd, self.chan, self.cg = -1, None, None  # owned by ws now
 
@@ -245,12 +457,17 @@ class _Child:
         for c in self.clones:
             engine.discard_clone(c)
         self.clones = []
+        earlyinit.drop_mids(self.mids, self.tracees)  # before the init, whose namespace they hold
         if self.ws is not None:  # finished: the workspace owns the rest
             ws, self.ws = self.ws, None
             ws._template = None  # we hold the lock: give the reference back by hand
             self.core.refs -= 1
             ws.close()
             return
+        masters = {**self.masters, **(self.ctx.shared.pop("pty_masters", {}) if self.ctx else {})}
+        self.masters = {}
+        for m in masters.values():
+            os.close(m)
         if self.chan is not None:
             self.chan.close()  # the child's init sees EOF and takes its namespace down
             self.chan = None
@@ -275,10 +492,33 @@ def snapshot_parts(parts: dict, config: dict, shells: list[tuple[int, int, str]]
     cg = parts["cg"]
     cg.freeze()
     try:
-        return TemplateCore(parts, plan_tree(cg.pids()), shells, config)
+        return TemplateCore(parts, _plan_settled(cg), shells, config)
     except BaseException:
         cg.thaw()
         raise
+
+
+VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec
+
+
+def _plan_settled(cg) -> list:
+    """The plan of a frozen group, thawed for short spells while a vfork is in flight: its
+    child usually execs within a millisecond, and until then the parent could not be seized."""
+    deadline = time.monotonic() + VFORK_WAIT_S
+    spell = 0.0005
+    while True:
+        try:
+            return plan_tree(cg.pids())
+        except VforkInFlight as e:
+            if time.monotonic() + spell > deadline:
+                raise ForkError(f"{e} after {VFORK_WAIT_S:g} s, and a fork cannot copy a process "
+                                "in that state: fork once it has (a vfork child should exec at "
+                                "once)", pid=e.pid, step="snapshot") from None
+            log.debug("%s: letting it run %.1f ms", e, spell * 1e3)
+            cg.thaw()
+            time.sleep(spell)
+            cg.freeze()
+            spell = min(spell * 2, 0.05)
 
 
 class Template:
@@ -297,11 +537,13 @@ class Template:
 
     def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
         """``n`` live workspaces in the template's state (memory shared copy-on-write).
-        ``on_fork(child)`` runs once per child before its processes resume."""
+        ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
+        thread (keeper.py): it must not wait for a fork made by another thread (forks run
+        there one at a time; calling fork() from on_fork is fine for another template)."""
         if self._closed:
             raise WorkspaceClosed(f"template {self.id} is closed")
         _check_n(n)
-        kids = self._core.fork(n, on_fork)
+        kids = self._core.fork(n, on_fork, keep=True)
         slots.request(self._core, n)  # the next call's host-side parts, made meanwhile
         return kids
 
@@ -330,6 +572,7 @@ class Template:
         """Drop this handle; the frozen processes go when no child needs them."""
         if not self._closed:
             self._closed = True
+            self._core.let_go()  # no more forks: the engine's thread stops holding them
             self._core.close_slots()
             self._core.release()
 
@@ -341,6 +584,12 @@ class Template:
 
     def __repr__(self) -> str:
         return f"<Template {self.id} {len(self._core.plans)} processes{' closed' if self._closed else ''}>"
+
+
+def _close_all(kids: list["Workspace"]) -> None:
+    """What a fork made for a caller that stopped waiting for it (KeyboardInterrupt)."""
+    for k in kids:
+        k.close()
 
 
 def _check_n(n: int) -> None:

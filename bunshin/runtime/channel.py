@@ -84,6 +84,11 @@ class Channel:
         self.start()
         return pid
 
+    @property
+    def ready(self) -> bool:
+        """Whether init reported ready (or the reader was started) and has not gone since."""
+        return self._reader is not None and self._dead is None
+
     def start(self) -> None:
         """Start the reader thread (``wait_ready`` does; a CRIU-restored init sends no READY)."""
         self._reader = threading.Thread(target=self._read_loop, name=f"bunshin-{self._name}", daemon=True)

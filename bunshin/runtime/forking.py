@@ -32,13 +32,23 @@ def _child_rootfs(core) -> "Rootfs":
     return rf
 
 
+def child_meta(core, d, cg, init_pid: int) -> Meta:
+    """What a fork's child's meta file says (written at the fork, or ahead with its init)."""
+    return Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(), init_pid=init_pid,
+                cgroup=cg.name, rootfs=_child_rootfs(core).source,
+                lowers=[str(p) for p in core.lowers], parent=core.id)
+
+
 class ForkingMixin:
     """fork / snapshot / restore / speculate for Workspace."""
 
     def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
         """``n`` live copies of this workspace: every process (same PIDs), file and terminal,
         memory shared copy-on-write. This workspace keeps running, unchanged for the agent.
-        ``on_fork(child)`` runs once per child before its processes resume."""
+        ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
+        thread (bunshin/fork/keeper.py): it must not wait for a fork made by another thread
+        (forks run there one at a time; calling fork() from on_fork is fine for another
+        workspace)."""
         from ..fork.template import _check_n
 
         _check_n(n)
@@ -78,7 +88,8 @@ class ForkingMixin:
                     on_fork(kid)
 
             try:
-                kids = core.fork(1 + n, hook)
+                # a snapshot's template is forked again: its processes stay seized for that
+                kids = core.fork(1 + n, hook, keep=n == 0)
             except BaseException:
                 core.closed = True  # the parts go back to this workspace, alive
                 parts["cg"].thaw()
@@ -149,7 +160,8 @@ class ForkingMixin:
 
     @classmethod
     def _from_fork(cls, core, d, cg, init_pid: int, pidfd: int, chan: Channel, masters: dict,
-                   hostname: str) -> "Workspace":
+                   hostname: str, meta: Meta | None = None) -> "Workspace":
+        """The Workspace of a fork's child; ``meta``: its meta file, written already."""
         from .shell import Shell
 
         cfg = core.config
@@ -163,10 +175,10 @@ class ForkingMixin:
         self.rootfs = _child_rootfs(core)
         self.init_pid, self._pidfd, self._init_is_child, self._chan = init_pid, pidfd, False, chan
         self._template = core
-        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=own_start_time(),
-                          init_pid=init_pid, cgroup=cg.name, rootfs=self.rootfs.source,
-                          lowers=[str(p) for p in core.lowers], parent=core.id)
-        self._dir.write_meta(self._meta)
+        if meta is None:
+            meta = child_meta(core, d, cg, init_pid)
+            d.write_meta(meta)
+        self._meta = meta
         self._root_fd = os.open(f"/proc/{init_pid}/root", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._shells = [Shell._forked(self, masters[idx], pid, nonce)
                         for idx, pid, nonce in core.shells if idx in masters]

@@ -103,10 +103,10 @@ class CloneTimer:
         self.engine, self.inner, self.spent = engine, engine.clone_process, []
         engine.clone_process = self
 
-    def __call__(self, tp, proc, child_inits, tmp_pid):
+    def __call__(self, source, proc, child_inits, tmp_pid, *rest):
         t = time.perf_counter()
         try:
-            return self.inner(tp, proc, child_inits, tmp_pid)
+            return self.inner(source, proc, child_inits, tmp_pid, *rest)
         finally:  # per clone: FORK makes all the children's in one call
             self.spent.append((time.perf_counter() - t) / len(child_inits))
 

@@ -20,7 +20,7 @@ mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup || rc=1
 mkdir -p /run/bunshin-state && mount -t tmpfs -o mode=700 bunshin-state /run/bunshin-state || rc=1
 FORK_TESTS=
 . "$RESULTS_DIR/guest.env"   # run.sh -f
-read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py}"
+read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py}"
 if [ "${fork_tests[*]}" != none ]; then
   (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_STATE_DIR=/run/bunshin-state \
      BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \

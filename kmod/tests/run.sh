@@ -7,14 +7,17 @@
 # + benchmark), unloads it and checks the kernel log.
 #
 # usage: kmod/tests/run.sh [-t SECS] [-m MiB] [-o OUTDIR] [-f TESTS] [-- PYTEST_ARGS...]
-#   -t SECS   wall-clock limit for the guest (default 480)
+#   -t SECS   wall-clock limit for the guest (default 1500: a hang guard; a run
+#             takes ~4 min, but up to 3x that when the host is slowed by its neighbours)
 #   -m MiB    guest memory (default 1024)
 #   -o DIR    results directory (default: a new run dir in the cache)
 #   -f TESTS  the library's tests to run in the guest with the module as backend
 #             (pytest node ids, space-separated, from the repository root;
 #             default: tests/test_kmod_backend.py tests/test_fork.py
 #             tests/test_fork_failures.py tests/test_fork_comm.py
-#             tests/test_fork_tcp.py tests/test_fork_seccomp.py; "none" skips)
+#             tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py
+#             tests/test_fork_vfork.py;
+#             "none" skips)
 # env: BUNSHIN_CACHE_DIR (default ~/.cache/bunshin; kernels live in its kmod/),
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;
@@ -28,7 +31,7 @@ CACHE=${BUNSHIN_CACHE_DIR:-$HOME/.cache/bunshin}/kmod
 PY=${BUNSHIN_GUEST_PYTHON:-/root/.pyenv/versions/3.11.7/bin/python3}
 QEMU=qemu-system-x86_64
 VIRTIOFSD=/usr/lib/qemu/virtiofsd
-TIMEOUT=480 MEM=1024 OUT= FORK_TESTS=
+TIMEOUT=1500 MEM=1024 OUT= FORK_TESTS=
 while getopts "t:m:o:f:h" o; do
   case $o in
     t) TIMEOUT=$OPTARG;; m) MEM=$OPTARG;; o) OUT=$OPTARG;; f) FORK_TESTS=$OPTARG;;

@@ -33,7 +33,10 @@ while True:
     me = os.getpid()
     with open(f"{out}/{me}.tmp", "w") as f:
         f.write(f"{me} {os.getppid()} {n} {marker} {slot.value}\n")
-    os.rename(f"{out}/{me}.tmp", f"{out}/{me}")
+    try:
+        os.rename(f"{out}/{me}.tmp", f"{out}/{me}")
+    except FileNotFoundError:
+        pass  # cloned between write and rename: the source and each clone race to rename it
     time.sleep(0.02)
 """
 

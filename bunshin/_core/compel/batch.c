@@ -1,11 +1,11 @@
-/* Many system calls in one stop. A single injected call costs two ptrace stops (syscall entry
- * and exit) and a register round trip; the fork engine makes dozens per process. Here a blob
- * (arch/x86_64_batch.c) walks a table of calls inside the tracee and ends with int3: one
- * resume, one stop, for the whole table.
+/* Many system calls in one stop. A single injected call costs a ptrace stop (the single step
+ * over its instruction) and a register round trip; the fork engine makes dozens per process.
+ * Here a blob (arch/x86_64_batch.c) walks a table of calls inside the tracee and ends with
+ * int3: one resume, one stop, for the whole table.
  *
- * The thread ends in the signal-delivery stop of that int3, not in a syscall-exit stop as after
- * bx_syscall_seized; both are ptrace stops every later step (another injection, cure, detach)
- * resumes from alike, with signal 0, which discards the SIGTRAP. Signals that arrive while the
+ * The thread ends in the signal-delivery stop of that int3's SIGTRAP, as after
+ * bx_syscall_seized's step; every later step (another injection, cure, detach) resumes from
+ * it with signal 0, which discards the SIGTRAP. Signals that arrive while the
  * blob runs are held back as run_to_exit holds them, and calls they interrupt are restarted by
  * the kernel inside the blob. */
 #include <string.h>

@@ -98,8 +98,9 @@ static struct bx_ctl *adopt_child(struct bx_ctl *c, pid_t child, pid_t vtid, uin
 	k->child_of_clone = 1;
 	k->sysaddr = c->sysaddr;
 	k->thr[0].stopped = 1;
+	/* an interrupted call stays interrupted: the kernel restarts it, or returns -EINTR to a
+	 * signal's handler, as the child leaves its last ptrace stop (cure.c) */
 	k->thr[0].regs = c->thr[0].regs;
-	bx_arch_apply_restart(&k->thr[0].regs);
 	k->cur = k->thr[0].regs;
 	memcpy(k->patch, c->patch, sizeof c->patch);
 	k->npatch = c->npatch;

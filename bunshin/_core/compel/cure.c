@@ -16,17 +16,14 @@ int bx_cure_seized(struct bx_ctl *c)
 	int r = bx_page_release(c);
 	if (r)
 		ret = bx_fail(c, BX_STEP_CURE, r);
-	if (c->injected) {
-		/* With held signals queued again, the kernel itself finishes the interrupted
-		 * syscall on the way out: restart, or -EINTR if a handler without SA_RESTART
-		 * runs. With none, no signal work runs after our syscall-exit stop, so the
-		 * restart is done here or the victim would see -ERESTART* in rax. */
-		int held = c->nheld;
-		if (held)
-			bx_requeue_signals(c);
-		if (!held || c->nheld)
-			bx_arch_apply_restart(&fin);
-	}
+	/* An interrupted system call is left interrupted in the registers put back: every stop of
+	 * the injection thread is inside the kernel's signal delivery (the seize's or clone's
+	 * event stop, a single step's or the batch's SIGTRAP), and leaving it the kernel itself
+	 * finishes the call: restarted, or -EINTR for a handler without SA_RESTART. Doing the
+	 * restart here instead would lose a signal that comes before the call is entered again
+	 * (a pause() whose wake-up runs its handler first, then sleeps on). */
+	if (c->injected && c->nheld)
+		bx_requeue_signals(c);
 	r = bx_patch_restore(c);
 	if (r)
 		ret = bx_fail(c, BX_STEP_CURE, r);

@@ -1,5 +1,6 @@
 /* Signals that arrive while we run injected code are held back, then queued again with their
  * original siginfo, so the victim sees them after cure exactly as if we had never been there. */
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/syscall.h>
@@ -10,6 +11,14 @@
 
 int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig)
 {
+	/* A standard signal already held is dropped, as the kernel drops one already pending: the
+	 * victim has not run since. A template held over many forks would otherwise collect one
+	 * SIGCHLD per closed child's init and soon have no room. */
+	for (int i = 0; sig < SIGRTMIN && i < c->nheld; i++)
+		if (c->held[i].si_signo == sig) {
+			bx_log("%d: signal %d already held", tid, sig);
+			return 0;
+		}
 	if (c->nheld == BX_MAX_HELD)
 		return -EAGAIN; /* a signal storm: give up rather than lose one */
 	siginfo_t *si = &c->held[c->nheld];

@@ -1,4 +1,5 @@
 /* Running system calls inside the stopped injection thread, and reading/writing its memory. */
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -175,14 +176,30 @@ int bx_fork_event(struct bx_ctl *c, pid_t tid, int status)
 	return 1;
 }
 
-/* Resume with PTRACE_SYSCALL until the injected call's exit stop. Signals are held back;
- * an injected call they interrupt is restarted by the kernel, as it would be for any tracee
- * whose signal the tracer suppresses. */
+/* The SIGTRAP of a single step over the injected syscall instruction: the kernel reports it
+ * as the call returns (TRAP_BRKPT, a code no other process can send), with the instruction
+ * pointer just past the instruction. A SIGTRAP pending from before would stop us before the
+ * instruction ran. */
+static int step_trap(struct bx_ctl *c, pid_t tid, bx_regs_t *r, int *err)
+{
+	siginfo_t si;
+	if (ptrace(PTRACE_GETSIGINFO, tid, 0, &si) || si.si_code != TRAP_BRKPT)
+		return 0;
+	if ((*err = bx_arch_get_regs(tid, r)))
+		return 0;
+	return bx_arch_ip(r) == c->sysaddr + BX_ARCH_SYSCALL_LEN;
+}
+
+/* Run the injected call by single-stepping over its instruction: the kernel reports the step
+ * as the call returns, before any user instruction, so a call costs one stop instead of the
+ * two (entry and exit) of PTRACE_SYSCALL. Signals are held back; an injected call they
+ * interrupt is restarted by the kernel once the held signal is gone (its step shows a
+ * -ERESTART* value, and stepping goes on). */
 static int run_to_exit(struct bx_ctl *c, long *ret)
 {
 	pid_t tid = c->thr[0].tid;
-	int in_call = 0, st, err;
-	if (ptrace(PTRACE_SYSCALL, tid, 0, 0))
+	int st, err = 0;
+	if (ptrace(PTRACE_SINGLESTEP, tid, 0, 0))
 		return -errno;
 	for (;;) {
 		if ((err = bx_wait(c, tid, &st)))
@@ -190,23 +207,19 @@ static int run_to_exit(struct bx_ctl *c, long *ret)
 		int event = st >> 16, sig = WSTOPSIG(st);
 		if (bx_fork_event(c, tid, st)) {
 			/* noted in c->last_child: bx_clone3_seized adopts it */
-		} else if (sig == (SIGTRAP | 0x80)) {
-			if (in_call) {
-				if ((err = bx_arch_get_regs(tid, &c->cur)))
-					return err;
-				long rv = bx_arch_retval(&c->cur);
-				/* interrupted: the kernel restarts it once the held signal is gone */
-				if (!bx_arch_is_restart(rv)) {
-					*ret = rv;
-					return 0;
-				}
+		} else if (!event && sig == SIGTRAP && step_trap(c, tid, &c->cur, &err)) {
+			long rv = bx_arch_retval(&c->cur);
+			if (!bx_arch_is_restart(rv)) {
+				*ret = rv;
+				return 0;
 			}
-			in_call = !in_call;
+		} else if (err) {
+			return err;
 		} else if (!event) {
 			if ((err = bx_hold_signal(c, tid, sig)))
 				return err;
 		}
-		if (ptrace(PTRACE_SYSCALL, tid, 0, 0))
+		if (ptrace(PTRACE_SINGLESTEP, tid, 0, 0))
 			return -errno;
 	}
 }

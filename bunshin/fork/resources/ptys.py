@@ -29,12 +29,15 @@ def claims(proc, f) -> bool:
     return f.target in _MASTERS or (f.target.startswith("/dev/pts/") and f.target[9:].isdigit())
 
 
-def _inner_indexes(ctx) -> set[int]:
+def _held_masters(plans) -> set[int]:
     """Indexes of the ptys whose master a template process holds."""
+    return {int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"])
+            for p in plans if not p.is_init for f in p.fds if f.target in _MASTERS}
+
+
+def _inner_indexes(ctx) -> set[int]:
     if "inner-ptys" not in ctx.shared:
-        ctx.shared["inner-ptys"] = {
-            int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"])
-            for p in ctx.plans.values() if not p.is_init for f in p.fds if f.target in _MASTERS}
+        ctx.shared["inner-ptys"] = _held_masters(ctx.plans.values())
     return ctx.shared["inner-ptys"]
 
 
@@ -92,20 +95,38 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
     return made[index]
 
 
-def _master(ctx, index: int, template_slave: str) -> int:
-    """The child's master for pty ``index`` (opened in the child's devpts)."""
-    masters = ctx.shared.setdefault("pty_masters", {})
-    if index in masters:
-        return masters[index]
+def open_master(child_init: int, index: int, template_slave: str) -> int:
+    """A master, in the trainer, for pty ``index`` of the devpts of the child whose init is
+    ``child_init``, with the termios and window size of ``template_slave``."""
     m = _open_index(index,
-                    lambda: os.open(f"/proc/{ctx.init_hostpid}/root/dev/pts/ptmx",
+                    lambda: os.open(f"/proc/{child_init}/root/dev/pts/ptmx",
                                     os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK),
                     lambda fd: struct.unpack("I", fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4))[0],
                     os.close)
-    fcntl.ioctl(m, _TIOCSPTLCK, struct.pack("i", 0))
-    _copy_termios(template_slave, f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
-    masters[index] = m
+    try:
+        fcntl.ioctl(m, _TIOCSPTLCK, struct.pack("i", 0))
+        _copy_termios(template_slave, f"/proc/{child_init}/root/dev/pts/{index}")
+    except BaseException:
+        os.close(m)
+        raise
     return m
+
+
+def trainer_indexes(plans) -> set[int]:
+    """The ptys whose slave a template process holds and whose master is the trainer's (a
+    shell session's): the ones whose child masters :func:`open_master` can make ahead."""
+    slaves = {int(f.target[9:]) for p in plans if not p.is_init for f in p.fds
+              if f.handler is OPS and f.target not in _MASTERS}
+    return slaves - _held_masters(plans)
+
+
+def _master(ctx, index: int, template_slave: str) -> int:
+    """The child's master for pty ``index`` (opened in the child's devpts, or made ahead with
+    the child's init: earlyinit.py)."""
+    masters = ctx.shared.setdefault("pty_masters", {})
+    if index not in masters:
+        masters[index] = open_master(ctx.init_hostpid, index, template_slave)
+    return masters[index]
 
 
 def fixup(ctx, proc, r, f) -> None:
@@ -119,7 +140,7 @@ def fixup(ctx, proc, r, f) -> None:
     else:
         _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
     newfd = r.queue_openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
-    if proc.sid == proc.vpid and index == ctx.ctty(proc):
+    if proc.sid == proc.vpid and index == proc.ctty:
         r.queue("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
     r.install(newfd, f)
 

@@ -7,14 +7,15 @@ from types import SimpleNamespace
 
 
 def _pending(hostpid: int) -> tuple[int, int]:
-    """(shared, the main thread's own) pending signal masks, from one read of status."""
-    masks = {"ShdPnd": 0, "SigPnd": 0}
-    with open(f"/proc/{hostpid}/status") as f:
-        for line in f:
-            key = line[:6]
-            if key in masks and line[6] == ":":
-                masks[key] = int(line.split()[1], 16)
-    return masks["ShdPnd"], masks["SigPnd"]
+    """(shared, the main thread's own) pending signal masks, from one read of status (found
+    by key, not parsed line by line: this runs for every process of every fork)."""
+    with open(f"/proc/{hostpid}/status", "rb") as f:
+        status = f.read()
+    masks = []
+    for key in (b"\nShdPnd:", b"\nSigPnd:"):
+        at = status.find(key)
+        masks.append(int(status[at + len(key):status.index(b"\n", at + 1)], 16) if at >= 0 else 0)
+    return masks[0], masks[1]
 
 
 def plan_proc(proc) -> None:
@@ -23,6 +24,8 @@ def plan_proc(proc) -> None:
 
 def fixup_proc(ctx, proc, r) -> None:
     shared, private = _pending(proc.hostpid)
+    if not (shared or private):
+        return
     for sig in range(1, 65):
         bit = 1 << (sig - 1)
         if shared & bit:
