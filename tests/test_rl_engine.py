@@ -162,9 +162,11 @@ def test_sampler_reuses_frozen_pfns_and_agrees_with_pids_usage(no_leaks, monkeyp
             time.sleep(0.02)
         tpl = ws.snapshot()
         kids = tpl.fork(2)
+        # the held template is refrozen once the fork engine is idle: sampled before, it is
+        # running (ptrace-stopped), and its pages are not cached
+        wait_for(cgroup_frozen, 5)
         s = MemorySampler()
         assert s.footprint() == pids_usage(cgroup_pids(), pss=False).total_bytes
-        wait_for(cgroup_frozen, 5)  # the held template is refrozen once the fork engine is idle
         frozen = {p for name in cgroup_frozen() for p in cgroup_pids()[name]}
         assert frozen and set(s._cache) == frozen  # only the template's processes are cached
         # a child writes its copy of the hog: new private pages, seen although the template is cached

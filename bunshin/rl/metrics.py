@@ -130,6 +130,9 @@ class MemorySampler:
         from ..memory.pagemap import read_pfns
 
         if not frozen:
+            # thawed since it was cached (a held template a fork woke): what it ran may have
+            # moved its pages, so the next frozen sample reads them again
+            self._cache.pop(pid, None)
             return read_pfns(pid)
         start = proc_start_time(pid)
         hit = self._cache.get(pid)
