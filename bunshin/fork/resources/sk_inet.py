@@ -12,7 +12,9 @@ in the socket's own namespace whoever makes them.
 - ``listen``: bound to the same address and port, same backlog and options.
 - ``established``: a loopback connection whose other end another workspace descriptor holds.
   The template's socket is read in TCP_REPAIR mode (sk_tcp.py) (sequence numbers, MSS, window scale, SACK,
-  timestamps, windows, both queues, peeked, nothing consumed), then left with
+  timestamps, windows, both queues, peeked, nothing consumed; every socket of the workspace
+  read again until one pass sees no byte move, as the kernel keeps moving them between frozen
+  ends), then left with
   TCP_REPAIR_OFF_NO_WP (no packet sent). The child's socket is built in repair mode (bind,
   connect without a handshake, queues refilled) and left with no packet either: its peer may
   not exist yet, and a packet to a missing socket would be answered with a reset. When the
@@ -37,6 +39,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -127,10 +130,50 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
         sk.fate = "bound" if sk.local[1] else "fresh"
     elif state == _ESTABLISHED:
         sk.fate = "established"
-        sk_tcp.save(s, sk, info, refuse)
+        sk_tcp.save(s, sk, info)
     else:
         refuse(sk, f"is in state {_STATES.get(state, state)} (half-closed or closing)")
     return sk
+
+
+SETTLE_S = 2.0  # how long a snapshot waits for the kernel to stop moving bytes between sockets
+
+
+def _read_settled(socks: dict) -> dict[int, InetSk]:
+    """Every socket read at one moment of quiet. The workspace is frozen but its connections
+    are not: the kernel goes on sending queued bytes (small-queue tasklets, window probes)
+    until each receiver's window is full, so a sender's queue read before its receiver's
+    could miss bytes that then arrive there. Queues only drain (send) or fill (receive) while
+    the processes are frozen, so unchanged counters after a pass mean nothing moved during it;
+    otherwise the pass is made again, waiting a little longer each time."""
+    deadline = time.monotonic() + SETTLE_S
+    wait = 0.0005
+    while True:
+        before = {ino: sk_tcp.queues(s) for ino, (s, _, _) in socks.items()}
+        read: dict[int, InetSk] = {}
+        moved = None  # (ino, why) of the first socket seen changing
+        for ino, (s, p, f) in socks.items():
+            def refuse(sk, why: str, p=p, f=f):
+                raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} {why}; a fork cannot "
+                                "carry it", pid=p.hostpid, step="plan")
+            try:
+                read[ino] = _read_template(s, refuse)
+            except sk_tcp.Moving as e:
+                moved = (ino, str(e))
+                break
+        if moved is None:
+            moved = next(((ino, "has queues that kept changing") for ino, (s, _, _) in socks.items()
+                          if sk_tcp.queues(s) != before[ino]), None)
+            if moved is None:
+                return read
+        if time.monotonic() + wait > deadline:
+            s, p, f = socks[moved[0]]
+            sk = InetSk(s.family, s.type & 0xF, "established", *_ends(s))
+            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} {moved[1]} for "
+                            f"{SETTLE_S:g} s while the workspace was frozen; a fork cannot carry a "
+                            "connection still moving: fork again", pid=p.hostpid, step="plan")
+        time.sleep(wait)
+        wait = min(wait * 2, 0.05)
 
 
 def _key(addr: tuple) -> tuple:
@@ -140,20 +183,21 @@ def _key(addr: tuple) -> tuple:
 
 
 def check_tree(procs) -> None:
-    """Read every template inet socket once and refuse what cannot be carried, before anything
-    in the template or a child is touched (the template sockets read are left as they were)."""
+    """Read every template inet socket and refuse what cannot be carried, before anything in
+    the template or a child is touched (the template sockets read are left as they were)."""
     mine = [(p, f) for p in procs for f in p.fds if f.handler is OPS]
-    read: dict[int, InetSk] = {}
+    if not mine:
+        return
+    socks: dict[int, tuple[socket.socket, object, object]] = {}  # ino -> (copy, process, fd)
+    try:
+        for p, f in mine:
+            if f.ino not in socks:
+                socks[f.ino] = (socket.socket(fileno=sharing.getfd_here(p.hostpid, f.fd)), p, f)
+        read = _read_settled(socks)
+    finally:
+        for s, _, _ in socks.values():
+            s.close()
     for p, f in mine:
-        def refuse(sk, why: str, p=p, f=f):
-            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} {why}; a fork cannot carry it",
-                            pid=p.hostpid, step="plan")
-        if f.ino not in read:
-            s = socket.socket(fileno=sharing.getfd_here(p.hostpid, f.fd))
-            try:
-                read[f.ino] = _read_template(s, refuse)
-            finally:
-                s.close()
         f.inet = read[f.ino]
     held = {(_key(sk.local), _key(sk.peer)) for sk in read.values() if sk.fate == "established"}
     for p, f in mine:

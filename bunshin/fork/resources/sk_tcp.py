@@ -47,8 +47,25 @@ def ioctl_int(s: socket.socket, req: int) -> int:
     return struct.unpack("i", fcntl.ioctl(s.fileno(), req, bytes(4)))[0]
 
 
-def save(s: socket.socket, sk, info: bytes, refuse) -> None:
-    """Fill ``sk`` (an sk_inet.InetSk) from an established template socket, left as it was."""
+class Moving(Exception):
+    """A queue changed while it was read: the kernel still moves bytes between frozen ends."""
+
+
+def queues(s: socket.socket) -> tuple[int, ...]:
+    """Bytes in the receive queue, the send queue, and the part of it never sent (-1 where the
+    socket has none: a listener, UDP's unsent part)."""
+    out = []
+    for req in (_SIOCINQ, _SIOCOUTQ, _SIOCOUTQNSD):
+        try:
+            out.append(ioctl_int(s, req))
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
+def save(s: socket.socket, sk, info: bytes) -> None:
+    """Fill ``sk`` (an sk_inet.InetSk) from an established template socket, left as it was;
+    :class:`Moving` when a queue changed meanwhile (read it again once traffic settles)."""
     inq, outq, sk.unsent = ioctl_int(s, _SIOCINQ), ioctl_int(s, _SIOCOUTQ), ioctl_int(s, _SIOCOUTQNSD)
     options, wscale = info[5], info[6]
     mss = s.getsockopt(_TCP, _TCP_MAXSEG)
@@ -79,7 +96,7 @@ def save(s: socket.socket, sk, info: bytes, refuse) -> None:
         if peek_off >= 0:
             s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, peek_off)
     if len(sk.inq) != inq or len(sk.outq) != outq:
-        refuse(sk, f"has queues of {inq}/{outq} bytes of which {len(sk.inq)}/{len(sk.outq)} could be read")
+        raise Moving(f"has queues of {inq}/{outq} bytes of which {len(sk.inq)}/{len(sk.outq)} could be read")
 
 
 def _read_queue(s: socket.socket, queue: int, length: int) -> tuple[int, bytes]:
