@@ -309,6 +309,9 @@ class TemplateCore(slots.Holder):
         ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
         start = time.perf_counter()
         kids: list[_Child] = []
+        # the zombies of intermediates made ahead are in their child's cgroup: under a pids
+        # limit they would take pids the child's programs need, so they are reaped now
+        later = self.config["limits"].get("pids_limit") is None
         try:
             for host in hostnames:
                 kids.append(_Child(self, tracees, pin, host))
@@ -316,7 +319,8 @@ class TemplateCore(slots.Holder):
                 dead: list[int] = []
                 clones = engine.clone_process(functools.partial(tracees.__getitem__, pl.hostpid),
                                               pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
-                                              [k.take_mid(pl.hostpid) for k in kids], dead)
+                                              [k.take_mid(pl.hostpid) for k in kids],
+                                              dead if later else None)
                 if dead:
                     self.zombies.setdefault(pl.hostpid, []).extend(dead)
                 for k, c in zip(kids, clones):
