@@ -333,6 +333,28 @@ def test_no_clone_while_a_start_up_message_waits():
         engine._wait_taken(ours, timeout=0.1)
 
 
+def test_a_child_shows_no_intermediate_when_its_fork_returns(family):
+    """The intermediates a fork clones through (made ahead or not) live in the child's pid
+    namespace; their zombies are reaped before the fork returns, so the child's first look at
+    its processes (``ps``, an agent's first tool call) sees the template's and no other."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.run("sleep 1000 & sleep 1000 &")
+    want = [(p.pid, p.cmdline) for p in ws.processes()]
+    tpl = ws.snapshot()
+    try:
+        for i in range(4):
+            if i and _user_space():
+                (s,) = _wait_settled(tpl._core, 1)
+                assert len(s.early.mids) == 2  # this fork clones through intermediates made ahead
+            kids = tpl.fork(1)
+            family += kids
+            got = [(p.pid, p.cmdline, p.state) for p in kids[0].processes()]
+            assert [(pid, cmd) for pid, cmd, _ in got] == want and "Z" not in {st for *_, st in got}
+    finally:
+        tpl.close()
+
+
 def test_intermediates_made_ahead_are_in_their_childs_cgroup_and_so_are_its_clones(family):
     """An intermediate made ahead goes into its child's cgroup: the clone made from it is born
     there (the fork does not move it), and the template's pids limit does not count them. A

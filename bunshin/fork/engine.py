@@ -140,8 +140,7 @@ def _wait_taken(tpl_sock: socket.socket, timeout: float = 5.0) -> None:
 
 
 def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
-                  tmp_pid: int, ahead: list[Tracee | None] | None = None,
-                  dead: list[int] | None = None) -> list[Tracee]:
+                  tmp_pid: int, ahead: list[Tracee | None] | None = None) -> list[Tracee]:
     """Clone ``proc`` into each child's pid namespace (one per pid in ``child_inits``, the
     children's inits) with its own PID, parented to that child's init; returns the clones in
     that order. With the module's FORK the template process clones itself in the kernel, all
@@ -154,9 +153,9 @@ def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: lis
     failure no clone is left, nor any of those intermediates.
 
     ``source()`` gives the template process, called only when it must run (it may thaw a
-    held template: a fork whose intermediates were all made ahead leaves it frozen);
-    ``dead``: where the intermediates made ahead go once dead, for the caller to reap later
-    in the template process, rather than now."""
+    held template). The intermediates are reaped before this returns: until then each is a
+    zombie in the child's pid namespace (``ps`` there would show it) and cgroup (it takes a
+    pid of the child's limit)."""
     b = backend()
     out: list[Tracee] = []
     mids: list[int] = []  # intermediates, as the template process sees them: reaped together
@@ -171,10 +170,7 @@ def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: lis
                     out.append(_clone_reparented(b.reparent, source(), proc, ci))
                     continue
                 mid, ahead[i] = ahead[i], None
-                # one made ahead is in its child's cgroup, and so is its zombie: that one can
-                # wait; one made now counts against the template's pids limit until reaped
-                later = dead if mid is not None and dead is not None else mids
-                out.append(_clone_through(source, proc, ci, tmp_pid, later, mid))
+                out.append(_clone_through(source, proc, ci, tmp_pid, mids, mid))
         _end_unused(ahead, mids)  # none is left unused but by a backend that needs none
         if mids:
             reap_in(source(), mids)
@@ -182,9 +178,6 @@ def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: lis
         for c in out:
             discard_clone(c)
         _end_unused(ahead, mids)
-        if dead:
-            mids += dead  # nothing is left for the caller to reap
-            dead.clear()
         try:
             if mids:
                 reap_in(source(), mids)

@@ -68,9 +68,6 @@ class TemplateCore(slots.Holder):
         self.held_by = 0
         # held and thawed (still ptrace-stopped): a fork refreezes only once the engine is idle
         self.awake = False
-        # intermediates a fork ended, by template process, for it to reap (they hold a pid of
-        # their child's namespace): in the engine's idle time, when it is thawed anyway
-        self.zombies: dict[int, list[int]] = {}
         # each template process's intermediates (engine.make_mid) take a pid of their own in
         # the child's namespace, unused by the template's, as several may live at once
         self.tmp_pids: dict[int, int] = {}
@@ -126,7 +123,6 @@ class TemplateCore(slots.Holder):
             self.pin.repin_engine()
             self._wake()
             try:
-                self._reap_zombies(self.held)
                 fit = earlyinit.mids_fit(self)
                 for s in todo:
                     s.early = earlyinit.clone_into(s, tinit, p["chan"]._sock, self.config["hostname"],
@@ -214,8 +210,7 @@ class TemplateCore(slots.Holder):
     def _stop(self) -> tuple[dict, seize.Pinned]:
         """The template's processes seized and ptrace-stopped, the engine on their CPU (called
         with the lock held, in the engine's thread). Held ones stay frozen until a Tracee of
-        theirs is looked up (_Waking): a fork that only clones through intermediates made
-        ahead and fixes its clones needs none of them to run."""
+        theirs is looked up (_Waking), when one must run an injected call."""
         if self.held is not None and self.pin is not None:
             self.pin.repin_engine()  # another template's let_go may have unpinned it
             return self.held, self.pin
@@ -240,8 +235,9 @@ class TemplateCore(slots.Holder):
 
     # Held between forks the processes are ptrace-stopped and frozen: ptrace alone would let
     # them run if the trainer died. A fork thaws them only once it needs one to run (_Waking;
-    # ~0.2 ms), and the refreeze after it (~0.15 ms) is left to the engine's idle time, off
-    # the caller's wait; forks that come first find them thawed.
+    # ~0.2 ms; every fork through intermediates does, to reap them), and the refreeze after
+    # it (~0.15 ms) is left to the engine's idle time, off the caller's wait; forks that come
+    # first find them thawed.
     def _wake(self) -> None:
         if not self.awake:
             self.parts["cg"].thaw()
@@ -257,17 +253,10 @@ class TemplateCore(slots.Holder):
             if self.held is None:
                 return
             try:
-                self._reap_zombies(self.held)
                 self._doze()
             except BunshinError as e:
                 log.warning("template %s: %s", self.id, e)
                 self._let_go_locked()
-
-    def _reap_zombies(self, held: dict) -> None:
-        """Reap the intermediates forks ended (thaws the template: it runs the wait4s)."""
-        while self.zombies:
-            hostpid, pids = self.zombies.popitem()
-            engine.reap_in(held[hostpid], pids)
 
     def let_go(self) -> None:
         """Let the engine's thread release the processes it holds: cured, frozen, detached."""
@@ -291,10 +280,8 @@ class TemplateCore(slots.Holder):
             # held between forks they are frozen too, and curing may inject (re-queue signals
             # that came meanwhile): they stay in their ptrace stops when thawed
             self._wake()
-            self._reap_zombies(held)
         except BunshinError as e:
             log.warning("template %s: %s", self.id, e)
-        self.zombies.clear()
         for s in self.slots:  # intermediates made ahead live only while held
             if s.early is not None:
                 earlyinit.drop_mids(s.early.mids, held)
@@ -309,20 +296,13 @@ class TemplateCore(slots.Holder):
         ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
         start = time.perf_counter()
         kids: list[_Child] = []
-        # the zombies of intermediates made ahead are in their child's cgroup: under a pids
-        # limit they would take pids the child's programs need, so they are reaped now
-        later = self.config["limits"].get("pids_limit") is None
         try:
             for host in hostnames:
                 kids.append(_Child(self, tracees, pin, host))
             for pl in self.plans[1:]:
-                dead: list[int] = []
                 clones = engine.clone_process(functools.partial(tracees.__getitem__, pl.hostpid),
                                               pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
-                                              [k.take_mid(pl.hostpid) for k in kids],
-                                              dead if later else None)
-                if dead:
-                    self.zombies.setdefault(pl.hostpid, []).extend(dead)
+                                              [k.take_mid(pl.hostpid) for k in kids])
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
