@@ -235,9 +235,8 @@ class TemplateCore(slots.Holder):
 
     # Held between forks the processes are ptrace-stopped and frozen: ptrace alone would let
     # them run if the trainer died. A fork thaws them only once it needs one to run (_Waking;
-    # ~0.2 ms; every fork through intermediates does, to reap them), and the refreeze after
-    # it (~0.15 ms) is left to the engine's idle time, off the caller's wait; forks that come
-    # first find them thawed.
+    # every fork through intermediates does, to reap them), and the refreeze after it is left
+    # to the engine's idle time, off the caller's wait; forks that come first find them thawed.
     def _wake(self) -> None:
         if not self.awake:
             self.parts["cg"].thaw()
