@@ -52,7 +52,8 @@ def suspends_seccomp() -> bool | None:
 def _translate(exc: OSError, pid: int) -> ForkError:
     step = getattr(exc, "step", "seize")
     pid = getattr(exc, "pid", pid)
-    return ForkError(f"pid {pid}: {exc.strerror} at step {step!r}", pid=pid, step=step, errno=exc.errno)
+    what = os.strerror(exc.errno) if exc.errno else str(exc)  # a CompelError's text names the step too
+    return ForkError(f"pid {pid}: {what} at step {step!r}", pid=pid, step=step, errno=exc.errno)
 
 
 @dataclass(frozen=True)

@@ -137,3 +137,23 @@ def test_process_traced_by_someone_else_fails_cleanly(no_leaks):
         kid.close()
     finally:
         ws.close()
+
+
+def test_fork_at_the_pids_limit_says_so_and_the_source_runs_on(no_leaks):
+    """A fork's child init (and each intermediate) is born in the source's cgroup: at its pids
+    limit clone3 gets EAGAIN, which the error turns into what to change; nothing is left."""
+    ws = bunshin.Workspace.create(pids_limit=3)
+    try:
+        sh = ws.shell()  # init + bash + the sleep: the limit
+        sh.run("V=intact; sleep 1000 &")
+        procs = [p.pid for p in ws.processes()]
+        assert ws._cg.stats().pids_current == 3
+        with pytest.raises(ForkError, match=r"at its pids limit \(3 of 3 processes and threads\).*"
+                                            r"pids_limit of at least 5") as e:
+            ws.fork(1)
+        assert e.value.errno == 11 and "EAGAIN" not in str(e.value)
+        assert [p.pid for p in ws.processes()] == procs
+        assert sh.run("echo $V").stdout == b"intact\n"  # a builtin: no pid needed
+        assert not ws.cgroup.frozen()
+    finally:
+        ws.close()

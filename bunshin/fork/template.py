@@ -13,6 +13,7 @@ slots made ahead (earlyinit.py, slots.py), so a fork starts with its children's 
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -204,6 +205,9 @@ class TemplateCore(slots.Holder):
         if failed is not None:
             for k in kids:  # outside the lock: closing a child releases our reference
                 k.close()
+            clear = _at_pids_limit(self, failed)
+            if clear is not None:
+                raise clear from failed
             raise failed
         return kids
 
@@ -567,6 +571,26 @@ class Template:
 
     def __repr__(self) -> str:
         return f"<Template {self.id} {len(self._core.plans)} processes{' closed' if self._closed else ''}>"
+
+
+def _at_pids_limit(core: TemplateCore, e: BaseException) -> ForkError | None:
+    """What to say of a clone the template's pids limit refused (the kernel says only EAGAIN):
+    a fork's child init, and each intermediate, is born in the template's cgroup and moved to
+    the child's after, so a fork needs two pids free there."""
+    limit = core.config["limits"].get("pids_limit")
+    if limit is None or not isinstance(e, ForkError) or e.errno != errno.EAGAIN:
+        return None
+    try:
+        now = core.parts["cg"].stats().pids_current
+    except (BunshinError, OSError):
+        return None
+    if now is None or now + 2 <= limit:
+        return None  # not this limit: the kernel's own (pid_max, threads-max)
+    return ForkError(f"the workspace is at its pids limit ({now} of {limit} processes and threads), "
+                     "and a fork needs 2 more while it runs (its child's init and an intermediate "
+                     "are made beside the source's processes, then moved to the child's group): "
+                     f"create the workspace with pids_limit of at least {now + 2}, or end a "
+                     "process, before forking", pid=e.pid, step=e.step, errno=e.errno)
 
 
 def _close_all(kids: list["Workspace"]) -> None:
