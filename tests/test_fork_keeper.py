@@ -13,15 +13,12 @@ import pytest
 
 import bunshin
 from bunshin.fork import keeper
+from bunshin.fork.plan import proc_status
 from bunshin.runtime.cgroup._fs import wait_for
 
 
 def _tracer(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("TracerPid:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no TracerPid for {pid}")
+    return int(proc_status(pid)["TracerPid"])
 
 
 def _engine_tid() -> int:

@@ -10,6 +10,7 @@ import pytest
 
 import bunshin
 from bunshin.errors import ForkError
+from bunshin.fork.plan import proc_status
 from conftest import fork_one, put, signal_and_read, start_script, wait_file
 
 SHARED = r"""
@@ -278,11 +279,6 @@ time.sleep(1000)
 """
 
 
-def _status_mask(hostpid: int, key: str) -> int:
-    with open(f"/proc/{hostpid}/status") as f:
-        return next(int(line.split()[1], 16) for line in f if line.startswith(key + ":"))
-
-
 def test_blocked_pending_signals_are_pending_in_the_child(family):
     """fork(2) clears pending signals: the engine raises the template's again in the clone,
     process-directed ones (kill) and the thread's own (tgkill) alike."""
@@ -291,7 +287,7 @@ def test_blocked_pending_signals_are_pending_in_the_child(family):
     ws.kill(pid, 10)  # from outside, as the trainer would
     hostpid = next(hp for hp in ws.host_pids() if open(f"/proc/{hp}/cmdline").read().endswith("/t.py\0"))
     deadline = time.monotonic() + 10
-    while not _status_mask(hostpid, "ShdPnd") & (1 << (10 - 1)):
+    while not int(proc_status(hostpid)["ShdPnd"], 16) & (1 << (10 - 1)):
         assert time.monotonic() < deadline, "SIGUSR1 never became pending"
         time.sleep(0.01)
     kid = fork_one(family, ws)

@@ -115,7 +115,7 @@ def settle(ei: EarlyInit, core, slot: "Slot", pin: "Pinned") -> None:
     ei.meta = meta
 
 
-def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> bool:
+def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> None:
     """The intermediate each template process's clone goes through without the kernel
     module (engine.make_mid), made for this child ahead of its fork: one injected clone
     less per process in the fork (~0.2 ms here). The template must be thawed.
@@ -123,11 +123,11 @@ def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> bool:
     Each goes into the child's cgroup ``cg``, so the clone made from it is born there: the
     fork moves it no more (~0.2 ms: one write per hierarchy), and neither it nor its
     threads count against the template's pids limit. Where the child's limit could not hold
-    them beside its clones (mids_fit), or a limit refuses one (EAGAIN), none is made for this
-    child (its fork makes its own) and False says so."""
+    them beside its clones (mids_fit, the caller's check), or a limit refuses one (EAGAIN),
+    none is made for this child: its fork makes its own."""
     b = engine.backend()
     if b.fork is not None or b.reparent is not None:
-        return True  # the module clones without intermediates
+        return  # the module clones without intermediates
     for pl in core.plans[1:]:
         try:
             mid = engine.make_mid(tracees[pl.hostpid], ei.ci.pid, core.tmp_pids[pl.hostpid])
@@ -136,10 +136,9 @@ def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> bool:
                 raise
             log.info("template %s: no intermediates made ahead (a pids limit): %s", core.id, e)
             drop_mids(ei.mids, tracees)
-            return False
+            return
         ei.mids[pl.hostpid] = mid
         cg.add(mid.pid)
-    return True
 
 
 def mids_fit(core) -> bool:

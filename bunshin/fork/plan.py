@@ -61,7 +61,6 @@ class ProcPlan:
             return "?"
 
 
-
 def proc_status(pid: int | str) -> dict[str, str]:
     """/proc/PID/status as a dict (PID may be "self")."""
     with open(f"/proc/{pid}/status") as f:

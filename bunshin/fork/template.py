@@ -120,9 +120,8 @@ class TemplateCore(slots.Holder):
             if not todo:
                 return
             p = self.parts
-            tinit = self.held[p["init_pid"]]
+            tinit = self.held[p["init_pid"]]  # thaws the template (_Waking): the clones run in it
             self.pin.repin_engine()
-            self._wake()
             try:
                 fit = earlyinit.mids_fit(self)
                 for s in todo:
