@@ -81,9 +81,10 @@ class Tracee:
     """One seized thread group. Use :meth:`seize`, preferably as a context manager: leaving
     the block cures and detaches, also on exception."""
 
-    def __init__(self, ctl: Any) -> None:
+    def __init__(self, ctl: Any, clone_flags: int = 0) -> None:
         self._ctl = ctl
         self.pid: int = ctl.pid
+        self.clone_flags = clone_flags  # what :meth:`clone` made it with (0: seized)
 
     @classmethod
     def seize(cls, pid: int) -> "Tracee":
@@ -203,14 +204,23 @@ class Tracee:
         return self._call("xstate", self.pid if tid is None else tid)
 
     def clone(self, pidns_owner: int | None = None, set_tid: int | None = None,
-              flags: int = 0, quiet_exit: bool = False) -> "Tracee":
+              flags: int = 0, quiet_exit: bool = False, owe_robust: bool = False) -> "Tracee":
         """Fork the victim from inside (clone3). ``pidns_owner``: a host pid whose pid
         namespace the child is created in; ``set_tid``: the child's pid there. The child
         comes back seized and stopped, as a Tracee of its own: use it as a context manager
         (or call :meth:`detach`) to let it run. ``quiet_exit``: the child's death sends no
-        signal to its parent (it must then be reaped with ``__WALL``)."""
-        ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0, quiet_exit)
-        return Tracee(ctl)
+        signal to its parent (it must then be reaped with ``__WALL``); required with
+        CLONE_PARENT, whose child sends what the victim's death would send. ``owe_robust``:
+        the child's robust list (fork drops it) is not set: the caller must, before it
+        runs, with what :meth:`take_owed_robust` gives (in a batch it makes anyway: one
+        stop less)."""
+        ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0, quiet_exit, owe_robust)
+        return Tracee(ctl, flags)
+
+    def take_owed_robust(self) -> tuple[int, int] | None:
+        """``(head, len)`` for the set_robust_list a clone made with ``owe_robust`` still
+        needs, once; None when none is owed."""
+        return self._call("take_owed_robust")
 
     def clone_by(self, make: Callable[[int], list[int]], vtids: list[int]) -> list["Tracee"]:
         """Clones made outside compel: ``make(tid_addr)`` resumes this (stopped) process so that

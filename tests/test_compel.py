@@ -300,6 +300,26 @@ def test_victim_exits_mid_injection(procs, bins):
 # --- clone ---------------------------------------------------------------------------------
 
 
+def test_a_clone_can_owe_its_robust_list_to_the_caller(procs):
+    """``owe_robust``: the clone comes without the robust list fork(2) dropped; the caller
+    gets it once and sets it in a batch of its own."""
+    p, _ = procs.start([sys.executable, "-c", "import time\nprint('ready', flush=True)\ntime.sleep(1000)"])
+    with Tracee.seize(p.pid) as t:
+        want = t.thread_state().robust_list
+        assert want[0]
+        with t.clone(owe_robust=True) as child:
+            procs.extra.append(child.pid)
+            assert child.thread_state().robust_list[0] == 0
+            owed = child.take_owed_robust()
+            assert owed == want and child.take_owed_robust() is None
+            assert child.syscall(273, *owed) == 0  # set_robust_list
+            assert child.thread_state().robust_list == want
+        with t.clone() as child:  # by default compel sets it itself
+            procs.extra.append(child.pid)
+            assert child.take_owed_robust() is None
+            assert child.thread_state().robust_list == want
+
+
 def test_clone_shares_memory_copy_on_write(procs, tmp_path):
     mib = 256
     p, _ = procs.start([sys.executable, str(VICTIMS / "holder.py"), str(tmp_path), str(mib)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -376,18 +377,57 @@ def _zombie_children(pid: int) -> list[int]:
     return out
 
 
-def test_template_reaps_the_inits_of_closed_children(ws):
-    """A child's init is a child of the frozen template's init, which never reaps it: a fork
-    does, inside the template, once REAP_AT children have closed since the last reap (and
-    not before). The intermediates a clone goes through are reaped by their template process
-    at once."""
+def _ignores_sigchld(pid: int) -> bool:
+    from bunshin.fork.plan import proc_status
+
+    return bool(int(proc_status(pid)["SigIgn"], 16) & (1 << (signal.SIGCHLD - 1)))
+
+
+def test_the_kernel_reaps_the_inits_of_closed_children(ws):
+    """A child's init is a child of the frozen template's init, which never runs its own code
+    again: from the first seize on it ignores SIGCHLD, so the kernel reaps each closed child's
+    init (and each intermediate made as its grandchild's sibling) as it dies. The child's
+    init, cloned from it, reads its own children's deaths again."""
+    ws.spawn(["sleep", "1000"])
+    assert not _ignores_sigchld(ws.init_pid)
+    tpl = ws.snapshot()
+    kids: list[bunshin.Workspace] = []
+    try:
+        tinit = tpl._core.parts["init_pid"]
+        assert _ignores_sigchld(tinit)
+        kids += tpl.fork(3)
+        for k in kids:
+            assert not _ignores_sigchld(k.init_pid)
+            r = k.run("sh -c 'exit 7'")  # the child's init still sees its children's status
+            assert r.exit_code == 7
+        while kids:
+            kids.pop().close()
+        assert _zombie_children(tinit) == []
+        kids += tpl.fork(2)
+        for pid in tpl.host_pids():
+            assert _zombie_children(pid) == [], pid
+        assert kids[0].run("echo alive").stdout == b"alive\n"
+    finally:
+        for k in kids:
+            k.close()
+        tpl.close()
+
+
+def test_template_reaps_the_inits_of_closed_children_where_its_init_would_not_ignore_them(ws, monkeypatch):
+    """Where the template's init cannot be made to ignore SIGCHLD, each closed child's init
+    stays its zombie: a fork reaps them, inside the template, once REAP_AT children have
+    closed since the last reap (and not before). The intermediates a clone goes through are
+    reaped by their template process at once."""
+    from bunshin.fork import seize
     from bunshin.fork.template import REAP_AT
 
+    monkeypatch.setattr(seize, "ignore_children", lambda init: False)
     ws.spawn(["sleep", "1000"])
     tpl = ws.snapshot()
     kids: list[bunshin.Workspace] = []
     try:
         tinit = tpl._core.parts["init_pid"]
+        assert not _ignores_sigchld(tinit)
         for k in tpl.fork(REAP_AT - 1):
             k.close()
         assert len(_zombie_children(tinit)) == REAP_AT - 1
@@ -489,6 +529,44 @@ def test_a_signal_sent_as_the_fork_ends_interrupts_the_call_the_process_sleeps_i
                 wait_file(kid, "/tmp/woke-1", timeout=5)
                 kid.kill(pid, signal.SIGUSR2)  # and it goes on taking signals
                 wait_file(kid, "/tmp/woke-2", timeout=5)
+            finally:
+                kid.close()
+    finally:
+        tpl.close()
+
+
+def _robust_list(tid: int) -> tuple[int, int]:
+    """(head, len) of a thread's robust futex list (get_robust_list)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    head, n = ctypes.c_void_p(), ctypes.c_size_t()
+    if libc.syscall(274, tid, ctypes.byref(head), ctypes.byref(n)):
+        raise OSError(ctypes.get_errno(), f"get_robust_list({tid})")
+    return head.value or 0, n.value
+
+
+def test_each_clone_has_its_template_processs_robust_list(ws):
+    """fork(2) drops the child's robust futex list; glibc registered one for every thread, so
+    each clone gets its template process's back (a lock held by a thread that dies would
+    otherwise never be released to its waiters)."""
+    from bunshin.fork.plan import proc_status
+
+    ws.shell().run("true")
+    ws.spawn(["python3", "-c", "import time\nwhile True: time.sleep(0.05)"])
+    time.sleep(0.3)
+    tpl = ws.snapshot()
+    try:
+        for _ in range(2):  # the first fork's intermediates are its own, the second's made ahead
+            (kid,) = tpl.fork(1)
+            try:
+                by_vpid = {pl.vpid: pl.hostpid for pl in tpl._core.plans}
+                kids = {int(proc_status(hp)["NSpid"].split()[-1]): hp for hp in kid.host_pids()}
+                assert sorted(kids) == sorted(by_vpid)
+                for vpid, hostpid in by_vpid.items():
+                    want = _robust_list(hostpid)
+                    assert want[0], (vpid, want)  # glibc gave it one
+                    assert _robust_list(kids[vpid]) == want, vpid
             finally:
                 kid.close()
     finally:

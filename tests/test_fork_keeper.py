@@ -211,24 +211,21 @@ def test_an_interruption_just_after_the_call_finished_still_disposes_of_its_resu
     """The interruption can land after the call finished but before the caller took the
     result: what the call made is still handed to ``abandon``, at once; a call's own failure
     is not (it made nothing to dispose of)."""
-    from concurrent.futures import Future
+    real = keeper._Call.wait
 
-    real = Future.result
-    calls = []
-
-    def late(self, timeout=None):
-        value = real(self, timeout)
-        calls.append(value)
-        if len(calls) == 1:  # the caller's wait; the disposal reads the result again
-            raise KeyboardInterrupt
-        return value
+    def late(self):
+        real(self)  # the call has finished
+        raise KeyboardInterrupt
 
     got: list = []
-    monkeypatch.setattr(Future, "result", late)
+    monkeypatch.setattr(keeper._Call, "wait", late)
     with pytest.raises(KeyboardInterrupt):
         keeper.engine().run(lambda: "made", abandon=got.append)
     assert got == ["made"]
-    monkeypatch.setattr(Future, "result", real)
+    with pytest.raises(KeyboardInterrupt):
+        keeper.engine().run(lambda: 1 / 0, abandon=got.append)  # its own failure, then the interruption
+    assert got == ["made"]
+    monkeypatch.setattr(keeper._Call, "wait", real)
 
     def fails():
         raise ValueError("its own failure")

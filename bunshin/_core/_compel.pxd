@@ -37,6 +37,7 @@ cdef extern from "compel.h" nogil:
         pid_t pidns_pid
         pid_t set_tid
         int quiet_exit
+        int owe_robust
 
     bx_ctl *bx_seize(pid_t tid, int *err)
     bx_ctl *bx_seize_begin(pid_t tid, int *err)
@@ -45,6 +46,7 @@ cdef extern from "compel.h" nogil:
     int bx_detach(bx_ctl *c)
     void bx_free(bx_ctl *c)
     pid_t bx_pid(const bx_ctl *c)
+    int bx_take_owed_robust(bx_ctl *c, uint64_t *head, uint64_t *len)
     pid_t bx_tid(const bx_ctl *c)
     pid_t bx_in_parent(const bx_ctl *c)
     int bx_suspends_seccomp()

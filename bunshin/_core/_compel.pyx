@@ -120,6 +120,12 @@ cdef class Ctl:
     def in_parent(self):
         return bx_in_parent(self._live())
 
+    def take_owed_robust(self):
+        cdef uint64_t head = 0, length = 0
+        if bx_take_owed_robust(self._live(), &head, &length):
+            return (head, length)
+        return None
+
     @property
     def alive(self):
         return self.c != NULL and bx_alive(self.c)
@@ -270,7 +276,7 @@ cdef class Ctl:
         return bytes(buf[:n])
 
     def clone(self, unsigned long long flags=0, pid_t pidns_pid=0, pid_t set_tid=0,
-              bint quiet_exit=False):
+              bint quiet_exit=False, bint owe_robust=False):
         cdef bx_clone_req req
         cdef int err = 0
         cdef bx_ctl *k
@@ -279,6 +285,7 @@ cdef class Ctl:
         req.pidns_pid = pidns_pid
         req.set_tid = set_tid
         req.quiet_exit = quiet_exit
+        req.owe_robust = owe_robust
         with nogil:
             k = bx_clone3_seized(c, &req, &err)
         self._check(err)

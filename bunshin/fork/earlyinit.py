@@ -17,7 +17,7 @@ the engine's thread, so they live only while the template is held: letting go ki
 reaps them first (drop_mids), and the fork clones through a new one.
 
 An init made ahead and never used is shut down with its slot: its channel closes, it exits,
-and its template's init reaps it like any closed child's.
+and it is reaped like any closed child's (seize.ignore_children).
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> None:
         return  # the module clones without intermediates
     for pl in core.plans[1:]:
         try:
-            mid = engine.make_mid(tracees[pl.hostpid], ei.ci.pid, core.tmp_pids[pl.hostpid])
+            mid = engine.make_mid(tracees[pl.hostpid], ei.ci.pid, core.tmp_pids[pl.hostpid],
+                                  core.mids_reap_themselves(pl))
         except ForkError as e:
             if e.errno != errno.EAGAIN:
                 raise
@@ -151,13 +152,14 @@ def mids_fit(core) -> bool:
 
 def drop_mids(mids: dict[int, Tracee], tracees: dict) -> None:
     """Kill the intermediates made ahead (``{template pid: intermediate}``, emptied) and reap
-    each in its template process (thawed, held in ``tracees``): their zombies would keep the
-    child's pid namespace from ever ending."""
+    each in its template process (thawed, held in ``tracees``) unless the kernel did: their
+    zombies would keep the child's pid namespace from ever ending."""
     while mids:
         hostpid, mid = mids.popitem()
         dead: list[int] = []
         try:
             engine.end_mid(mid, dead)
-            engine.reap_in(tracees[hostpid], dead)
+            if dead:
+                engine.reap_in(tracees[hostpid], dead)
         except (BunshinError, OSError) as e:  # a template process gone: the fork says so
             log.warning("an intermediate made ahead for %d: %s", hostpid, e)

@@ -37,6 +37,7 @@ from .seize import Pinned
 
 
 CLONE_VM = 0x00000100
+CLONE_PARENT = 0x00008000
 CLONE_NS_ALL = 0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000  # pid mnt net ipc uts
 _WALL = 0x40000000
 _WNOHANG = 1
@@ -140,7 +141,8 @@ def _wait_taken(tpl_sock: socket.socket, timeout: float = 5.0) -> None:
 
 
 def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
-                  tmp_pid: int, ahead: list[Tracee | None] | None = None) -> list[Tracee]:
+                  tmp_pid: int, ahead: list[Tracee | None] | None = None,
+                  sibling: bool = False) -> list[Tracee]:
     """Clone ``proc`` into each child's pid namespace (one per pid in ``child_inits``, the
     children's inits) with its own PID, parented to that child's init; returns the clones in
     that order. With the module's FORK the template process clones itself in the kernel, all
@@ -148,9 +150,11 @@ def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: lis
     process and moved under the child's init. Without the module, an intermediate sharing the
     template's memory (CLONE_VM: nothing copied) is made in the child's namespace, the real
     clone is made from it, and the intermediate is killed, so its orphan is adopted by the
-    child's init (the template reaps the intermediate); ``ahead[i]``, when there, is child
-    i's intermediate made ahead (earlyinit.py), used (and ended) instead of a new one. On
-    failure no clone is left, nor any of those intermediates.
+    child's init (the template process reaps the intermediate, or the kernel does when it is
+    a ``sibling``, see make_mid); ``ahead[i]``, when there, is child
+    i's intermediate made ahead (earlyinit.py), used (and ended) instead of a new one;
+    ``sibling``: new ones are made so. On failure no clone is left, nor
+    any of those intermediates.
 
     ``source()`` gives the template process, called only when it must run (it may thaw a
     held template). The intermediates are reaped before this returns: until then each is a
@@ -170,7 +174,7 @@ def clone_process(source: Callable[[], Tracee], proc: ProcPlan, child_inits: lis
                     out.append(_clone_reparented(b.reparent, source(), proc, ci))
                     continue
                 mid, ahead[i] = ahead[i], None
-                out.append(_clone_through(source, proc, ci, tmp_pid, mids, mid))
+                out.append(_clone_through(source, proc, ci, tmp_pid, mids, mid, sibling))
         _end_unused(ahead, mids)  # none is left unused but by a backend that needs none
         if mids:
             reap_in(source(), mids)
@@ -205,18 +209,24 @@ def reap_in(tp: Tracee, pids: list[int]) -> None:
                       for pid in pids[at:at + Tracee.max_calls()]])
 
 
-def make_mid(tp: Tracee, child_init: int, tmp_pid: int) -> Tracee:
+def make_mid(tp: Tracee, child_init: int, tmp_pid: int, sibling: bool = False) -> Tracee:
     """An intermediate for the clone of ``tp`` into the child whose init is ``child_init``:
     stopped, in that child's pid namespace as ``tmp_pid``, sharing ``tp``'s memory (nothing
-    copied); a child of ``tp``, which must reap it (:func:`end_mid`, :func:`reap_in`)."""
-    return tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=CLONE_VM, quiet_exit=True)
+    copied); a child of ``tp``, which must reap it (:func:`end_mid`, :func:`reap_in`).
+    ``sibling`` (TemplateCore.mids_reap_themselves): a child of ``tp``'s parent instead, the
+    template's init, which ignores SIGCHLD, so the kernel reaps it as it dies: nothing to
+    inject into the template (nor to thaw it for)."""
+    flags = CLONE_VM | (CLONE_PARENT if sibling else 0)
+    return tp.clone(pidns_owner=child_init, set_tid=tmp_pid, flags=flags, quiet_exit=True)
 
 
 def end_mid(mid: Tracee, mids: list[int]) -> None:
     """Kill an intermediate; its pid as its template process sees it goes into ``mids``, for
     :func:`reap_in` there. Until then its zombie holds a pid of the child's namespace, which
-    therefore cannot end."""
-    mids.append(mid.in_parent)
+    therefore cannot end. One made as a ``sibling`` is gone once its tracer (we) has reaped
+    it: the kernel hands it to its real parent, which ignores SIGCHLD, and releases it."""
+    if not mid.clone_flags & CLONE_PARENT:
+        mids.append(mid.in_parent)
     # Killing it while stopped: it never runs the template's code in shared memory.
     os.kill(mid.pid, signal.SIGKILL)
     os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
@@ -224,13 +234,13 @@ def end_mid(mid: Tracee, mids: list[int]) -> None:
 
 
 def _clone_through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
-                   mids: list[int], mid: Tracee | None = None) -> Tracee:
+                   mids: list[int], mid: Tracee | None = None, sibling: bool = False) -> Tracee:
     """The clone through an intermediate (``mid`` when one was made ahead); the dead
     intermediate goes into ``mids`` for the caller to reap, with the others of the call."""
     if mid is None:
-        mid = make_mid(source(), child_init, tmp_pid)
+        mid = make_mid(source(), child_init, tmp_pid, sibling)
     try:
-        return mid.clone(set_tid=proc.vpid)
+        return mid.clone(set_tid=proc.vpid, owe_robust=True)  # fix_process sets it
     finally:
         end_mid(mid, mids)
 
@@ -326,6 +336,9 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     r = Remote(child, f"process {proc.vpid} ({proc.name})")
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result
+        owed = child.take_owed_robust()
+        if owed is not None:
+            r.queue("set_robust_list", *owed)
         enter_namespaces(r, proc.cwd)
         if proc.sid == proc.vpid:
             r.queue("setsid")

@@ -50,6 +50,7 @@ class ProcPlan:
     is_init: bool = False
     seccomp_filters: int = 0  # seccomp filters it runs under
     ctty: int | None = None  # index of its controlling pty (/dev/pts/N), if it has one
+    exit_signal: int = 17  # what its death sends its parent (SIGCHLD, but for clone()'s own choice)
 
     @functools.cached_property
     def name(self) -> str:
@@ -118,6 +119,7 @@ def read_proc(hostpid: int) -> ProcPlan:
         is_init=vpid == 1,
         seccomp_filters=seccomp_filters(st),
         ctty=_pty_index(int(rest[4])),  # after the comm: state ppid pgrp session tty_nr
+        exit_signal=int(rest[35]),  # stat's field 38
     )
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)

@@ -30,7 +30,8 @@ SYS = {
     "inotify_rm_watch": 255, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_delete": 226,
     "pidfd_getfd": 438, "eventfd2": 290, "write": 1, "timerfd_create": 283, "timerfd_settime": 286,
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
-    "unlinkat": 263, "shutdown": 48,
+    "unlinkat": 263, "shutdown": 48, "rt_sigaction": 13,
+    "set_robust_list": 273,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000

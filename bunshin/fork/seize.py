@@ -11,10 +11,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 
 from ..compel import Tracee, suspends_seccomp
 from ..errors import BunshinError, ForkError
 from .plan import ProcPlan, proc_status, seccomp_filters
+from .remote import Remote
 
 log = logging.getLogger("bunshin.fork")
 
@@ -180,3 +182,28 @@ def reap_children(init: Tracee, due: int) -> int:
     n = min(due + 1, Tracee.max_calls())
     rets = init.calls([(61, (-1, 0, _WNOHANG | _WALL, 0), Tracee.BATCH_OK_ERR)] * n)  # wait4
     return sum(1 for r in rets if r > 0)
+
+
+_SIGCHLD_BIT = 1 << (17 - 1)
+
+
+def ignore_children(init: Tracee) -> bool:
+    """Set SIGCHLD to SIG_IGN in the template's init (frozen for good: it never runs its own
+    code again), so that the kernel reaps its children as they die: the inits of closed
+    children, and the intermediates made with CLONE_PARENT from its own children
+    (engine.make_mid). Without this each is a zombie until a wait4 injected there. The
+    child inits cloned from it set SIGCHLD back as they move into their root (init.c).
+    Returns whether it is set (a process that refused it keeps the old way)."""
+    if int(proc_status(init.pid)["SigIgn"], 16) & _SIGCHLD_BIT:
+        return True  # set already (a template restored from images saved after its first fork)
+    r = Remote(init, "the template's init")
+    try:
+        act = r.queue_put(struct.pack("=QQQQ", 1, 0, 0, 0))  # SIG_IGN, no flags, restorer, mask
+        r.queue("rt_sigaction", 17, act, 0, 8)
+        r.flush()
+    except ForkError as e:
+        log.warning("the template's init keeps its SIGCHLD (its children are reaped by hand): %s", e)
+        return False
+    finally:
+        r.release()
+    return bool(int(proc_status(init.pid)["SigIgn"], 16) & _SIGCHLD_BIT)

@@ -17,6 +17,7 @@ import errno
 import functools
 import logging
 import os
+import signal
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -34,9 +35,10 @@ log = logging.getLogger("bunshin.fork")
 
 __all__ = ["Template"]
 
-# The inits of closed children stay zombies of the frozen template's init until a fork reaps
-# them inside it; a reap costs a stop of that init (~20 us per call, one batch for all), so
-# forks reap only once this many children have closed (a zombie holds a pid and little else).
+# Where the template's init cannot be made to ignore SIGCHLD (seize.ignore_children), the
+# inits of closed children stay its zombies until a fork reaps them inside it; a reap costs a
+# stop of that init (~20 us per call, one batch for all), so forks reap only once this many
+# children have closed (a zombie holds a pid and little else).
 REAP_AT = 8
 
 
@@ -61,6 +63,8 @@ class TemplateCore(slots.Holder):
         self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
         self._depth_ok = False
         self.reap_due = 0  # children closed (or removed by a failed fork) since the last reap
+        # the init ignores SIGCHLD (set at the first seize): the kernel reaps its children
+        self.autoreap = False
         self._trainer_ptys: set[int] | None = None
         # while a Template handle is open, the engine's thread keeps the processes seized
         # between forks (keeper.py): their Tracees and CPU pin, and the trainer that holds them
@@ -93,12 +97,24 @@ class TemplateCore(slots.Holder):
 
     def release(self) -> None:
         with self.lock:
-            self.reap_due += 1  # a child closing: its init is now a zombie of ours
+            self.child_init_gone()
             self.refs -= 1
             if self.refs > 0 or self.closed:
                 return
             self.closed = True
         self._destroy()
+
+    def child_init_gone(self, n: int = 1) -> None:
+        """``n`` children's inits end (closed, or removed by a failed fork): zombies of our
+        init to reap, unless the kernel does."""
+        if not self.autoreap:
+            self.reap_due += n
+
+    def mids_reap_themselves(self, pl) -> bool:
+        """Whether the intermediates of ``pl``'s clones can be its siblings (engine.make_mid):
+        children of the template's init, which ignores SIGCHLD. Its own children only, and
+        only with their usual exit signal (the one a sibling's death sends)."""
+        return self.autoreap and pl.ppid == 1 and pl.exit_signal == signal.SIGCHLD
 
     def make_slot(self) -> "slots.Slot":
         return slots.make(self)
@@ -195,7 +211,7 @@ class TemplateCore(slots.Holder):
                                 [hostnames[i] if hostnames else None for i in range(n)], kids)
             except BaseException as e:
                 failed = e
-                self.reap_due += n  # the inits of the children it removed
+                self.child_init_gone(n)  # the inits of the children it removed
             finally:
                 self._go(keep and failed is None)
                 pool = nspool.pool()
@@ -219,6 +235,8 @@ class TemplateCore(slots.Holder):
             return self.held, self.pin
         tracees = seize.seize_all(self.parts["cg"], self.plans)
         try:
+            if not self.autoreap:
+                self.autoreap = seize.ignore_children(tracees[self.parts["init_pid"]])
             pin = seize.Pinned(tracees)
         except BaseException:
             seize.release_all(self.parts["cg"], tracees)
@@ -304,7 +322,8 @@ class TemplateCore(slots.Holder):
             for pl in self.plans[1:]:
                 clones = engine.clone_process(functools.partial(tracees.__getitem__, pl.hostpid),
                                               pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
-                                              [k.take_mid(pl.hostpid) for k in kids])
+                                              [k.take_mid(pl.hostpid) for k in kids],
+                                              self.mids_reap_themselves(pl))
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
@@ -358,7 +377,7 @@ class _Child:
         if ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
             earlyinit.drop_mids(ei.mids, tracees)
             slot.destroy()  # its init did not settle, or has another hostname: start afresh
-            core.reap_due += 1
+            core.child_init_gone()
             slot = None
         if slot is None:  # none made ahead: the same pieces, now (make() cleans up its own)
             try:
@@ -458,7 +477,13 @@ class _Child:
             self.chan.close()  # the child's init sees EOF and takes its namespace down
             self.chan = None
         if self.ci is not None:
-            os.kill(self.ci.pid, 9)
+            try:  # through the pidfd: once dead, the kernel reaps it (seize.ignore_children)
+                if self.pidfd >= 0:
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                else:
+                    os.kill(self.ci.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             if self.pidfd >= 0:
                 wait_exit_pidfd(self.pidfd, 5)
             self.ci = None

@@ -238,9 +238,13 @@ out:
 			for (int i = 0; i < 2; i++)
 				if (inherited[i] >= 0)
 					call(&tab[n++], SYS_close | BX_BATCH_OK_ERR, inherited[i], 0, 0);
-			if (c->robust)
+			if (c->robust && req->owe_robust) {
+				k->owed_robust = c->robust;
+				k->owed_robust_len = c->robust_len;
+			} else if (c->robust) {
 				call(&tab[n++], SYS_set_robust_list | BX_BATCH_OK_ERR, c->robust,
 				     c->robust_len, 0);
+			}
 			/* in the borrowed page of a CLONE_VM child, else one by one (mapping a
 			 * page for two calls would cost more than it saves) */
 			e2 = bx_calls_run(k, tab, n, &done, 0);

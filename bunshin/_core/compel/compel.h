@@ -77,6 +77,8 @@ struct bx_clone_req {
 			      has this pid in the tracer's namespace */
 	pid_t set_tid;     /* >0: the pid the child gets in its own pid namespace */
 	int quiet_exit;    /* 1: exit_signal 0, the child's death signals nobody (reap with __WALL) */
+	int owe_robust;    /* 1: leave the child's robust list (fork drops it) for the caller to
+			      set in a batch of its own (bx_take_owed_robust): one stop less */
 };
 
 /* seize.c */
@@ -88,6 +90,9 @@ int bx_stop_all_seized(struct bx_ctl *c);
 int bx_detach(struct bx_ctl *c);
 void bx_free(struct bx_ctl *c);
 pid_t bx_pid(const struct bx_ctl *c);   /* thread group id, tracer's namespace */
+/* The robust list a clone made with owe_robust must still be given (set_robust_list) before
+ * it runs: 1 and the head and length, once; 0 if none is owed. */
+int bx_take_owed_robust(struct bx_ctl *c, uint64_t *head, uint64_t *len);
 pid_t bx_tid(const struct bx_ctl *c);   /* injection thread, tracer's namespace */
 /* A clone's pid in the active pid namespace of the process that made it (clone3's result
  * there: whom it can wait4 for); 0 for a task compel did not clone. */

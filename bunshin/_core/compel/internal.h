@@ -70,6 +70,8 @@ struct bx_ctl {
 	int nslevels;
 	unsigned long tid_addr;
 	uint64_t robust, robust_len;
+	/* a clone's robust list, left for the caller to set (bx_clone_req.owe_robust) */
+	uint64_t owed_robust, owed_robust_len;
 };
 
 extern int bx_verbose;

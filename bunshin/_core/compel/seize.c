@@ -442,6 +442,16 @@ void bx_free(struct bx_ctl *c)
 }
 
 pid_t bx_pid(const struct bx_ctl *c) { return c->pid; }
+
+int bx_take_owed_robust(struct bx_ctl *c, uint64_t *head, uint64_t *len)
+{
+	if (!c->owed_robust)
+		return 0;
+	*head = c->owed_robust;
+	*len = c->owed_robust_len;
+	c->owed_robust = 0;
+	return 1;
+}
 pid_t bx_tid(const struct bx_ctl *c) { return c->thr[0].tid; }
 pid_t bx_in_parent(const struct bx_ctl *c) { return c->in_parent; }
 int bx_last_step(const struct bx_ctl *c) { return c->step; }

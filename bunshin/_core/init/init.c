@@ -85,6 +85,9 @@ static void ack(uint64_t id, int32_t err)
 static void reroot(const struct bx_msg *m, const char *payload, size_t plen, int *fds, int nfds)
 {
 	char err[1024] = "", host[256] = "";
+	/* The template's init we were cloned from ignores SIGCHLD so that the kernel reaps its
+	 * children (seize.ignore_children); ours come through the signalfd, with their status. */
+	signal(SIGCHLD, SIG_DFL);
 	if (nfds != 2 && nfds != 5) {
 		ack(m->id, EINVAL);
 		return;
