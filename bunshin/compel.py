@@ -217,6 +217,11 @@ class Tracee:
         ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0, quiet_exit, owe_robust)
         return Tracee(ctl, flags)
 
+    def learn(self) -> None:
+        """Read now what a clone from this process needs to know of it (~30 us of reads),
+        so that its first :meth:`clone` does not: for a Tracee made ahead of its use."""
+        self._call("learn")
+
     def take_owed_robust(self) -> tuple[int, int] | None:
         """``(head, len)`` for the set_robust_list a clone made with ``owe_robust`` still
         needs, once; None when none is owed."""

@@ -307,6 +307,7 @@ def test_a_clone_can_owe_its_robust_list_to_the_caller(procs):
     with Tracee.seize(p.pid) as t:
         want = t.thread_state().robust_list
         assert want[0]
+        t.learn()  # read ahead what the clone needs: the same clone after
         with t.clone(owe_robust=True) as child:
             procs.extra.append(child.pid)
             assert child.thread_state().robust_list[0] == 0

@@ -65,6 +65,7 @@ cdef extern from "compel.h" nogil:
     int bx_thread_state_seized(bx_ctl *c, pid_t tid, bx_thread_state *st)
     long bx_xstate_seized(bx_ctl *c, pid_t tid, void *buf, size_t len)
     bx_ctl *bx_clone3_seized(bx_ctl *c, const bx_clone_req *req, int *err)
+    int bx_learn_seized(bx_ctl *c)
     int bx_clone_ext_begin(bx_ctl *c, unsigned long *tid_addr)
     int bx_clone_ext_end(bx_ctl *c)
     bx_ctl *bx_clone_ext_adopt(bx_ctl *c, pid_t child, pid_t vtid, int *err)

@@ -296,6 +296,10 @@ cdef class Ctl:
         child.pid = bx_pid(k)
         return child
 
+    def learn(self):
+        cdef bx_ctl *c = self._live()
+        self._check(bx_learn_seized(c))
+
     def ext_clone_begin(self):
         """Before a clone made outside compel: returns where each child stores its tid."""
         cdef bx_ctl *c = self._live()

@@ -140,6 +140,7 @@ def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> None:
             return
         ei.mids[pl.hostpid] = mid
         cg.add(mid.pid)
+        mid.learn()  # what its clone in the fork will need
 
 
 def mids_fit(core) -> bool:

@@ -159,6 +159,9 @@ long bx_xstate_seized(struct bx_ctl *c, pid_t tid, void *buf, size_t len);
 
 /* clone.c: the child comes back stopped, attached and prepared, as a control block of its own. */
 struct bx_ctl *bx_clone3_seized(struct bx_ctl *c, const struct bx_clone_req *req, int *err);
+/* Read now what a clone from this task needs of it (its pid depth, cached tid address,
+ * robust list: ~30 us of /proc and ptrace reads), so that its first clone does not. */
+int bx_learn_seized(struct bx_ctl *c);
 /* Around a clone made by someone else (the kernel module's FORK resumes the victim, which
  * clones itself and stops again): begin prepares the victim and says where each child should
  * store its tid (CLONE_CHILD_SETTID, 0: nowhere); end collects the victim's PTRACE_EVENT_STOP;
