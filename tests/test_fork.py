@@ -377,6 +377,12 @@ def _zombie_children(pid: int) -> list[int]:
     return out
 
 
+def _no_zombie_in_template_and_child_alive(tpl, kid) -> None:
+    for pid in tpl.host_pids():
+        assert _zombie_children(pid) == [], pid
+    assert kid.run("echo alive").stdout == b"alive\n"
+
+
 def _ignores_sigchld(pid: int) -> bool:
     from bunshin.fork.plan import proc_status
 
@@ -404,9 +410,7 @@ def test_the_kernel_reaps_the_inits_of_closed_children(ws):
             kids.pop().close()
         assert _zombie_children(tinit) == []
         kids += tpl.fork(2)
-        for pid in tpl.host_pids():
-            assert _zombie_children(pid) == [], pid
-        assert kids[0].run("echo alive").stdout == b"alive\n"
+        _no_zombie_in_template_and_child_alive(tpl, kids[0])
     finally:
         for k in kids:
             k.close()
@@ -437,9 +441,7 @@ def test_template_reaps_the_inits_of_closed_children_where_its_init_would_not_ig
         kids += tpl.fork(1)  # REAP_AT closed: all reaped, in one stop of the template's init
         assert _zombie_children(tinit) == []
         assert len(tpl.host_pids()) == 2
-        for pid in tpl.host_pids():
-            assert _zombie_children(pid) == [], pid
-        assert kids[0].run("echo alive").stdout == b"alive\n"
+        _no_zombie_in_template_and_child_alive(tpl, kids[0])
     finally:
         for k in kids:
             k.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import struct
 
 from ..compel import Tracee, suspends_seccomp
@@ -184,7 +185,8 @@ def reap_children(init: Tracee, due: int) -> int:
     return sum(1 for r in rets if r > 0)
 
 
-_SIGCHLD_BIT = 1 << (17 - 1)
+def _ignores_sigchld(pid: int) -> bool:
+    return bool(int(proc_status(pid)["SigIgn"], 16) & (1 << (signal.SIGCHLD - 1)))
 
 
 def ignore_children(init: Tracee) -> bool:
@@ -194,16 +196,16 @@ def ignore_children(init: Tracee) -> bool:
     (engine.make_mid). Without this each is a zombie until a wait4 injected there. The
     child inits cloned from it set SIGCHLD back as they move into their root (init.c).
     Returns whether it is set (a process that refused it keeps the old way)."""
-    if int(proc_status(init.pid)["SigIgn"], 16) & _SIGCHLD_BIT:
+    if _ignores_sigchld(init.pid):
         return True  # set already (a template restored from images saved after its first fork)
     r = Remote(init, "the template's init")
     try:
         act = r.queue_put(struct.pack("=QQQQ", 1, 0, 0, 0))  # SIG_IGN, no flags, restorer, mask
-        r.queue("rt_sigaction", 17, act, 0, 8)
+        r.queue("rt_sigaction", signal.SIGCHLD, act, 0, 8)
         r.flush()
     except ForkError as e:
         log.warning("the template's init keeps its SIGCHLD (its children are reaped by hand): %s", e)
         return False
     finally:
         r.release()
-    return bool(int(proc_status(init.pid)["SigIgn"], 16) & _SIGCHLD_BIT)
+    return _ignores_sigchld(init.pid)

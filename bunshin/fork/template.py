@@ -63,8 +63,9 @@ class TemplateCore(slots.Holder):
         self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
         self._depth_ok = False
         self.reap_due = 0  # children closed (or removed by a failed fork) since the last reap
-        # the init ignores SIGCHLD (set at the first seize): the kernel reaps its children
-        self.autoreap = False
+        # the init ignores SIGCHLD (set at the first seize): the kernel reaps its children;
+        # None until that seize asked (asked once: one that refused is not asked again)
+        self.autoreap: bool | None = None
         self._trainer_ptys: set[int] | None = None
         # while a Template handle is open, the engine's thread keeps the processes seized
         # between forks (keeper.py): their Tracees and CPU pin, and the trainer that holds them
@@ -114,7 +115,7 @@ class TemplateCore(slots.Holder):
         """Whether the intermediates of ``pl``'s clones can be its siblings (engine.make_mid):
         children of the template's init, which ignores SIGCHLD. Its own children only, and
         only with their usual exit signal (the one a sibling's death sends)."""
-        return self.autoreap and pl.ppid == 1 and pl.exit_signal == signal.SIGCHLD
+        return bool(self.autoreap) and pl.ppid == 1 and pl.exit_signal == signal.SIGCHLD
 
     def make_slot(self) -> "slots.Slot":
         return slots.make(self)
@@ -235,7 +236,7 @@ class TemplateCore(slots.Holder):
             return self.held, self.pin
         tracees = seize.seize_all(self.parts["cg"], self.plans)
         try:
-            if not self.autoreap:
+            if self.autoreap is None:
                 self.autoreap = seize.ignore_children(tracees[self.parts["init_pid"]])
             pin = seize.Pinned(tracees)
         except BaseException:
