@@ -14,6 +14,7 @@ import pytest
 import bunshin
 from bunshin.errors import BunshinError, ForkError
 from bunshin.fork import engine
+from bunshin.fork.plan import proc_status
 from conftest import leaks
 
 
@@ -155,5 +156,45 @@ def test_fork_at_the_pids_limit_says_so_and_the_source_runs_on(no_leaks):
         assert [p.pid for p in ws.processes()] == procs
         assert sh.run("echo $V").stdout == b"intact\n"  # a builtin: no pid needed
         assert not ws.cgroup.frozen()
+    finally:
+        ws.close()
+
+
+def test_a_child_that_cannot_get_its_pid_fails_cleanly(no_leaks, monkeypatch):
+    """The pid a process must have in the child is taken there: the intermediate its clone
+    goes through is made to take it, so clone3's set_tid finds it in use (EEXIST). The clones
+    made before it go with the partial child, the error names the process, the source runs
+    on, and it forks once the pid is free."""
+    from bunshin._core.kmod import backend
+
+    if backend().fork is not None or backend().reparent is not None:
+        pytest.skip("the module clones without intermediates")
+    ws, sh = _busy_workspace()
+    try:
+        procs = [p.pid for p in ws.processes()]
+        before = _snapshot_of_state()
+        victim = next(hp for hp in ws.host_pids()
+                      if b"time.sleep(0.05)" in open(f"/proc/{hp}/cmdline", "rb").read())
+        vpid = int(proc_status(victim)["NSpid"].split()[-1])  # its pid in the workspace
+        real = engine.make_mid
+
+        def make_mid(tp, child_init, tmp_pid, sibling=False):
+            return real(tp, child_init, vpid if tp.pid == victim else tmp_pid, sibling)
+
+        monkeypatch.setattr(engine, "make_mid", make_mid)
+        with pytest.raises(ForkError, match=rf"process {vpid} \(python3\).*[Ff]ile exists") as e:
+            ws.fork(1)
+        assert e.value.errno == 17
+        assert [p.pid for p in ws.processes()] == procs
+        assert sh.run("echo $V $PWD").stdout == b"intact /tmp\n"
+        assert not ws.cgroup.frozen()
+        assert _snapshot_of_state() == before
+        monkeypatch.setattr(engine, "make_mid", real)
+        (kid,) = ws.fork(1)
+        try:  # (the sh of the pipeline may be gone in it: its wait4 finds no child there)
+            assert vpid in [p.pid for p in kid.processes()]
+            assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+        finally:
+            kid.close()
     finally:
         ws.close()

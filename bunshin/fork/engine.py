@@ -238,11 +238,30 @@ def _clone_through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int
     """The clone through an intermediate (``mid`` when one was made ahead); the dead
     intermediate goes into ``mids`` for the caller to reap, with the others of the call."""
     if mid is None:
-        mid = make_mid(source(), child_init, tmp_pid, sibling)
+        tp = source()
+        try:
+            mid = make_mid(tp, child_init, tmp_pid, sibling)
+        except ForkError as e:
+            raise clone_failed(proc, "its intermediate", tmp_pid, e) from None
     try:
         return mid.clone(set_tid=proc.vpid, owe_robust=True)  # fix_process sets it
+    except ForkError as e:
+        raise clone_failed(proc, "its clone", proc.vpid, e) from None
     finally:
         end_mid(mid, mids)
+
+
+def clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
+    """compel's error for a clone, which knows only a host pid and a step, said of the
+    template process it was for."""
+    name = f"process {proc.vpid} ({proc.name})"
+    if e.errno == errno.EEXIST:
+        msg = (f"{name}: {what} needs pid {pid} in the child's pid namespace and that pid is in "
+               f"use there (clone3 set_tid: {os.strerror(e.errno)})")
+    else:
+        why = os.strerror(e.errno) if e.errno else str(e)
+        msg = f"{name}: {what} could not be made in the child: {why} (step {e.step!r})"
+    return ForkError(msg, pid=e.pid, step=e.step, errno=e.errno)
 
 
 def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]:
@@ -267,7 +286,10 @@ def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]
 def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
     """One injected clone3 instead of two plus a kill and a wait: the clone's parent is the
     template process until REPARENT moves it, still stopped, under the child's init."""
-    child = tp.clone(pidns_owner=child_init, set_tid=proc.vpid)
+    try:
+        child = tp.clone(pidns_owner=child_init, set_tid=proc.vpid)
+    except ForkError as e:
+        raise clone_failed(proc, "its clone", proc.vpid, e) from None
     try:
         k.reparent(child.pid, child_init, traced=True)
     except OSError as e:
