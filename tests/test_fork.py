@@ -573,3 +573,42 @@ def test_each_clone_has_its_template_processs_robust_list(ws):
                 kid.close()
     finally:
         tpl.close()
+
+
+# Root with other gids and supplementary groups (it keeps its capabilities), SIGUSR1 caught,
+# SIGUSR2 ignored; it leaves a file once all is set.
+_CREDS = r"""
+import os, signal, time
+os.setgroups([5, 6]); os.setresgid(1001, 1002, 1003)
+signal.signal(signal.SIGUSR1, lambda *a: None); signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+open("/tmp/creds.ready", "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_credentials_handlers_environment_and_cgroup_are_kept(family):
+    """What fork() copies anyway, checked on a real clone: ids and groups, capabilities,
+    signal dispositions, environment, root and cwd; and each child's processes are in the
+    child's own cgroup, not the source's."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    pid = ws.spawn(["python3", "-c", _CREDS], env={"BUNSHIN_TEST_VAR": "forty-two"}, cwd="/tmp")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ws.run("test -e /tmp/creds.ready").exit_code:
+        time.sleep(0.02)
+    keys = ("Uid", "Gid", "Groups", "CapEff", "CapPrm", "CapBnd", "SigCgt", "SigIgn", "SigBlk", "Umask")
+    want = {k: _status(ws, pid, k) for k in keys}
+    assert want["Gid"].split() == ["1001", "1002", "1003", "1002"]  # real, effective, saved, fs
+    assert want["Groups"] == "5 6"
+    environ = ws.read_file(f"/proc/{pid}/environ")
+    assert b"BUNSHIN_TEST_VAR=forty-two\0" in environ
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (ws, kid):
+        assert {k: _status(w, pid, k) for k in keys} == want
+        assert w.read_file(f"/proc/{pid}/environ") == environ
+        assert w.run(f"readlink /proc/{pid}/cwd /proc/{pid}/root").stdout == b"/tmp\n/\n"
+    mine, theirs = set(kid.host_pids()), set(ws.host_pids())
+    assert mine and not mine & theirs
+    assert mine <= set(kid.cgroup.pids()) and not mine & set(ws.cgroup.pids())

@@ -198,3 +198,50 @@ def test_a_child_that_cannot_get_its_pid_fails_cleanly(no_leaks, monkeypatch):
             kid.close()
     finally:
         ws.close()
+
+
+@pytest.mark.parametrize("how", ["another user", "a bounding set without CAP_SYS_ADMIN"])
+def test_a_process_that_cannot_clone_itself_is_refused_before_anything_is_made(no_leaks, how):
+    """A process that switched to another user, or runs as root without CAP_SYS_ADMIN, could
+    not enter the child's namespaces nor take its pid there: the snapshot refuses it, naming
+    it and what it lacks, and the source runs on, thawed."""
+    ws, sh = _busy_workspace()
+    try:
+        if how == "another user":
+            argv = ["python3", "-c", "import os, time\nos.setgroups([]); os.setresgid(1001, 1001, 1001)\n"
+                    "os.setresuid(1000, 1000, 1000)\nwhile True: time.sleep(0.05)"]
+            match = r"\(python3\) runs as uid 1000 without CAP_SYS_ADMIN and CAP_SYS_CHROOT:"
+        else:
+            argv = ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", "sleep", "1000"]
+            match = r"\(sleep\) runs as uid 0 without CAP_SYS_ADMIN:"
+        pid = ws.spawn(argv)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _lacks_sys_admin(ws, pid):
+            time.sleep(0.02)
+        procs = [p.pid for p in ws.processes()]
+        before = _snapshot_of_state()
+        with pytest.raises(ForkError, match=rf"process {pid} {match}") as e:
+            ws.fork(1)
+        assert e.value.step == "snapshot"
+        assert [p.pid for p in ws.processes()] == procs
+        assert sh.run("echo $V $PWD").stdout == b"intact /tmp\n"
+        assert not ws.cgroup.frozen()
+        assert _snapshot_of_state() == before
+        ws.kill(pid, 9)
+        ws.wait(pid)
+        (kid,) = ws.fork(1)  # without it, it forks
+        try:
+            assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+        finally:
+            kid.close()
+    finally:
+        ws.close()
+
+
+def _lacks_sys_admin(ws, pid: int) -> bool:
+    try:
+        status = ws.read_file(f"/proc/{pid}/status").decode()
+    except BunshinError:
+        return False
+    eff = next(ln for ln in status.splitlines() if ln.startswith("CapEff:"))
+    return not int(eff.split()[1], 16) >> 21 & 1

@@ -51,6 +51,8 @@ class ProcPlan:
     seccomp_filters: int = 0  # seccomp filters it runs under
     ctty: int | None = None  # index of its controlling pty (/dev/pts/N), if it has one
     exit_signal: int = 17  # what its death sends its parent (SIGCHLD, but for clone()'s own choice)
+    uid: int = 0  # effective, as the host sees it
+    cap_eff: int = (1 << 64) - 1  # its main thread's effective capabilities
 
     @functools.cached_property
     def name(self) -> str:
@@ -120,6 +122,8 @@ def read_proc(hostpid: int) -> ProcPlan:
         seccomp_filters=seccomp_filters(st),
         ctty=_pty_index(int(rest[4])),  # after the comm: state ppid pgrp session tty_nr
         exit_signal=int(rest[35]),  # stat's field 38
+        uid=int(st["Uid"].split()[1]),
+        cap_eff=int(st["CapEff"], 16),
     )
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
@@ -171,6 +175,28 @@ def vfork_pairs(procs: list[ProcPlan]) -> list[tuple[ProcPlan, ProcPlan]]:
     return pairs
 
 
+# A process is cloned into a child from inside itself (an injected clone3, or the module's
+# FORK in its context), and its clone enters the child's namespaces with its own system calls:
+# setns(pid, mnt, ...) and clone3's set_tid check these capabilities of the process.
+CLONE_CAPS = (("CAP_SYS_ADMIN", 21), ("CAP_SYS_CHROOT", 18))
+
+
+def check_caps(procs: list[ProcPlan]) -> None:
+    """Refuse, before anything is made, a process that could not clone itself into a child:
+    one that dropped the capabilities of CLONE_CAPS (a program that switched to another user,
+    a capability bounding set)."""
+    for p in procs:
+        missing = [name for name, bit in CLONE_CAPS if not p.cap_eff >> bit & 1]
+        if missing:
+            raise ForkError(
+                f"process {p.vpid} ({p.name}) runs as uid {p.uid} without {' and '.join(missing)}: "
+                "a fork clones each process from inside it, and the clone enters the child's "
+                "namespaces and takes its pid there with system calls that need them (setns, "
+                "clone3 set_tid), so this workspace cannot be forked. Keep those capabilities in "
+                "the workspace's programs (they run as root with them by default), or end that "
+                "process before forking", pid=p.hostpid, step="snapshot")
+
+
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     """Plans for every process, init first; raises ForkError for what no handler supports
     (VforkInFlight for a vfork not over yet)."""
@@ -183,6 +209,7 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     pairs = vfork_pairs(procs)
     if pairs:
         raise VforkInFlight(pairs)
+    check_caps(procs)
     for p in procs:
         for i, f in enumerate(p.fds):
             # Descriptors dup()ed inside one process share one open file: keep that.
