@@ -242,16 +242,16 @@ def _clone_through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int
         try:
             mid = make_mid(tp, child_init, tmp_pid, sibling)
         except ForkError as e:
-            raise clone_failed(proc, "its intermediate", tmp_pid, e) from None
+            raise _clone_failed(proc, "its intermediate", tmp_pid, e) from None
     try:
         return mid.clone(set_tid=proc.vpid, owe_robust=True)  # fix_process sets it
     except ForkError as e:
-        raise clone_failed(proc, "its clone", proc.vpid, e) from None
+        raise _clone_failed(proc, "its clone", proc.vpid, e) from None
     finally:
         end_mid(mid, mids)
 
 
-def clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
+def _clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
     """compel's error for a clone, which knows only a host pid and a step, said of the
     template process it was for."""
     name = f"process {proc.vpid} ({proc.name})"
@@ -289,7 +289,7 @@ def _clone_reparented(k, tp: Tracee, proc: ProcPlan, child_init: int) -> Tracee:
     try:
         child = tp.clone(pidns_owner=child_init, set_tid=proc.vpid)
     except ForkError as e:
-        raise clone_failed(proc, "its clone", proc.vpid, e) from None
+        raise _clone_failed(proc, "its clone", proc.vpid, e) from None
     try:
         k.reparent(child.pid, child_init, traced=True)
     except OSError as e:

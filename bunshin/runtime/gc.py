@@ -48,8 +48,7 @@ def collect(*, dry_run: bool = False) -> list[str]:
         if not dry_run:
             cg.destroy()
         removed.append(f"cgroup:{name}")
-    off = getattr(backend, "remove_freezer_on", None)  # v1 only (cgroup/v1.py says why)
-    if not dry_run and off is not None and not backend.list() and off():
+    if not dry_run and not backend.list() and backend.remove_freezer_on():
         removed.append("cgroup:freezer-on")
     if not dry_run and not live_cgroups:
         from . import statefs

@@ -226,6 +226,12 @@ class CgroupBackend(ABC):
             )
         return cg
 
+    def remove_freezer_on(self) -> bool:
+        """Remove what the backend keeps between workspaces to make freezing cheap, once no
+        Bunshin group is left (``bunshin gc``); whether something was removed. Only v1 keeps
+        anything (v1.py says why)."""
+        return False
+
     def list(self) -> list[str]:
         """Names of the groups under the prefix, in any hierarchy (for ``bunshin gc``)."""
         names: set[str] = set()
