@@ -323,27 +323,95 @@ def test_parent_links(family):
         assert not r.stdout.endswith(b"rc=143\n"), r  # bash cannot wait for a job it did not fork
 
 
-def test_nesting_limit_is_a_clear_error_and_templates_do_not_nest(family):
-    """Each ws.fork() moves the workspace one pid namespace deeper (the kernel allows 32);
-    forks of one template stay at one depth."""
+def test_forks_of_one_template_stay_at_one_depth(family):
+    """Each ws.fork() moves the workspace one pid namespace deeper; forks of one template, and
+    rollbacks onto it, do not."""
     ws = bunshin.Workspace.create()
     family.append(ws)
-    ws.shell().run("V=deep")
     tpl = ws.snapshot()
     try:
         depths = set()
         for _ in range(3):
             ws.restore(tpl)
-            with open(f"/proc/{ws.init_pid}/status") as f:  # the host's view: every level
-                depths.add(next(len(l.split()) for l in f if l.startswith("NSpid:")))
+            depths.add(_pid_ns_level(ws))
         assert len(depths) == 1
     finally:
         tpl.close()
+
+
+def _pid_ns_level(ws) -> int:
+    with open(f"/proc/{ws.init_pid}/status") as f:  # the host's view: every level
+        return next(len(line.split()) - 2 for line in f if line.startswith("NSpid:"))
+
+
+def test_nesting_limit_is_a_clear_error_without_rebase(family, monkeypatch):
+    monkeypatch.setenv("BUNSHIN_REBASE", "0")
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.shell().run("V=deep")
     with pytest.raises(ForkError, match="pid namespaces deep"):
         for _ in range(40):
             for k in ws.fork(1):
                 k.close()
+    assert _pid_ns_level(ws) == 32
     assert ws._shells[0].run("echo $V").stdout == b"deep\n"
+
+
+def test_a_workspace_at_the_nesting_limit_goes_back_to_the_top_and_forks_on(family):
+    """At the kernel's 32 levels the next ws.fork() first moves the workspace back to the top
+    level (CRIU dump and restore into the same object): 40 forks in a row work, and the shell,
+    a Python process's memory and the files are still the workspace's."""
+    _need_criu()
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("cd /tmp; V=deep; echo kept > f")
+    py = ws.spawn(["python3", "-c", "import time\nx = 'x' * (8 << 20)\n"
+                   "open('/tmp/x.len', 'w').write(str(len(x)))\nwhile True: time.sleep(0.05)"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ws.run("test -s /tmp/x.len").exit_code:
+        time.sleep(0.02)
+    levels = []
+    for _ in range(40):
+        (kid,) = ws.fork(1)
+        assert kid._shells[0].run("echo $V").stdout == b"deep\n"
+        kid.close()
+        levels.append(_pid_ns_level(ws))
+    assert max(levels) == 32 and levels[-1] < 32  # it reached the limit, then went back up
+    assert sh.run("echo $V $PWD; cat f").stdout == b"deep /tmp\nkept\n"
+    assert py in [p.pid for p in ws.processes()]
+    assert ws.read_file("/tmp/x.len") == b"8388608"
+    assert ws.run(f"kill -0 {py} && echo alive").stdout == b"alive\n"
+
+
+def test_a_workspace_criu_cannot_move_back_to_the_top_says_why_and_runs_on(family):
+    """A shell job started before a fork keeps the template's session in its clone, which
+    CRIU refuses to dump: at the limit the fork says so (checked without trying CRIU), and
+    the workspace runs on as it was."""
+    _need_criu()
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("V=deep; sleep 1000 &")
+    with pytest.raises(ForkError, match=r"limit of 32 nested pid namespaces and cannot be moved back "
+                                        r"to the top level through CRIU: process \d+ \(sleep\) is in "
+                                        r"a session whose leader is outside the workspace"):
+        for _ in range(40):
+            for k in ws.fork(1):
+                k.close()
+    assert _pid_ns_level(ws) == 32
+    assert sh.run("echo $V; jobs").stdout.decode().split("\n")[0] == "deep"
+    assert b"sleep 1000" in sh.run("jobs").stdout
+
+
+def _need_criu() -> None:
+    from bunshin.criu import runner
+    from bunshin.errors import CriuError
+
+    try:
+        runner.criu()
+    except CriuError as e:
+        pytest.skip(f"no usable CRIU: {e}")
 
 
 def test_restore_from_another_workspaces_template(family):

@@ -16,8 +16,9 @@ exact either way. An exception inside the block rolls back and propagates.
 Depth: a snapshot moves ws one pid namespace deeper (the kernel allows 32). A block entered
 while ws is still a fresh fork of its template (e.g. right after a rolled-back block) forks
 from that template instead, so a loop of rolled-back blocks stays at one depth. A committed
-block leaves ws one level deeper: about 30 commits in a workspace's lineage is the limit;
-beyond it ``ForkError(step="depth")`` is raised on entry and ws is left untouched.
+block leaves ws one level deeper: after about 30 commits the snapshot on entry first moves ws
+back to the top level through CRIU (runtime/forking.py, ``_rebase_if_deep``); where CRIU
+cannot, ``ForkError(step="depth")`` is raised on entry and ws is left untouched.
 """
 
 from __future__ import annotations

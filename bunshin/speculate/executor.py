@@ -14,8 +14,9 @@ cacheable predicate rejects (network, clock) are never speculated: the session's
 predicate, else ``cacheable=``, else the predictor's cache's. If ws was used between
 ``prefetch`` and ``call`` (anything that used CPU in it or wrote a file), the forks are stale:
 they are discarded and the call executes. Each prefetch snapshots ws unless it is still a fresh
-fork of its template: a step that speculates moves ws one pid namespace deeper (32 at most);
-past that depth prefetch declines (``stats.declined``) and calls run normally.
+fork of its template: a step that speculates moves ws one pid namespace deeper (32 at most,
+then the snapshot moves ws back to the top through CRIU first); where it cannot, prefetch
+declines (``stats.declined``) and calls run normally.
 """
 
 from __future__ import annotations
