@@ -36,6 +36,14 @@ def init_processes() -> list[int]:
     return found
 
 
+def ws_status(ws, pid: int, key: str) -> str:
+    """One field of /proc/PID/status as the workspace ``ws`` sees it (PID its own)."""
+    for line in ws.read_file(f"/proc/{pid}/status").decode().splitlines():
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+    raise KeyError(key)
+
+
 def leaks() -> dict[str, list]:
     """What of ours is still around: state dirs, cgroup dirs, inits, host mounts."""
     from bunshin import config

@@ -8,17 +8,11 @@ import threading
 import time
 
 import pytest
-from conftest import signal_and_read, wait_file, wait_for_bytes
+from conftest import signal_and_read, wait_file, wait_for_bytes, ws_status
 
 import bunshin
 from bunshin.errors import ForkError
-
-
-def _status(w, pid: int, key: str) -> str:
-    for line in w.read_file(f"/proc/{pid}/status").decode().splitlines():
-        if line.startswith(key + ":"):
-            return line.split(":", 1)[1].strip()
-    raise KeyError(key)
+from bunshin.fork.plan import proc_status
 
 
 def test_fork_keeps_processes_pids_and_shell_state(family):
@@ -42,7 +36,7 @@ def test_fork_keeps_processes_pids_and_shell_state(family):
         r = s.run("echo $X $PWD; greet you; umask; ulimit -n; jobs")
         assert r.stdout.decode().splitlines()[:4] == ["42 /tmp", "hi you", "0027", "777"], r
         assert b"Running" in r.stdout and b"sleep 1000" in r.stdout
-        assert int(_status(w, srv, "PPid")) == 1
+        assert int(ws_status(w, srv, "PPid")) == 1
         assert w.run(f"kill -0 {srv} && echo alive").stdout == b"alive\n"
     # the clones are distinct processes in distinct pid namespaces
     inits = {os.readlink(f"/proc/{w.init_pid}/ns/pid") for w in [ws, *kids]}
@@ -313,7 +307,7 @@ def test_parent_links(family):
     kid = kids[0]
     s = kid._shells[0]
     jobs = [int(x) for x in s.run("jobs -p").stdout.split()]
-    assert all(int(_status(kid, j, "PPid")) == (bash if exact else 1) for j in jobs)
+    assert all(int(ws_status(kid, j, "PPid")) == (bash if exact else 1) for j in jobs)
     # one command line: no prompt in between at which bash would report and forget the job
     r = s.run("kill %1; wait %1; echo rc=$?", timeout=10)
     assert not r.timed_out
@@ -340,8 +334,7 @@ def test_forks_of_one_template_stay_at_one_depth(family):
 
 
 def _pid_ns_level(ws) -> int:
-    with open(f"/proc/{ws.init_pid}/status") as f:  # the host's view: every level
-        return next(len(line.split()) - 2 for line in f if line.startswith("NSpid:"))
+    return len(proc_status(ws.init_pid)["NSpid"].split()) - 1  # the host's view: every level
 
 
 def test_nesting_limit_is_a_clear_error_without_rebase(family, monkeypatch):
@@ -452,8 +445,6 @@ def _no_zombie_in_template_and_child_alive(tpl, kid) -> None:
 
 
 def _ignores_sigchld(pid: int) -> bool:
-    from bunshin.fork.plan import proc_status
-
     return bool(int(proc_status(pid)["SigIgn"], 16) & (1 << (signal.SIGCHLD - 1)))
 
 
@@ -620,8 +611,6 @@ def test_each_clone_has_its_template_processs_robust_list(ws):
     """fork(2) drops the child's robust futex list; glibc registered one for every thread, so
     each clone gets its template process's back (a lock held by a thread that dies would
     otherwise never be released to its waiters)."""
-    from bunshin.fork.plan import proc_status
-
     ws.shell().run("true")
     ws.spawn(["python3", "-c", "import time\nwhile True: time.sleep(0.05)"])
     time.sleep(0.3)
@@ -666,7 +655,7 @@ def test_credentials_handlers_environment_and_cgroup_are_kept(family):
     while time.monotonic() < deadline and ws.run("test -e /tmp/creds.ready").exit_code:
         time.sleep(0.02)
     keys = ("Uid", "Gid", "Groups", "CapEff", "CapPrm", "CapBnd", "SigCgt", "SigIgn", "SigBlk", "Umask")
-    want = {k: _status(ws, pid, k) for k in keys}
+    want = {k: ws_status(ws, pid, k) for k in keys}
     assert want["Gid"].split() == ["1001", "1002", "1003", "1002"]  # real, effective, saved, fs
     assert want["Groups"] == "5 6"
     environ = ws.read_file(f"/proc/{pid}/environ")
@@ -674,7 +663,7 @@ def test_credentials_handlers_environment_and_cgroup_are_kept(family):
     (kid,) = ws.fork(1)
     family.append(kid)
     for w in (ws, kid):
-        assert {k: _status(w, pid, k) for k in keys} == want
+        assert {k: ws_status(w, pid, k) for k in keys} == want
         assert w.read_file(f"/proc/{pid}/environ") == environ
         assert w.run(f"readlink /proc/{pid}/cwd /proc/{pid}/root").stdout == b"/tmp\n/\n"
     mine, theirs = set(kid.host_pids()), set(ws.host_pids())

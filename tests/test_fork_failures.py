@@ -15,7 +15,7 @@ import bunshin
 from bunshin.errors import BunshinError, ForkError
 from bunshin.fork import engine
 from bunshin.fork.plan import proc_status
-from conftest import leaks
+from conftest import leaks, ws_status
 
 
 def _busy_workspace():
@@ -240,8 +240,6 @@ def test_a_process_that_cannot_clone_itself_is_refused_before_anything_is_made(n
 
 def _lacks_sys_admin(ws, pid: int) -> bool:
     try:
-        status = ws.read_file(f"/proc/{pid}/status").decode()
+        return not int(ws_status(ws, pid, "CapEff"), 16) >> 21 & 1
     except BunshinError:
         return False
-    eff = next(ln for ln in status.splitlines() if ln.startswith("CapEff:"))
-    return not int(eff.split()[1], 16) >> 21 & 1

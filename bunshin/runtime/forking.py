@@ -50,7 +50,7 @@ def child_meta(core, d, cg, init_pid: int) -> Meta:
                 lowers=[str(p) for p in core.lowers], parent=core.id)
 
 
-def _too_deep(ws: "Workspace", limit: int, why: str) -> str:
+def _cannot_rebase(ws: "Workspace", limit: int, why: str) -> str:
     return (f"workspace {ws.id} is at the kernel's limit of {limit} nested pid namespaces and "
             f"cannot be moved back to the top level through CRIU: {why}. Snapshot once "
             "(tpl = ws.snapshot()) and use tpl.fork() or ws.restore(tpl) instead of snapshotting "
@@ -157,7 +157,7 @@ class ForkingMixin:
 
         why = _not_dumpable(self)
         if why is not None:
-            raise ForkError(_too_deep(self, engine.MAX_PID_NS_LEVEL, why), step="depth")
+            raise ForkError(_cannot_rebase(self, engine.MAX_PID_NS_LEVEL, why), step="depth")
         start = time.perf_counter()
         scratch = tempfile.mkdtemp(prefix="bunshin-rebase-",
                                    dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -166,7 +166,7 @@ class ForkingMixin:
             criu.dump_workspace(self, images)
             kid = criu.restore_workspace(images)
         except BunshinError as e:
-            raise ForkError(_too_deep(self, engine.MAX_PID_NS_LEVEL, str(e)), step="depth") from e
+            raise ForkError(_cannot_rebase(self, engine.MAX_PID_NS_LEVEL, str(e)), step="depth") from e
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         self._become(kid)
