@@ -20,9 +20,11 @@ from __future__ import annotations
 import mmap as _mmap
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from .errors import ForkError
+
+R = TypeVar("R")
 
 __all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group"]
 
@@ -254,6 +256,20 @@ class Tracee:
             for t in out:
                 t._ctl = None
             raise
+        return out
+
+    def run_by(self, make: Callable[[], R]) -> R:
+        """Something made outside compel that resumes this (stopped) process and has it stop
+        again without running user code (the kernel module's RUN): ``make()``'s result, once
+        that stop is collected. Its OSError is passed on, after the stop when it has
+        ``resumed`` the process."""
+        try:
+            out = make()
+        except OSError as e:
+            if getattr(e, "resumed", False):
+                self._call("ext_clone_end")
+            raise
+        self._call("ext_clone_end")
         return out
 
     def thread_altstack(self, tid: int | None = None) -> tuple[int, int, int]:

@@ -57,6 +57,9 @@ def _criu_check(kd: KernDat) -> Check:
 _USER_COST = {
     "fork clones": "each process of a fork is cloned by injected system calls (about ten ptrace "
                    "stops, an intermediate process); /dev/bunshin FORK clones it in the kernel",
+    "fork fixups": "every clone joins its namespaces and gets its descriptors through injected "
+                   "system calls (three or four ptrace stops a process); /dev/bunshin RUN makes "
+                   "them in the kernel in one",
     "fork parents": "clones of a workspace's processes are children of its init (getppid() "
                     "is 1 in a fork); /dev/bunshin REPARENT keeps the tree exact",
     "memory accounting": "family_usage reads /proc/PID/pagemap: several times slower than "

@@ -4,9 +4,9 @@
  * namespace with a chosen pid and parent.
  *
  * copy_process() copies *current*, so the copies must be made by the task itself: the ioctl
- * queues a task_work on it and resumes it from its ptrace stop; on its way back to user mode
- * the task runs the work (this file's fork_in_task), makes the children, asks for a ptrace
- * trap and stops again before a single user instruction.  The caller sleeps until then.  One
+ * queues a task_work on it and resumes it from its ptrace stop (tracee.c); on its way back to
+ * user mode the task runs the work (this file's fork_in_task), makes the children, asks for a
+ * ptrace trap and stops again before a single user instruction.  The caller sleeps until then.  One
  * wake-up and one stop of the task for all the children, instead of a dozen injected system
  * calls per child.
  */
@@ -14,8 +14,6 @@
 
 #include <linux/bunshin.h>
 #include <linux/capability.h>
-#include <linux/moduleparam.h>
-#include <linux/completion.h>
 #include <linux/nsproxy.h>
 #include <linux/pid_namespace.h>
 #include <linux/ptrace.h>
@@ -23,19 +21,12 @@
 #include <linux/sched/task.h>
 #include <linux/sched/task_stack.h>
 #include <linux/slab.h>
-#include <linux/task_work.h>
 #include <linux/uaccess.h>
 
 #include "ksyms.h"
 #include "refs.h"
+#include "tracee.h"
 #include "verbs.h"
-
-/* A task that does not reach its work this long after being resumed is stuck somewhere the
- * caller should hear about (a signal stop that came first).  Tests set 0 (give up at once)
- * to race the path that takes the work back. */
-static unsigned int fork_timeout_ms = 2000;
-module_param(fork_timeout_ms, uint, 0644);
-MODULE_PARM_DESC(fork_timeout_ms, "FORK: how long a resumed task may take to reach its work (ms)");
 
 struct fork_child {
 	struct pid_namespace *ns;	/* where the child's pid is allocated */
@@ -45,14 +36,12 @@ struct fork_child {
 };
 
 struct fork_req {
-	struct callback_head work;
-	struct completion done;
+	struct bunshin_tracee_work tw;
 	struct pid_namespace *caller_ns;
 	unsigned long child_tid;
 	struct fork_child *kids;
 	u32 n;
 	u32 made;
-	int err;
 };
 
 /* current's namespaces but with @ns as the one its children's pids come from: the task's own
@@ -144,82 +133,19 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 	return 0;
 }
 
-/* Make a seized task stop in a PTRACE_EVENT_STOP before it runs user code again, as
- * PTRACE_INTERRUPT does; an exiting task is left to exit. */
-static void ask_to_trap(struct task_struct *task)
-{
-	spin_lock_irq(&task->sighand->siglock);
-	if (task->ptrace & PT_SEIZED && !(task->flags & PF_EXITING)) {
-		task->jobctl |= JOBCTL_TRAP_STOP;
-		bunshin_ks.signal_wake_up_state(task, 0);
-	}
-	spin_unlock_irq(&task->sighand->siglock);
-}
-
 /* Runs in the task being cloned, on its way to user mode. */
-static void fork_in_task(struct callback_head *work)
+static int fork_in_task(struct bunshin_tracee_work *tw)
 {
-	struct fork_req *req = container_of(work, struct fork_req, work);
+	struct fork_req *req = container_of(tw, struct fork_req, tw);
+	int err = 0;
 	u32 i;
 
-	req->err = 0;
-	if (current->flags & PF_EXITING || fatal_signal_pending(current))
-		req->err = -ESRCH;
-	for (i = 0; !req->err && i < req->n; i++) {
-		req->err = fork_one(req, &req->kids[i]);
-		if (!req->err)
+	for (i = 0; !err && i < req->n; i++) {
+		err = fork_one(req, &req->kids[i]);
+		if (!err)
 			req->made++;
 	}
-	ask_to_trap(current); /* our caller still has work to do here */
-	complete(&req->done); /* last touch: req lives on the caller's stack */
-}
-
-static bool unblocked(const sigset_t *pending, const sigset_t *blocked)
-{
-	sigset_t s;
-
-	sigandnsets(&s, pending, blocked);
-	return !sigisemptyset(&s);
-}
-
-/* PTRACE_CONT, for a task the caller traces and that sits in a ptrace stop, with the work
- * queued first so it cannot reach user mode without running it. */
-static int queue_and_resume(struct task_struct *task, struct fork_req *req)
-{
-	int ret = -EBUSY;
-
-	spin_lock_irq(&task->sighand->siglock);
-	if (!task_is_traced(task) || (task->jobctl & JOBCTL_LISTENING) ||
-	    __fatal_signal_pending(task))
-		goto out;
-	/* a signal waiting for it would stop it again, for us, before the work: ask for a retry */
-	ret = -EAGAIN;
-	if (unblocked(&task->pending.signal, &task->blocked) ||
-	    unblocked(&task->signal->shared_pending.signal, &task->blocked))
-		goto out;
-	ret = task_work_add(task, &req->work, TWA_SIGNAL);
-	if (ret)
-		goto out;
-	clear_task_syscall_work(task, SYSCALL_TRACE);
-	clear_task_syscall_work(task, SYSCALL_EMU);
-	task->exit_code = 0;
-	task->jobctl &= ~JOBCTL_TRACED;
-	bunshin_ks.wake_up_state(task, __TASK_TRACED);
-out:
-	spin_unlock_irq(&task->sighand->siglock);
-	return ret;
-}
-
-/* The caller gave up waiting: take the work back, or wait for it if it already runs.  A task
- * that never ran it is asked to stop, so it does not go on in user mode unseen. */
-static int abandon(struct task_struct *task, struct fork_req *req, int why)
-{
-	if (bunshin_ks.task_work_cancel(task, &req->work)) {
-		ask_to_trap(task);
-		return why;
-	}
-	wait_for_completion(&req->done); /* running now: it is short */
-	return req->err;
+	return err;
 }
 
 static bool pidns_below(struct pid_namespace *ns, struct pid_namespace *top)
@@ -294,10 +220,9 @@ long bunshin_fork(void __user *uarg)
 	struct bunshin_fork f;
 	struct bunshin_fork_child __user *uk;
 	struct bunshin_fork_child in;
-	struct fork_req req = { .err = 0 };
+	struct fork_req req = { .made = 0 };
 	struct task_struct *task;
-	long ret, left;
-	unsigned int timeout;
+	long ret;
 	u32 i;
 
 	if (copy_from_user(&f, uarg, sizeof(f)))
@@ -318,11 +243,7 @@ long bunshin_fork(void __user *uarg)
 	if (!task)
 		return -ESRCH;
 	/* the caller's own tracee, in a stop it made it report: the state ptrace calls need */
-	ret = -EBUSY;
-	read_lock(bunshin_ks.tasklist_lock);
-	if (task->ptrace & PT_SEIZED && task->parent == current && !task->exit_state)
-		ret = 0;
-	read_unlock(bunshin_ks.tasklist_lock);
+	ret = bunshin_tracee_check(task);
 	if (ret)
 		goto put_task;
 
@@ -343,19 +264,9 @@ long bunshin_fork(void __user *uarg)
 
 	req.caller_ns = task_active_pid_ns(current);
 	req.child_tid = f.child_tid;
-	init_completion(&req.done);
-	init_task_work(&req.work, fork_in_task);
-	ret = queue_and_resume(task, &req);
-	if (ret)
-		goto put_kids;
-	f.resumed = 1;
-	timeout = READ_ONCE(fork_timeout_ms);
-	left = timeout ? wait_for_completion_killable_timeout(&req.done, msecs_to_jiffies(timeout))
-		       : 0; /* a zero timeout still sleeps a tick: 0 gives up at once */
-	if (left > 0)
-		ret = req.err;
-	else
-		ret = abandon(task, &req, left ? -EINTR : -ETIMEDOUT);
+	req.tw.fn = fork_in_task;
+	ret = bunshin_tracee_run(task, &req.tw);
+	f.resumed = req.tw.resumed;
 
 	f.done = req.made;
 	for (i = 0; i < req.made; i++) {

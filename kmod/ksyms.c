@@ -30,6 +30,7 @@ static const struct {
 #ifdef CONFIG_LRU_GEN
 	{ "lru_gen_add_mm", (void **)&bunshin_ks.lru_gen_add_mm },
 #endif
+	{ "sys_call_table", (void **)&bunshin_ks.sys_call_table },
 };
 
 /* kallsyms_lookup_name() itself is unexported since 5.7; a kprobe placed on

@@ -11,6 +11,7 @@
 #include <linux/pagewalk.h>
 #include <linux/sched.h>
 #include <linux/sched/task.h>
+#include <asm/syscall.h>
 
 struct bunshin_ksyms {
 	int (*walk_page_range)(struct mm_struct *mm, unsigned long start,
@@ -41,6 +42,8 @@ struct bunshin_ksyms {
 #ifdef CONFIG_LRU_GEN
 	void (*lru_gen_add_mm)(struct mm_struct *mm);
 #endif
+	/* run.c: each system call's entry point (x86_64 table: they take a pt_regs) */
+	const sys_call_ptr_t *sys_call_table;
 };
 
 extern struct bunshin_ksyms bunshin_ks;

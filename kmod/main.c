@@ -24,6 +24,7 @@ static const struct bunshin_verb bunshin_verbs[] = {
 	{ BUNSHIN_IOC_REPARENT, bunshin_reparent },
 	{ BUNSHIN_IOC_FORK, bunshin_fork },
 	{ BUNSHIN_IOC_GROUP_STATS, bunshin_group_stats },
+	{ BUNSHIN_IOC_RUN, bunshin_run },
 };
 
 u64 bunshin_features(void)

@@ -12,6 +12,7 @@ void bunshin_share_exit(void);
 long bunshin_reparent(void __user *uarg);
 long bunshin_group_stats(void __user *uarg);
 long bunshin_fork(void __user *uarg);
+long bunshin_run(void __user *uarg);
 
 /* BUNSHIN_FEATURE() bits of the verbs main.c dispatches. */
 u64 bunshin_features(void);

@@ -7,8 +7,8 @@
 #include "verbs.h"
 
 #define BUNSHIN_MODULE_MAJOR 0
-#define BUNSHIN_MODULE_MINOR 3
-#define BUNSHIN_MODULE_PATCH 1
+#define BUNSHIN_MODULE_MINOR 4
+#define BUNSHIN_MODULE_PATCH 0
 MODULE_VERSION(__stringify(BUNSHIN_MODULE_MAJOR) "."
 	       __stringify(BUNSHIN_MODULE_MINOR) "."
 	       __stringify(BUNSHIN_MODULE_PATCH));

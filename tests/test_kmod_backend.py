@@ -43,7 +43,7 @@ def mode(monkeypatch):
 
 
 def test_public_names():
-    assert set(kmod.__all__) == {"DEVICE", "ENV", "FORK_ENV", "Backend", "Kmod", "KmodUnavailable", "backend",
+    assert set(kmod.__all__) == {"DEVICE", "ENV", "FORK_ENV", "RUN_ENV", "Backend", "Kmod", "KmodUnavailable", "backend",
                                  "reset"}
     assert bunshin._core.backend is kmod.backend
 
@@ -110,6 +110,8 @@ def test_fork_verb_can_be_left_out(mode, monkeypatch):
     b = kmod.backend()
     assert b.fork is None and b.reparent is not None
     assert b.uses["fork clones"] == f"user space: injected clone3 ({kmod.FORK_ENV}=0)"
+    assert b.run is None  # RUN fixes up FORK's clones: off with it
+    assert b.uses["fork fixups"] == f"user space: injected system calls ({kmod.FORK_ENV}=0)"
     rows = {c.name: c for c in doctor.backend_checks()}
     assert not rows["fork clones"].ok and rows["fork parents"].ok
 
@@ -198,3 +200,83 @@ def test_both_backends_agree_on_forked_workspaces(family, mode):
         if k == u:
             break
     assert k == u and k.shared_bytes > 8 << 20
+
+
+@needs_module
+def test_fixups_run_in_the_kernel(mode, monkeypatch):
+    """With RUN, a clone's queued fixups (namespaces, cwd, session, terminal) are made by the
+    clone itself in the kernel: no batch is injected into it and no scratch memory mapped;
+    the child's shell has its namespaces, directory, session and terminal all the same."""
+    from bunshin.compel import Tracee
+    from bunshin.fork import remote
+
+    mode("1")
+    assert kmod.backend().run is not None
+    runs, injected = [], []
+    real_run, real_mmap = kmod.Kmod.run, Tracee.mmap
+    monkeypatch.setattr(kmod.Kmod, "run", lambda self, pid, calls, data=b"":
+                        runs.append((pid, [c[0] for c in calls])) or real_run(self, pid, calls, data))
+    monkeypatch.setattr(Tracee, "mmap", lambda self, *a: injected.append(self.pid) or real_mmap(self, *a))
+    ws = bunshin.Workspace.create()
+    try:
+        sh = ws.shell()
+        sh.run("mkdir -p /tmp/here && cd /tmp/here")
+        (kid,) = ws.fork(1)
+        try:
+            bash = kid._shells[0]
+            r = bash.run("echo $$ $(pwd) $(ps -o sid= -p $$) $(tty); readlink /proc/$$/ns/net")
+            pid, cwd, sid, tty, net = r.stdout.decode().split()
+            assert (pid, cwd, sid) == (str(sh.pid), "/tmp/here", str(sh.pid)) and tty.startswith("/dev/pts/")
+            assert net == os.readlink(f"/proc/{kid.init_pid}/ns/net")
+            clones = {p for p, _ in runs}
+            assert clones and not clones & set(injected), (runs, injected)
+            assert any(remote.SYS["setns"] in nrs for _, nrs in runs)
+        finally:
+            kid.close()
+    finally:
+        ws.close()
+
+
+@needs_module
+def test_a_queue_a_signal_interrupts_goes_on_by_injection(mode, tmp_path, monkeypatch):
+    """RUN stops at a call a signal interrupts (a FIFO's open, here); the Remote makes that
+    call and the rest by injection, which takes the signal and restarts the call as a system
+    call would: every result arrives, in order."""
+    import threading
+
+    from bunshin.compel import Tracee
+    from bunshin.fork import remote
+
+    mode("1")
+    k = kmod.backend().run
+    assert k is not None
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen(["sleep", "1000"])
+    try:
+        t = Tracee.seize(p.pid)
+        runs = []
+        real = kmod.Kmod.run
+
+        def counted(self, pid, calls, data=b""):
+            out = real(self, pid, calls, data)
+            runs.append(out)
+            return out
+
+        monkeypatch.setattr(kmod.Kmod, "run", counted)
+        r = remote.Remote(t, "sleep", run=k)
+        fd = r.queue_openat(str(fifo), os.O_RDONLY)
+        me = r.queue("getpid")
+        threading.Timer(0.5, os.kill, (p.pid, signal.SIGWINCH)).start()
+        writer = threading.Timer(1.5, lambda: os.close(os.open(fifo, os.O_WRONLY)))
+        writer.start()
+        r.flush()
+        writer.join()
+        assert runs == [[-512]]  # RUN stopped at the open with ERESTARTSYS
+        assert fd.value >= 0 and me.value == p.pid
+        assert os.readlink(f"/proc/{p.pid}/fd/{fd.value}") == str(fifo)
+        r.release()
+        t.detach()
+    finally:
+        p.kill()
+        p.wait()

@@ -6,7 +6,7 @@ kernel's errno, and leaves policy (which backend, what an errno means) to ``buns
 """
 
 from libc.errno cimport errno
-from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset
 import os
 
@@ -19,10 +19,11 @@ cdef extern from "linux/bunshin.h":
     int BUNSHIN_ABI_VERSION
     int BUNSHIN_NR_GET_VERSION, BUNSHIN_NR_SHARE_STATS, BUNSHIN_NR_REPARENT, BUNSHIN_NR_GROUP_STATS
     int BUNSHIN_NR_FORK, BUNSHIN_FORK_MAX_CHILDREN
+    int BUNSHIN_NR_RUN, BUNSHIN_RUN_MAX_CALLS, BUNSHIN_RUN_MAX_DATA
     int BUNSHIN_SHARE_STATS_MAX_PIDS
     unsigned int BUNSHIN_REPARENT_TRACED
     unsigned long BUNSHIN_IOC_GET_VERSION, BUNSHIN_IOC_SHARE_STATS, BUNSHIN_IOC_REPARENT
-    unsigned long BUNSHIN_IOC_GROUP_STATS, BUNSHIN_IOC_FORK
+    unsigned long BUNSHIN_IOC_GROUP_STATS, BUNSHIN_IOC_FORK, BUNSHIN_IOC_RUN
     struct bunshin_version:
         uint32_t abi_version
         uint32_t module_version
@@ -78,12 +79,45 @@ cdef extern from "linux/bunshin.h":
         uint64_t child_tid
         uint32_t done
         uint32_t resumed
+    struct bunshin_run_call:
+        uint32_t nr
+        uint32_t flags
+        uint32_t ok_errno
+        uint64_t args[6]
+        int64_t ret
+    struct bunshin_run:
+        int32_t pid
+        uint32_t ncalls
+        uint64_t calls_ptr
+        uint64_t data_ptr
+        uint32_t data_size
+        uint32_t call_size
+        uint32_t done
+        uint32_t resumed
+
+    unsigned int BUNSHIN_RUN_ARG_RESULT(int i)
+    unsigned int BUNSHIN_RUN_ARG_DATA(int i)
+    unsigned int BUNSHIN_RUN_OK_ANY
+
+cdef extern from *:
+    """
+    static const unsigned short bunshin_run_syscalls[] = { BUNSHIN_RUN_SYSCALLS_X86_64 };
+    #define BUNSHIN_N_RUN_SYSCALLS (sizeof(bunshin_run_syscalls) / sizeof(bunshin_run_syscalls[0]))
+    """
+    const unsigned short bunshin_run_syscalls[]
+    int BUNSHIN_N_RUN_SYSCALLS
 
 ABI_VERSION = BUNSHIN_ABI_VERSION
 NR = {"GET_VERSION": BUNSHIN_NR_GET_VERSION, "SHARE_STATS": BUNSHIN_NR_SHARE_STATS,
       "REPARENT": BUNSHIN_NR_REPARENT, "GROUP_STATS": BUNSHIN_NR_GROUP_STATS,
-      "FORK": BUNSHIN_NR_FORK}
+      "FORK": BUNSHIN_NR_FORK, "RUN": BUNSHIN_NR_RUN}
 FORK_MAX_CHILDREN = BUNSHIN_FORK_MAX_CHILDREN
+RUN_MAX_CALLS = BUNSHIN_RUN_MAX_CALLS
+RUN_MAX_DATA = BUNSHIN_RUN_MAX_DATA
+RUN_SYSCALLS = frozenset(bunshin_run_syscalls[i] for i in range(BUNSHIN_N_RUN_SYSCALLS))
+RUN_ARG_RESULT = tuple(BUNSHIN_RUN_ARG_RESULT(i) for i in range(6))
+RUN_ARG_DATA = tuple(BUNSHIN_RUN_ARG_DATA(i) for i in range(6))
+RUN_OK_ANY = BUNSHIN_RUN_OK_ANY
 MAX_PIDS = BUNSHIN_SHARE_STATS_MAX_PIDS
 REPARENT_TRACED = BUNSHIN_REPARENT_TRACED
 
@@ -213,3 +247,39 @@ def fork(int fd, int pid, children, unsigned long long child_tid=0):
         exc.resumed = bool(req.resumed)
         raise exc
     return made
+
+
+def run(int fd, int pid, calls, const unsigned char[::1] data=None):
+    """RUN: the system calls ``calls`` (``(nr, args, flags, ok_errno)`` each, flags and
+    ok_errno as the uapi header says) made by host pid ``pid`` (seized by the calling thread,
+    in a ptrace stop) with ``data`` mapped for them; returns the raw results of the calls that
+    ran. The OSError of a failed call carries ``resumed`` (``pid`` stops again: wait for it)."""
+    cdef Py_ssize_t n = len(calls), i, j
+    if n == 0 or n > BUNSHIN_RUN_MAX_CALLS:
+        raise ValueError(f"RUN takes 1..{BUNSHIN_RUN_MAX_CALLS} calls, not {n}")
+    cdef unsigned char[::1] buf = np.zeros(n * sizeof(bunshin_run_call), dtype=np.uint8)
+    cdef bunshin_run_call *c = <bunshin_run_call *>&buf[0]
+    for i, (nr, args, flags, ok_errno) in enumerate(calls):
+        c[i].nr = nr
+        c[i].flags = flags
+        c[i].ok_errno = ok_errno
+        for j, a in enumerate(args):
+            c[i].args[j] = <uint64_t>(a & 0xFFFFFFFFFFFFFFFF)
+    cdef bunshin_run req
+    cdef int r
+    memset(&req, 0, sizeof(req))
+    req.pid = pid
+    req.ncalls = <uint32_t>n
+    req.calls_ptr = <uint64_t><size_t>c
+    req.call_size = sizeof(bunshin_run_call)
+    if data is not None and data.shape[0]:
+        req.data_ptr = <uint64_t><size_t>&data[0]
+        req.data_size = <uint32_t>data.shape[0]
+    with nogil:
+        r = ioctl(fd, BUNSHIN_IOC_RUN, &req)
+    if r < 0:
+        e = errno
+        exc = OSError(e, os.strerror(e))
+        exc.resumed = bool(req.resumed)
+        raise exc
+    return [c[i].ret for i in range(req.done)]

@@ -7,7 +7,8 @@ Chosen once per process, here and nowhere else (as psutil does). ``BUNSHIN_KMOD`
 - ``0``: never use the module.
 - ``1``: require it; :func:`backend` raises :class:`KmodUnavailable` naming what is wrong.
 
-``BUNSHIN_KMOD_FORK=0`` keeps the module for everything but cloning (benchmarks compare the two).
+``BUNSHIN_KMOD_FORK=0`` keeps the module for everything but cloning and fixing clones up (FORK,
+RUN), ``BUNSHIN_KMOD_RUN=0`` for everything but the fixups (benchmarks compare them).
 
 Each verb is used only when the module serves it (its feature bit, and for REPARENT of a
 traced clone module 0.2.0); the rest falls back on its own, so an older module still helps.
@@ -25,14 +26,16 @@ from dataclasses import dataclass, field
 from ..errors import UnsupportedKernel
 from . import _kmod
 
-__all__ = ["DEVICE", "ENV", "FORK_ENV", "Backend", "Kmod", "KmodUnavailable", "backend", "reset"]
+__all__ = ["DEVICE", "ENV", "FORK_ENV", "RUN_ENV", "Backend", "Kmod", "KmodUnavailable", "backend", "reset"]
 
 DEVICE = "/dev/bunshin"
 ENV = "BUNSHIN_KMOD"
 FORK_ENV = "BUNSHIN_KMOD_FORK"  # 0: keep the module's other verbs, clone by injection (A/B runs)
+RUN_ENV = "BUNSHIN_KMOD_RUN"  # 0: clone with FORK, fix clones up by injection (A/B runs)
 _MODES = ("auto", "0", "1")
 _TRACED_SINCE = (0, 2, 0)  # module version that accepts BUNSHIN_REPARENT_TRACED
 FORK_MAX_CHILDREN = _kmod.FORK_MAX_CHILDREN
+RUN_MAX_CALLS = _kmod.RUN_MAX_CALLS
 
 
 class KmodUnavailable(UnsupportedKernel):
@@ -55,7 +58,7 @@ class Kmod:
 
     def serves(self, verb: str) -> bool:
         """Whether the module has ``verb`` (``"SHARE_STATS"``, ``"REPARENT"``, ``"GROUP_STATS"``,
-        ``"FORK"``)."""
+        ``"FORK"``, ``"RUN"``)."""
         return bool(self.features >> _kmod.NR[verb] & 1)
 
     @property
@@ -76,6 +79,13 @@ class Kmod:
         ``(pidns_pid, tid, parent)``; the OSError of a failure has ``made`` and ``resumed``."""
         return _kmod.fork(self.fd, pid, children, child_tid)
 
+    def run(self, pid: int, calls: list[tuple[int, tuple[int, ...], int, int]],
+            data: bytes = b"") -> list[int]:
+        """RUN: ``calls`` (``(nr, args, flags, ok_errno)``) made by ``pid`` itself (seized by the
+        calling thread, stopped) with ``data`` mapped; the results of those that ran. The
+        OSError of a failure has ``resumed``."""
+        return _kmod.run(self.fd, pid, calls, data)
+
     def reparent(self, pid: int, new_parent: int, traced: bool = False) -> int:
         """Move host pid ``pid`` under ``new_parent``; ``traced``: the calling thread traces it."""
         return _kmod.reparent(self.fd, pid, new_parent, _kmod.REPARENT_TRACED if traced else 0)
@@ -94,6 +104,8 @@ class Backend:
     """What each job goes through: ``{"fork parents": ..., "memory accounting": ...}``."""
     fork_wanted: bool = True
     """False under ``BUNSHIN_KMOD_FORK=0``: clone by injection even with a module that has FORK."""
+    run_wanted: bool = True
+    """False under ``BUNSHIN_KMOD_RUN=0`` (or FORK=0): fix clones up by injection even with RUN."""
 
     @property
     def name(self) -> str:
@@ -110,6 +122,13 @@ class Backend:
         REPARENT, which the engine also needs."""
         k = self.reparent
         return k if k is not None and k.serves("FORK") and self.fork_wanted else None
+
+    @property
+    def run(self) -> Kmod | None:
+        """The module when a clone's fixups can run inside it without ptrace stops (RUN);
+        used with FORK, and so off under ``BUNSHIN_KMOD_FORK=0`` too."""
+        k = self.fork
+        return k if k is not None and k.serves("RUN") and self.run_wanted else None
 
     @property
     def group_stats(self) -> Kmod | None:
@@ -140,9 +159,10 @@ def _open() -> tuple[Kmod | None, str]:
     return Kmod(fd, abi, _version(code), features), ""
 
 
-def _uses(k: Kmod | None, fork_wanted: bool = True) -> dict[str, str]:
+def _uses(k: Kmod | None, fork_wanted: bool = True, run_wanted: bool = True) -> dict[str, str]:
     if k is None:
         return {"fork clones": "user space: injected clone3 through an intermediate process",
+                "fork fixups": "user space: injected system calls",
                 "fork parents": "user space: clones are parented to the workspace's init",
                 "memory accounting": "user space: /proc/PID/pagemap"}
     v = ".".join(map(str, k.module_version))
@@ -152,8 +172,19 @@ def _uses(k: Kmod | None, fork_wanted: bool = True) -> dict[str, str]:
         clones = f"user space: injected clone3 ({FORK_ENV}=0)"
     else:
         clones = "kmod FORK: each process cloned in the kernel into the child's namespace"
+    if not k.serves("RUN"):
+        fixups = f"user space: injected system calls (module {v} has no RUN)"
+    elif not fork_wanted:
+        fixups = f"user space: injected system calls ({FORK_ENV}=0)"
+    elif not run_wanted:
+        fixups = f"user space: injected system calls ({RUN_ENV}=0)"
+    elif not k.serves("FORK") or not k.reparents_traced:
+        fixups = f"user space: injected system calls (module {v}: RUN is used with FORK only)"
+    else:
+        fixups = "kmod RUN: each clone's fixup calls made by it in the kernel, in one resume"
     return {
         "fork clones": clones,
+        "fork fixups": fixups,
         "fork parents": ("kmod REPARENT: each clone under the clone of its parent"
                          if k.reparents_traced else
                          f"user space: module {v} cannot reparent a traced clone (needs "
@@ -179,7 +210,8 @@ def _choose() -> Backend:
     v = ".".join(map(str, k.module_version))
     reason = f"{DEVICE}: ABI v{k.abi_version}, module {v}" + (f" ({ENV}=1)" if mode == "1" else "")
     fork_wanted = os.environ.get(FORK_ENV, "1").strip() != "0"
-    return Backend(mode, k, reason, _uses(k, fork_wanted), fork_wanted)
+    run_wanted = os.environ.get(RUN_ENV, "1").strip() != "0"
+    return Backend(mode, k, reason, _uses(k, fork_wanted, run_wanted), fork_wanted, run_wanted)
 
 
 def backend() -> Backend:

@@ -361,7 +361,7 @@ def discard_clone(c: Tracee) -> None:
 
 def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     """Everything after the clone: namespaces, cwd, session, descriptors, threads."""
-    r = Remote(child, f"process {proc.vpid} ({proc.name})")
+    r = Remote(child, f"process {proc.vpid} ({proc.name})", run=backend().run)
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result
         owed = child.take_owed_robust()
@@ -399,14 +399,17 @@ def finish_child(ctx: ForkCtx) -> None:
             fin(ctx)
 
 
+def dev_shm_used(template_init: int) -> bool:
+    """Whether the template's /dev/shm holds anything (it cannot change while it is frozen)."""
+    return bool(os.listdir(f"/proc/{template_init}/root/dev/shm"))
+
+
 def copy_dev_shm(template_init: int, child_init: int) -> None:
     """/dev/shm is workspace state (a tmpfs of its own): the child starts with a copy."""
-    src = f"/proc/{template_init}/root/dev/shm"
-    if os.listdir(src):
-        import subprocess
+    import subprocess
 
-        subprocess.run(["cp", "-a", f"{src}/.", f"/proc/{child_init}/root/dev/shm/"], check=True,
-                       capture_output=True)
+    subprocess.run(["cp", "-a", f"/proc/{template_init}/root/dev/shm/.",
+                    f"/proc/{child_init}/root/dev/shm/"], check=True, capture_output=True)
 
 
 def overlay_fd(lowers, upper, work) -> int:

@@ -4,7 +4,9 @@ strings and structures they take. Every failure is a ForkError naming the proces
 Calls whose result nobody needs at once are queued (:meth:`Remote.queue` returns a :class:`Ref`)
 and run together in one stop (compel's batch) when something needs a result: reading a Ref's
 value, a plain :meth:`Remote.call`, touching the Tracee (``r.t``), or :meth:`Remote.flush`.
-So the order of the calls in the process is the order they were asked for.
+So the order of the calls in the process is the order they were asked for. Given the kernel
+module's RUN, a queue runs in the kernel instead, made by the process itself in one resume: no
+scratch memory is mapped in it for the queue, and its data travels with the call.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import struct
 from typing import Iterator
 
+from .._core import _kmod
 from ..compel import Tracee
 from ..errors import ForkError
 from .plan import FdInfo
@@ -38,6 +41,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 
 TIOCSCTTY = 0x540E
 ANY_ERROR = tuple(range(1, 4096))  # ok_errnos: no error stops a queue (check the Ref after)
 F_SETFL, F_GETFL = 4, 3
+_RESTART_FIRST, _RESTART_LAST = 512, 516  # the kernel's ERESTARTSYS .. ERESTART_RESTARTBLOCK
 
 
 class Ref:
@@ -71,6 +75,19 @@ class Ref:
         return "?" if self._value is None else str(self._value)
 
 
+class _Data:
+    """Where a queued call's data will be: an offset into the queue's data, placed at flush
+    (in the scratch page, or in the memory RUN maps)."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def __repr__(self) -> str:
+        return f"<data+{self.offset}>"
+
+
 class Remote:
     """Syscalls in one stopped process (a :class:`Tracee`), raising on failure.
 
@@ -82,9 +99,10 @@ class Remote:
     _CODE = 128  # the batch program, then its table of 64-byte entries, one per call + an end
     MAX_QUEUE = (PAGE - _CODE) // 64 - 1
 
-    def __init__(self, t: Tracee, what: str) -> None:
+    def __init__(self, t: Tracee, what: str, run=None) -> None:
         self._t = t
         self.what = what
+        self._run = run  # the module (Kmod) when queues may go through RUN
         self._page = 0
         self._batched = True  # the page is executable
         self._queue: list[tuple[str, tuple, tuple[int, ...], Ref]] = []
@@ -111,6 +129,8 @@ class Remote:
         return ForkError(f"{self.what}: {name}{args}: {os.strerror(-r)}", pid=self._t.pid, step=name, errno=-r)
 
     def call(self, name: str, *args: int | Ref, ok_errnos: tuple[int, ...] = ()) -> int:
+        if any(isinstance(a, _Data) for a in args):
+            raise ForkError(f"{self.what}: {name}: queued data given to a plain call (use put)")
         self.flush()
         args = tuple(a.value if isinstance(a, Ref) else a for a in args)
         r = self._t.syscall(SYS[name], *args)
@@ -140,44 +160,93 @@ class Remote:
     def flush(self) -> None:
         """Run the queued calls, in one stop; raises as :meth:`call` for the first that failed
         (the calls after it did not run)."""
-        if not self._queue and not self._data:
-            return
         q, self._queue = self._queue, []
-        page = self._scratch()
-        if self._data:
-            data, self._data = bytes(self._data), bytearray()
-            self._t.write(page + self.PAGE, data)
+        data, self._data = bytes(self._data), bytearray()
         if not q:
             return
-        if self._batched:
-            rets = self._t.batch(page, page + self._CODE, [self._entry(e) for e in q])
-        else:
-            rets = self._one_by_one(q)
-        for (name, args, ok, ref), r in zip(q, rets):
+        done = 0
+        if self._run is not None and all(SYS[e[0]] in _kmod.RUN_SYSCALLS for e in q):
+            rets = self._in_kernel(q, data)
+            if rets is not None:
+                done = self._settle(q, rets)
+        if done < len(q):  # no RUN, or it stopped at a call a signal interrupted
+            rest = q[done:]
+            page = self._scratch()
+            if data:
+                self._t.write(page + self.PAGE, data)
+            if self._batched:
+                rets = self._t.batch(page, page + self._CODE, [self._entry(e, page, done) for e in rest])
+            else:
+                rets = self._one_by_one(rest, page, done)
+            self._settle(rest, rets)
+
+    def _settle(self, q: list, rets: list[int]) -> int:
+        """Give each call that ran its result, raising for the first that failed; returns how
+        many are settled, short of a restart code (RUN: a signal interrupted that call)."""
+        for i, ((name, args, ok, ref), r) in enumerate(zip(q, rets)):
+            if -_RESTART_LAST <= r <= -_RESTART_FIRST:
+                return i
             ref._value = r
             if -4096 < r < 0 and -r not in ok:
                 raise self._fail(name, tuple(a.value if isinstance(a, Ref) else a for a in args), r)
+        return len(rets)
 
-    def _entry(self, e: tuple) -> tuple[int, tuple[int, ...], int]:
+    def _pending(self, name: str, i: int, a: Ref) -> int:
+        """The queue index of a result still to come, which must be this queue's."""
+        if a._r is not self or a._index < 0:
+            raise ForkError(f"{self.what}: {name}: argument {i} is another queue's result")
+        return a._index
+
+    def _entry(self, e: tuple, page: int, base: int = 0) -> tuple[int, tuple[int, ...], int]:
         name, args, ok, _ = e
         flags = self._t.BATCH_OK_ERR if ok is ANY_ERROR else self._t.batch_ok_errno(ok[0]) if ok else 0
         out = []
         for i, a in enumerate(args):
             if isinstance(a, Ref) and a._value is None:
-                if a._r is not self or a._index < 0:
-                    raise ForkError(f"{self.what}: {name}: argument {i} is another queue's result")
                 flags |= self._t.batch_ref(i)
-                a = a._index
+                a = self._pending(name, i, a) - base
             elif isinstance(a, Ref):
                 a = a._value
+            elif isinstance(a, _Data):
+                a = page + self.PAGE + a.offset
             out.append(a)
         return SYS[name], tuple(out), flags
 
-    def _one_by_one(self, q: list) -> list[int]:
+    def _in_kernel(self, q: list, data: bytes) -> list[int] | None:
+        """The queue made by the process itself, in the kernel (RUN): one resume, no scratch.
+        None when a signal is pending for it (it would stop for that first): injected then."""
+        calls = []
+        for name, args, ok, _ in q:
+            flags = _kmod.RUN_OK_ANY if ok is ANY_ERROR else 0
+            out = []
+            for i, a in enumerate(args):
+                if isinstance(a, Ref) and a._value is None:
+                    flags |= _kmod.RUN_ARG_RESULT[i]
+                    a = self._pending(name, i, a)
+                elif isinstance(a, Ref):
+                    a = a._value
+                elif isinstance(a, _Data):
+                    flags |= _kmod.RUN_ARG_DATA[i]
+                    a = a.offset
+                out.append(a)
+            calls.append((SYS[name], tuple(out), flags, ok[0] if ok and ok is not ANY_ERROR else 0))
+        t = self._t
+        try:
+            return t.run_by(lambda: self._run.run(t.pid, calls, data))
+        except OSError as e:
+            if e.errno == _errno.EAGAIN and not getattr(e, "resumed", False):
+                return None
+            raise ForkError(f"{self.what}: /dev/bunshin RUN of {len(calls)} calls "
+                            f"({', '.join(e[0] for e in q)}): {e.strerror}", pid=t.pid, step="run",
+                            errno=e.errno) from None
+
+    def _one_by_one(self, q: list, page: int, base: int = 0) -> list[int]:
         rets: list[int] = []
         for name, args, ok, _ in q:
-            r = self._t.syscall(SYS[name], *(rets[a._index] if isinstance(a, Ref) and a._value is None else
-                                             a.value if isinstance(a, Ref) else a for a in args))
+            r = self._t.syscall(SYS[name], *(rets[a._index - base] if isinstance(a, Ref) and a._value is None else
+                                             a.value if isinstance(a, Ref) else
+                                             page + self.PAGE + a.offset if isinstance(a, _Data) else a
+                                             for a in args))
             rets.append(r)
             if -4096 < r < 0 and -r not in ok:
                 break
@@ -194,19 +263,19 @@ class Remote:
     def path(self, p: str, offset: int = 0) -> int:
         return self.put(os.fsencode(p) + b"\0", offset)
 
-    def queue_put(self, data: bytes) -> int:
-        """Place ``data`` in the scratch page of queued calls (copied there when they run);
-        returns its address in the process."""
+    def queue_put(self, data: bytes) -> _Data:
+        """Place ``data`` with the queued calls (copied into the process when they run); the
+        result stands for its address there, as an argument of a queued call only."""
         size = (len(data) + 7) & ~7
         if len(self._data) + size > self.PAGE:
             self.flush()  # frees the page (one data argument per call: none is half-placed)
         if size > self.PAGE:
             raise ForkError(f"{self.what}: argument of {len(data)} bytes is too long for the scratch page")
-        addr = self._scratch() + self.PAGE + len(self._data)
+        at = _Data(len(self._data))
         self._data += data.ljust(size, b"\0")
-        return addr
+        return at
 
-    def queue_path(self, p: str) -> int:
+    def queue_path(self, p: str) -> _Data:
         return self.queue_put(os.fsencode(p) + b"\0")
 
     def openat(self, path: str, flags: int, mode: int = 0) -> int:

@@ -62,6 +62,7 @@ class TemplateCore(slots.Holder):
         self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
         self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
         self._depth_ok = False
+        self.dev_shm_used: bool | None = None  # its /dev/shm is not empty (asked at a first fork)
         self.reap_due = 0  # children closed (or removed by a failed fork) since the last reap
         # the init ignores SIGCHLD (set at the first seize): the kernel reaps its children;
         # None until that seize asked (asked once: one that refused is not asked again)
@@ -414,7 +415,10 @@ class _Child:
         if not self.early:  # one made ahead is in its root already, on its own CPUs
             self.chan.wait_ready(10)
             self.pin.release_clone(core.parts["init_pid"], self.ci)
-        engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
+        if core.dev_shm_used is None:
+            core.dev_shm_used = engine.dev_shm_used(core.parts["init_pid"])
+        if core.dev_shm_used:
+            engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
         sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),

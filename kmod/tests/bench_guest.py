@@ -6,13 +6,15 @@
 - fork: Template.fork of a 5-process workspace (init, a shell with two background jobs, a
   Python process), and of issue 3's small workspace (init and a shell), with the module (each
   process cloned by FORK in the kernel, straight into the child under its init, then
-  REPARENTed: exact parent links), with the module but cloning by injection
+  REPARENTed: exact parent links; each clone's fixups made by it in the kernel, RUN), with
+  FORK but fixups injected (BUNSHIN_KMOD_RUN=0), with the module but cloning by injection
   (BUNSHIN_KMOD_FORK=0: REPARENT only), and with the user-space engine alone; also the time of
   one process's clone (engine.clone_process) on each path, and the rest of each child's fork
-  (its init, the fixups inside its clones, the hand-out): the same work on every path, so it
-  bounds how much faster the module's FORK can make a whole fork.
+  (its init, the fixups inside its clones, the hand-out): the same Python on every path (the
+  fixups' system calls made by RUN with the module, injected without), so it bounds how much
+  faster the module's FORK can make a whole fork.
 
-Rounds alternate the two backends; under QEMU/TCG only the ratios mean anything. Needs root, a
+Rounds alternate the backends; under QEMU/TCG only the ratios mean anything. Needs root, a
 cgroup hierarchy and a state directory (guest-tests.sh provides them). The last line of output
 is the JSON result.
 """
@@ -54,9 +56,11 @@ time.sleep(1000)
 
 
 def backend(mode):
-    """mode "1": the module, all verbs; "reparent": the module without FORK; "0": none."""
+    """mode "1": the module, all verbs; "norun": without RUN; "reparent": without FORK (and
+    so RUN); "0": none."""
     os.environ[kmod.ENV] = "0" if mode == "0" else "1"
     os.environ[kmod.FORK_ENV] = "0" if mode == "reparent" else "1"
+    os.environ[kmod.RUN_ENV] = "0" if mode == "norun" else "1"
     kmod.reset()
     return kmod.backend()
 
@@ -133,15 +137,17 @@ def bench_fork(small=False):
         nproc = len(ws.processes())
         tpl = ws.snapshot()
         try:
-            modes = ("1", "reparent", "0")
+            modes = ("1", "norun", "reparent", "0")
             times = {m: [] for m in modes}
             clones = {m: [] for m in modes}
             rest = {m: [] for m in modes}  # per child: the fork outside engine.clone_process
             for _ in range(ROUNDS):
                 for mode in modes:
                     b = backend(mode)
-                    if (b.fork is not None) != (mode == "1"):
+                    if (b.fork is not None) != (mode in ("1", "norun")):
                         sys.exit(f"mode {mode}: FORK {'not ' if b.fork is None else ''}in use")
+                    if (b.run is not None) != (mode == "1"):
+                        sys.exit(f"mode {mode}: RUN {'not ' if b.run is None else ''}in use")
                     clone_timer.take()
                     dt, kids = timed(lambda: tpl.fork(FORKS))
                     times[mode].append(dt / FORKS)
@@ -164,16 +170,18 @@ def bench_fork(small=False):
     rmed = {m: statistics.median(rest[m]) for m in modes}
     return {"processes": nproc, "forks_per_call": FORKS,
             "kmod_fork_median_ms": round(med["1"] * 1e3, 2),
+            "no_run_fork_median_ms": round(med["norun"] * 1e3, 2),
             "reparent_only_fork_median_ms": round(med["reparent"] * 1e3, 2),
             "user_fork_median_ms": round(med["0"] * 1e3, 2),
             "user_over_kmod": round(med["0"] / med["1"], 3),
+            "no_run_over_kmod": round(med["norun"] / med["1"], 3),
             "reparent_only_over_kmod": round(med["reparent"] / med["1"], 3),
             "kmod_clone_process_median_ms": round(cmed["1"] * 1e3, 3),
             "reparent_only_clone_process_median_ms": round(cmed["reparent"] * 1e3, 3),
             "user_clone_process_median_ms": round(cmed["0"] * 1e3, 3),
             "clone_user_over_kmod": round(cmed["0"] / cmed["1"], 2),
-            # what FORK cannot touch: each child's init, the fixups in every clone (ptrace
-            # batches on both paths), the hand-out. user_over_kmod could reach
+            # what FORK cannot touch: each child's init, the fixups in every clone (RUN with
+            # the module, ptrace batches without), the hand-out. user_over_kmod could reach
             # user_over_kmod_if_fork_were_free at most, were the module's clones free.
             "kmod_outside_clone_median_ms": round(rmed["1"] * 1e3, 3),
             "user_outside_clone_median_ms": round(rmed["0"] * 1e3, 3),
@@ -181,8 +189,8 @@ def bench_fork(small=False):
 
 
 def main():
-    if backend("1").fork is None:
-        sys.exit("the module lacks FORK or REPARENT of traced clones")
+    if backend("1").run is None:
+        sys.exit("the module lacks RUN, FORK or REPARENT of traced clones")
     out = {"bench": "kmod_vs_user_space",
            "machine": f"qemu-tcg guest {platform.release()}, host {os.environ.get('BUNSHIN_HOST', '?')}",
            "rounds": {"accounting": ACCOUNTING_ROUNDS, "fork": ROUNDS},

@@ -11,15 +11,21 @@ PY=${BUNSHIN_GUEST_PYTHON:?}
 args=()
 [ -s "$RESULTS_DIR/pytest.args" ] && mapfile -d '' args < "$RESULTS_DIR/pytest.args"
 rc=0
-"$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
-    test_kmod.py test_fork_verb.py "${args[@]}" || rc=1
+FORK_TESTS= GUEST_CMD=
+. "$RESULTS_DIR/guest.env"   # run.sh -f, -x
 
 # The library's own suite needs what a host has: a cgroup hierarchy and a
 # state directory on a file system of its own (a tmpfs here, so no loop device).
 mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup || rc=1
 mkdir -p /run/bunshin-state && mount -t tmpfs -o mode=700 bunshin-state /run/bunshin-state || rc=1
-FORK_TESTS=
-. "$RESULTS_DIR/guest.env"   # run.sh -f
+if [ -n "$GUEST_CMD" ]; then   # run.sh -x: that command alone
+  [ $rc = 0 ] || exit $rc
+  cd "$REPO" && BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+    PY="$PY" exec /bin/bash -c "$GUEST_CMD"
+fi
+"$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
+    test_kmod.py test_fork_verb.py test_run_verb.py "${args[@]}" || rc=1
+
 read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py}"
 if [ "${fork_tests[*]}" != none ]; then
   (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_STATE_DIR=/run/bunshin-state \

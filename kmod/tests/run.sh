@@ -6,7 +6,7 @@
 # read-only (virtio-fs), loads the module, runs guest-tests.sh (pytest suite
 # + benchmark), unloads it and checks the kernel log.
 #
-# usage: kmod/tests/run.sh [-t SECS] [-m MiB] [-o OUTDIR] [-f TESTS] [-- PYTEST_ARGS...]
+# usage: kmod/tests/run.sh [-t SECS] [-m MiB] [-o OUTDIR] [-f TESTS] [-x CMD] [-- PYTEST_ARGS...]
 #   -t SECS   wall-clock limit for the guest (default 1500: a hang guard; a run
 #             takes ~4 min, but up to 3x that when the host is slowed by its neighbours)
 #   -m MiB    guest memory (default 1024)
@@ -18,6 +18,10 @@
 #             tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py
 #             tests/test_fork_vfork.py;
 #             "none" skips)
+#   -x CMD    run this shell command in the guest instead of the tests and benchmarks
+#             (from the repository root, with the module loaded and what the fork suite
+#             has: a cgroup hierarchy, BUNSHIN_STATE_DIR; its output goes to output.log,
+#             its status is the run's): profiling, one test under the module
 # env: BUNSHIN_CACHE_DIR (default ~/.cache/bunshin; kernels live in its kmod/),
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;
@@ -31,10 +35,10 @@ CACHE=${BUNSHIN_CACHE_DIR:-$HOME/.cache/bunshin}/kmod
 PY=${BUNSHIN_GUEST_PYTHON:-/root/.pyenv/versions/3.11.7/bin/python3}
 QEMU=qemu-system-x86_64
 VIRTIOFSD=/usr/lib/qemu/virtiofsd
-TIMEOUT=1500 MEM=1024 OUT= FORK_TESTS=
-while getopts "t:m:o:f:h" o; do
+TIMEOUT=1500 MEM=1024 OUT= FORK_TESTS= GUEST_CMD=
+while getopts "t:m:o:f:x:h" o; do
   case $o in
-    t) TIMEOUT=$OPTARG;; m) MEM=$OPTARG;; o) OUT=$OPTARG;; f) FORK_TESTS=$OPTARG;;
+    t) TIMEOUT=$OPTARG;; m) MEM=$OPTARG;; o) OUT=$OPTARG;; f) FORK_TESTS=$OPTARG;; x) GUEST_CMD=$OPTARG;;
     *) sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 125;;
   esac
 done
@@ -176,8 +180,8 @@ cp -r "$KMOD"/Kbuild "$KMOD"/*.c "$KMOD"/*.h "$KMOD"/include "$RUN/build/"
 # CONFIG_CC_VERSION_TEXT identical to the running kernel's.
 make -s -C "/lib/modules/$KVER/build" M="$RUN/build" CC=gcc-12 modules >&2 \
   || die "module build failed"
-printf 'KO=%q\nTESTS=%q\nPY=%q\nHOSTINFO=%q\nFORK_TESTS=%q\n' "$RUN/build/bunshin.ko" "$TESTS" \
-  "$PY" "$(uname -r) $(nproc) cpus" "$FORK_TESTS" > "$OUT/guest.env"
+printf 'KO=%q\nTESTS=%q\nPY=%q\nHOSTINFO=%q\nFORK_TESTS=%q\nGUEST_CMD=%q\n' "$RUN/build/bunshin.ko" \
+  "$TESTS" "$PY" "$(uname -r) $(nproc) cpus" "$FORK_TESTS" "$GUEST_CMD" > "$OUT/guest.env"
 printf '%s\0' "$@" > "$OUT/pytest.args"     # NUL-separated: quoting survives
 
 # --- virtiofsd + qemu --------------------------------

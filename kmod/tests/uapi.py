@@ -12,7 +12,8 @@ from pathlib import Path
 HEADER = Path(__file__).resolve().parents[1] / "include/uapi/linux/bunshin.h"
 DEVICE = "/dev/bunshin"
 
-_CTYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__s32": ctypes.c_int32}
+_CTYPES = {"__u64": ctypes.c_uint64, "__u32": ctypes.c_uint32, "__s32": ctypes.c_int32,
+           "__s64": ctypes.c_int64}
 # asm-generic/ioctl.h (x86): nr 8 bits, type 8 bits, size 14 bits, then dir.
 _IOC_DIR = {"_IOW": 1, "_IOR": 2, "_IOWR": 3}
 
@@ -50,6 +51,9 @@ class Header:
         m = re.fullmatch(r"(.+?)\s*<<\s*(.+)", expr)
         if m:
             return self.value(m.group(1)) << self.value(m.group(2))
+        m = re.fullmatch(r"(\w+)\s*\+\s*(.+)", expr)
+        if m:
+            return self.value(m.group(1)) + self.value(m.group(2))
         m = re.fullmatch(r"(\d+)U?L?L?", expr)
         if m:
             return int(m.group(1))
@@ -64,6 +68,15 @@ class Header:
 
     def feature(self, nr):
         return 1 << nr
+
+    def run_syscalls(self):
+        """BUNSHIN_RUN_SYSCALLS_X86_64: the system call numbers RUN allows."""
+        return {int(x) for x in self.defines["BUNSHIN_RUN_SYSCALLS_X86_64"].split(",")}
+
+    def macro(self, name, arg):
+        """A one-argument function-like #define of the header, applied to ``arg``."""
+        m = re.search(rf"^#define\s+{name}\((\w+)\)\s+(.+?)\s*$", self.text, re.MULTILINE)
+        return self.value(re.sub(rf"\b{m.group(1)}\b", str(arg), m.group(2)))
 
 
 ABI = Header()
@@ -153,6 +166,31 @@ class Device:
             e.resumed = bool(req.resumed)
             raise
         return req, [k.pid for k in list(kids)[: req.done]]
+
+
+    def run(self, pid, calls, data=b"", **override):
+        """RUN: ``calls`` (``(nr, args, flags, ok_errno)``) made by ``pid`` with ``data``;
+        returns (request, results of the calls that ran). override sets request fields."""
+        arr = (ABI.bunshin_run_call * max(len(calls), 1))()
+        for c, (nr, args, flags, ok) in zip(arr, calls):
+            c.nr, c.flags, c.ok_errno = nr, flags, ok
+            for i, a in enumerate(args):
+                c.args[i] = a & 0xFFFFFFFFFFFFFFFF
+        buf = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
+        req = ABI.bunshin_run(pid=pid, ncalls=len(calls), calls_ptr=ctypes.addressof(arr),
+                              data_ptr=ctypes.addressof(buf) if data else 0, data_size=len(data),
+                              call_size=ctypes.sizeof(ABI.bunshin_run_call))
+        reserved = override.pop("reserved", None)
+        if reserved:
+            req.reserved[0] = reserved
+        for field, value in override.items():
+            setattr(req, field, value)
+        try:
+            fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_RUN, req, True)
+        except OSError as e:
+            e.resumed = bool(req.resumed)
+            raise
+        return req, [c.ret for c in list(arr)[: req.done]]
 
 
 def refs(path="/sys/kernel/debug/bunshin/refs"):

@@ -27,13 +27,14 @@
 
 /*
  * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT, 3 FORK,
- * 4 GROUP_STATS.
+ * 4 GROUP_STATS, 5 RUN.
  */
 #define BUNSHIN_NR_GET_VERSION 0
 #define BUNSHIN_NR_SHARE_STATS 1
 #define BUNSHIN_NR_REPARENT 2
 #define BUNSHIN_NR_FORK 3
 #define BUNSHIN_NR_GROUP_STATS 4
+#define BUNSHIN_NR_RUN 5
 
 struct bunshin_version {
 	__u32 abi_version;	/* out: BUNSHIN_ABI_VERSION of the module */
@@ -249,5 +250,89 @@ struct bunshin_fork {
 
 #define BUNSHIN_IOC_FORK \
 	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_FORK, struct bunshin_fork)
+
+/*
+ * RUN (module 0.4.0 and later): run a list of system calls in a stopped
+ * tracee, in its own context, in one resume: what a batch injected with
+ * ptrace does, without the round trips for its scratch memory, its table and
+ * its results.
+ *
+ * @pid (caller's pid namespace) is a thread the calling thread has seized and
+ * that sits in a ptrace stop, as for FORK.  The module resumes it; on its way
+ * back to user mode it maps @data_size bytes of fresh anonymous memory, copies
+ * the bytes at @data_ptr there, makes the calls in order as if it made them
+ * itself (its credentials, namespaces, descriptors; seccomp filters, syscall
+ * tracing and audit do not apply), unmaps the memory and stops in a
+ * PTRACE_EVENT_STOP the caller must wait for.  It runs no user code and its
+ * registers are not changed.
+ *
+ * Per call: @nr, one of BUNSHIN_RUN_SYSCALLS_X86_64; @args, of which
+ * BUNSHIN_RUN_ARG_RESULT(i) makes args[i] the index of an earlier call whose
+ * result it becomes, and BUNSHIN_RUN_ARG_DATA(i) an offset into the data whose
+ * address there it becomes.  A call that fails (-4095..-1) stops the list
+ * unless it has BUNSHIN_RUN_OK_ANY or that errno in @ok_errno; @done says how
+ * many ran, each one's @ret its raw result.  A call a signal interrupted, which
+ * a system call would make again once the signal is delivered, stops the list
+ * too, with the kernel's restart code as @ret (-512 to -516: ERESTARTSYS,
+ * ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK): make it again once
+ * the tracee has taken the signal.  The ioctl itself succeeds then: the results
+ * tell.  The caller waits for the calls (a blocking one holds it): RUN is for
+ * calls that do not wait for another process.
+ *
+ * Errors: EINVAL nonzero flags/pad/done/resumed/reserved, wrong call_size,
+ * ncalls 0, a call number not in the list, a result that is not an earlier
+ * call's, a data offset past @data_size, unknown call flags, a 32-bit task;
+ * E2BIG ncalls > BUNSHIN_RUN_MAX_CALLS or data_size > BUNSHIN_RUN_MAX_DATA;
+ * EFAULT bad pointers, or the data could not be copied in; ESRCH, EBUSY,
+ * EAGAIN, ETIMEDOUT, EINTR and EPERM as for FORK; ENOMEM no room for the data.
+ * Once @resumed says @pid was resumed it stops again, errors too: wait for it.
+ */
+#define BUNSHIN_RUN_MAX_CALLS 64
+#define BUNSHIN_RUN_MAX_DATA 16384
+
+/* close lseek ioctl fcntl dup3 chdir setsid setpgid openat pipe2 setns
+ * pidfd_open pidfd_getfd getpid set_tid_address set_robust_list ftruncate
+ * memfd_create getitimer setitimer timer_create timer_settime timer_gettime
+ * timer_delete signalfd4 inotify_init1 inotify_add_watch inotify_rm_watch
+ * eventfd2 timerfd_create timerfd_settime epoll_create1 epoll_ctl socket
+ * socketpair bind listen shutdown unlinkat rt_sigaction tee: calls on
+ * descriptors, namespaces and process attributes that need nothing of the
+ * caller's registers. */
+#define BUNSHIN_RUN_SYSCALLS_X86_64 \
+	3, 8, 16, 72, 292, 80, 112, 109, 257, 293, 308, 434, 438, 39, 218, 273, \
+	77, 319, 36, 38, 222, 223, 224, 226, 289, 294, 254, 255, 290, 283, 286, \
+	291, 233, 41, 53, 49, 50, 48, 263, 13, 276
+
+#define BUNSHIN_RUN_ARG_RESULT(i) (1U << (i))
+#define BUNSHIN_RUN_ARG_DATA(i) (1U << (8 + (i)))
+#define BUNSHIN_RUN_OK_ANY (1U << 16)
+
+struct bunshin_run_call {
+	__u32 nr;		/* in: system call number */
+	__u32 flags;		/* in: BUNSHIN_RUN_ARG_*(i), BUNSHIN_RUN_OK_ANY */
+	__u32 ok_errno;		/* in: 0, or one errno that does not stop the list */
+	__u32 pad;		/* in: must be 0 */
+	__u64 args[6];		/* in */
+	__s64 ret;		/* in: must be 0; out: the raw result, for the calls that ran */
+	__u64 reserved[2];	/* in: must be 0 */
+};
+
+struct bunshin_run {
+	__s32 pid;		/* in: the thread to run them (a pid_t) */
+	__u32 ncalls;		/* in: 1..BUNSHIN_RUN_MAX_CALLS */
+	__u64 calls_ptr;	/* in: user address of struct bunshin_run_call
+				 *	[ncalls]; each ret is written */
+	__u64 data_ptr;		/* in: user address of data_size bytes */
+	__u32 data_size;	/* in: 0..BUNSHIN_RUN_MAX_DATA */
+	__u32 call_size;	/* in: sizeof(struct bunshin_run_call) */
+	__u32 flags;		/* in: must be 0 */
+	__u32 done;		/* in: must be 0; out: calls that ran */
+	__u32 resumed;		/* in: must be 0; out: 1 once @pid was resumed */
+	__u32 pad;		/* in: must be 0 */
+	__u64 reserved[4];	/* in: must be 0 */
+};
+
+#define BUNSHIN_IOC_RUN \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_RUN, struct bunshin_run)
 
 #endif /* _UAPI_LINUX_BUNSHIN_H */
