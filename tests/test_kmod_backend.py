@@ -19,7 +19,7 @@ import bunshin
 from bunshin import doctor
 from bunshin._core import kmod
 from bunshin.memory import pids_usage
-from conftest import wait_file
+from conftest import wait_file, ws_status
 
 HAVE_DEVICE = os.path.exists(kmod.DEVICE)
 needs_module = pytest.mark.skipif(not HAVE_DEVICE, reason="bunshin.ko not loaded (run kmod/tests/run.sh)")
@@ -228,6 +228,9 @@ def test_fixups_run_in_the_kernel(mode, monkeypatch):
             pid, cwd, sid, tty, net = r.stdout.decode().split()
             assert (pid, cwd, sid) == (str(sh.pid), "/tmp/here", str(sh.pid)) and tty.startswith("/dev/pts/")
             assert net == os.readlink(f"/proc/{kid.init_pid}/ns/net")
+            # its CPUs given back with the fixups, not pinned to the engine's as during the fork
+            mine = [l for l in open("/proc/self/status") if l.startswith("Cpus_allowed_list:")]
+            assert ws_status(kid, sh.pid, "Cpus_allowed_list") == mine[0].split(":")[1].strip()
             clones = {p for p, _ in runs}
             assert clones and not clones & set(injected), (runs, injected)
             assert any(remote.SYS["setns"] in nrs for _, nrs in runs)

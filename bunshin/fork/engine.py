@@ -32,7 +32,7 @@ from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from . import nspool
 from .plan import ProcPlan
-from .remote import Remote, enter_namespaces
+from .remote import Remote, enter_namespaces, set_affinity
 from .seize import Pinned
 
 
@@ -359,11 +359,19 @@ def discard_clone(c: Tracee) -> None:
     c._ctl = None
 
 
-def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
-    """Everything after the clone: namespaces, cwd, session, descriptors, threads."""
+def fixups_in_kernel() -> bool:
+    """Whether a clone's queued fixups are made by the clone itself in the kernel (RUN)."""
+    return backend().run is not None
+
+
+def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee, cpus: set[int] | None = None) -> None:
+    """Everything after the clone: namespaces, cwd, session, descriptors, threads. ``cpus``:
+    move it there first (the threads it gets inherit them), with its other fixups."""
     r = Remote(child, f"process {proc.vpid} ({proc.name})", run=backend().run)
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result
+        if cpus:
+            set_affinity(r, cpus)
         owed = child.take_owed_robust()
         if owed is not None:
             r.queue("set_robust_list", *owed)

@@ -34,7 +34,7 @@ SYS = {
     "pidfd_getfd": 438, "eventfd2": 290, "write": 1, "timerfd_create": 283, "timerfd_settime": 286,
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
     "unlinkat": 263, "shutdown": 48, "rt_sigaction": 13,
-    "set_robust_list": 273,
+    "set_robust_list": 273, "sched_setaffinity": 203,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
@@ -326,6 +326,14 @@ class Remote:
             except ForkError:
                 pass
             self._page = 0
+
+
+def set_affinity(r: Remote, cpus: set[int]) -> None:
+    """Queue the clone's move onto ``cpus`` (its calling thread, so threads it gets later
+    inherit them)."""
+    size = (max(cpus) // 64 + 1) * 8
+    mask = sum(1 << c for c in cpus).to_bytes(size, "little")
+    r.queue("sched_setaffinity", 0, size, r.queue_put(mask))
 
 
 def enter_namespaces(r: Remote, cwd: str) -> None:

@@ -436,6 +436,9 @@ class _Child:
     def fix(self, pl, c) -> None:
         if pl.hostpid not in self.born_in_cg:
             self.cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
+        if engine.fixups_in_kernel():  # given its CPUs back with the rest, in one RUN
+            engine.fix_process(self.ctx, pl, c, self.pin.cpus_of(pl.hostpid))
+            return
         engine.fix_process(self.ctx, pl, c)
         self.pin.release_clone(pl.hostpid, c)
 

@@ -207,5 +207,5 @@ def test_run_syscalls_are_those_the_library_may_queue():
     assert _kmod.RUN_SYSCALLS == ABI.run_syscalls()
     assert _kmod.RUN_ARG_RESULT == tuple(RESULT) and _kmod.RUN_ARG_DATA == tuple(DATA)
     queued = {"close", "dup3", "fcntl", "openat", "pidfd_open", "setns", "chdir", "setsid",
-              "setpgid", "ioctl", "set_robust_list"}  # a shell's fixups (enter_namespaces, ptys)
+              "setpgid", "ioctl", "set_robust_list", "sched_setaffinity"}  # a shell's fixups (enter_namespaces, ptys)
     assert {remote.SYS[n] for n in queued} <= _kmod.RUN_SYSCALLS

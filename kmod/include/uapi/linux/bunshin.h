@@ -295,13 +295,14 @@ struct bunshin_fork {
  * memfd_create getitimer setitimer timer_create timer_settime timer_gettime
  * timer_delete signalfd4 inotify_init1 inotify_add_watch inotify_rm_watch
  * eventfd2 timerfd_create timerfd_settime epoll_create1 epoll_ctl socket
- * socketpair bind listen shutdown unlinkat rt_sigaction tee: calls on
+ * socketpair bind listen shutdown unlinkat rt_sigaction tee
+ * sched_setaffinity: calls on
  * descriptors, namespaces and process attributes that need nothing of the
  * caller's registers. */
 #define BUNSHIN_RUN_SYSCALLS_X86_64 \
 	3, 8, 16, 72, 292, 80, 112, 109, 257, 293, 308, 434, 438, 39, 218, 273, \
 	77, 319, 36, 38, 222, 223, 224, 226, 289, 294, 254, 255, 290, 283, 286, \
-	291, 233, 41, 53, 49, 50, 48, 263, 13, 276
+	291, 233, 41, 53, 49, 50, 48, 263, 13, 276, 203
 
 #define BUNSHIN_RUN_ARG_RESULT(i) (1U << (i))
 #define BUNSHIN_RUN_ARG_DATA(i) (1U << (8 + (i)))
