@@ -16,12 +16,15 @@ import errno as _errno
 import mmap as _mmap
 import os
 import struct
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .._core import _kmod
 from ..compel import Tracee
 from ..errors import ForkError
 from .plan import FdInfo
+
+if TYPE_CHECKING:
+    from .._core.kmod import Kmod
 
 # x86_64 system call numbers
 SYS = {
@@ -99,7 +102,7 @@ class Remote:
     _CODE = 128  # the batch program, then its table of 64-byte entries, one per call + an end
     MAX_QUEUE = (PAGE - _CODE) // 64 - 1
 
-    def __init__(self, t: Tracee, what: str, run=None) -> None:
+    def __init__(self, t: Tracee, what: str, run: "Kmod | None" = None) -> None:
         self._t = t
         self.what = what
         self._run = run  # the module (Kmod) when queues may go through RUN
