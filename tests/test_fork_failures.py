@@ -3,6 +3,7 @@ the partial child: killed at every point of the engine, and on a full disk."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -99,6 +100,8 @@ def test_full_disk_fails_cleanly(no_leaks, monkeypatch):
     finally:
         subprocess.run(["umount", tiny], check=True)
         os.rmdir(tiny)
+        with contextlib.suppress(FileNotFoundError):  # the state lock the library made beside it
+            os.unlink(tiny + ".lock")
 
 
 # Holds a PTRACE_SEIZE on a process (as a debugger would) until its stdin closes.

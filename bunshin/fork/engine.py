@@ -64,6 +64,9 @@ class ForkCtx:
     init_hostpid: int
     plans: dict[int, ProcPlan]
     shared: dict = field(default_factory=dict)
+    # template pid -> the CPUs its clone gets back in its fixups (with RUN; empty: the trainer
+    # gives them back after, seize.Pinned.release_clone)
+    cpus: dict[int, set[int]] = field(default_factory=dict)
 
 
 MAX_PID_NS_LEVEL = 32  # the kernel's limit on nested pid namespaces
@@ -364,12 +367,13 @@ def fixups_in_kernel() -> bool:
     return backend().run is not None
 
 
-def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee, cpus: set[int] | None = None) -> None:
-    """Everything after the clone: namespaces, cwd, session, descriptors, threads. ``cpus``:
-    move it there first (the threads it gets inherit them), with its other fixups."""
+def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
+    """Everything after the clone: its CPUs (``ctx.cpus``: first, so that the threads it gets
+    inherit them), namespaces, cwd, session, descriptors, threads."""
     r = Remote(child, f"process {proc.vpid} ({proc.name})", run=backend().run)
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result
+        cpus = ctx.cpus.get(proc.hostpid)
         if cpus:
             set_affinity(r, cpus)
         owed = child.take_owed_robust()

@@ -132,11 +132,6 @@ class Pinned:
         """Pin the calling (engine) thread again, for a later batch of the same tracees."""
         os.sched_setaffinity(0, {self.cpu})
 
-    def cpus_of(self, template_pid: int) -> set[int] | None:
-        """The CPUs a clone of this template process should run on once let go (None: it was
-        not pinned)."""
-        return self.of_pid.get(template_pid)
-
     def release_clone(self, template_pid: int, clone: Tracee, away: bool = False) -> None:
         """A clone inherited the pin from its template process: give it the original back
         (``away``: without the engine's CPU, when it has others, so that it runs beside the

@@ -422,7 +422,8 @@ class _Child:
         sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
-                                          "pty_masters": self.masters})
+                                          "pty_masters": self.masters},
+                                  cpus=self.pin.of_pid if engine.fixups_in_kernel() else {})
         self.masters = {}
 
     def take_mid(self, hostpid: int):
@@ -436,11 +437,9 @@ class _Child:
     def fix(self, pl, c) -> None:
         if pl.hostpid not in self.born_in_cg:
             self.cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
-        if engine.fixups_in_kernel():  # given its CPUs back with the rest, in one RUN
-            engine.fix_process(self.ctx, pl, c, self.pin.cpus_of(pl.hostpid))
-            return
         engine.fix_process(self.ctx, pl, c)
-        self.pin.release_clone(pl.hostpid, c)
+        if pl.hostpid not in self.ctx.cpus:  # not given back with its fixups
+            self.pin.release_clone(pl.hostpid, c)
 
     def finish(self) -> None:
         from ..runtime.workspace import Workspace
