@@ -31,7 +31,7 @@ import bunshin
 from bunshin._core import kmod
 from bunshin.memory import pids_usage
 
-ROUNDS = 7
+ROUNDS = 15
 ACCOUNTING_ROUNDS = 15
 FAMILY_MIB = 64
 CHILDREN = 3
