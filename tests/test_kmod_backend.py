@@ -7,6 +7,7 @@ the module's answers are compared with the user-space ones.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -283,3 +284,43 @@ def test_a_queue_a_signal_interrupts_goes_on_by_injection(mode, tmp_path, monkey
     finally:
         p.kill()
         p.wait()
+
+
+@needs_module
+def test_forks_the_module_gives_up_on_fail_cleanly(mode, no_leaks):
+    """With fork_timeout_ms=0 FORK (and RUN) give up at once unless the work already ran, so
+    most forks fail half-way, in the kernel: each one either makes a whole child or raises a
+    ForkError, the source runs on intact, and nothing of the failed ones is left."""
+    import collections
+    from pathlib import Path
+
+    from bunshin.errors import ForkError
+
+    knob = Path("/sys/module/bunshin/parameters/fork_timeout_ms")
+    mode("1")
+    ws = bunshin.Workspace.create()
+    outcomes: collections.Counter = collections.Counter()
+    old = knob.read_text().strip()
+    try:
+        sh = ws.shell()
+        sh.run("V=intact")
+        procs = [p.pid for p in ws.processes()]
+        knob.write_text("0")
+        for _ in range(8):
+            try:
+                (kid,) = ws.fork(1)
+            except ForkError as e:
+                assert e.errno == errno.ETIMEDOUT and e.step in ("fork", "run"), e
+                assert "did not get to the work within the module's fork_timeout_ms" in str(e)
+                outcomes[e.step] += 1
+            else:
+                outcomes["made"] += 1
+                assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+                kid.close()
+            assert [p.pid for p in ws.processes()] == procs
+            assert sh.run("echo $V").stdout == b"intact\n"
+        assert outcomes["fork"] + outcomes["run"] > 0, outcomes  # the failure path was taken
+    finally:
+        knob.write_text(old)
+        ws.close()
+    print(f"no patience: {dict(outcomes)}")

@@ -38,6 +38,15 @@ FORK_MAX_CHILDREN = _kmod.FORK_MAX_CHILDREN
 RUN_MAX_CALLS = _kmod.RUN_MAX_CALLS
 
 
+def why(e: OSError) -> str:
+    """What a FORK or RUN errno means, for an error message (ETIMEDOUT is the module's own)."""
+    if e.errno == errno.ETIMEDOUT:
+        return ("the process did not get to the work within the module's fork_timeout_ms "
+                "(/sys/module/bunshin/parameters/fork_timeout_ms): stuck in a signal stop or "
+                "a freezer?")
+    return e.strerror or str(e)
+
+
 class KmodUnavailable(UnsupportedKernel):
     """BUNSHIN_KMOD=1 asked for the kernel module and it cannot be used (or the value is bad)."""
 

@@ -28,6 +28,7 @@ from typing import Callable
 
 from .._core import PROTO, _syscalls
 from .._core.kmod import FORK_MAX_CHILDREN, backend
+from .._core.kmod import why as kmod_why
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from . import nspool
@@ -287,7 +288,7 @@ def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]
                 tp.syscall(39)  # getpid
                 continue
             raise ForkError(f"/dev/bunshin FORK of process {proc.vpid} ({proc.name}) into "
-                            f"{len(want)} children: {e.strerror}", pid=tp.pid, step="fork",
+                            f"{len(want)} children: {kmod_why(e)}", pid=tp.pid, step="fork",
                             errno=e.errno) from None
     raise AssertionError("unreachable")
 

@@ -18,7 +18,7 @@ import os
 import struct
 from typing import TYPE_CHECKING, Iterator
 
-from .._core import _kmod
+from .._core import _kmod, kmod
 from ..compel import Tracee
 from ..errors import ForkError
 from .plan import FdInfo
@@ -240,7 +240,7 @@ class Remote:
             if e.errno == _errno.EAGAIN and not getattr(e, "resumed", False):
                 return None
             raise ForkError(f"{self.what}: /dev/bunshin RUN of {len(calls)} calls "
-                            f"({', '.join(e[0] for e in q)}): {e.strerror}", pid=t.pid, step="run",
+                            f"({', '.join(c[0] for c in q)}): {kmod.why(e)}", pid=t.pid, step="run",
                             errno=e.errno) from None
 
     def _one_by_one(self, q: list, page: int, base: int = 0) -> list[int]:
