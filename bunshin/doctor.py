@@ -60,6 +60,9 @@ _USER_COST = {
     "fork fixups": "every clone joins its namespaces and gets its descriptors through injected "
                    "system calls (three or four ptrace stops a process); /dev/bunshin RUN makes "
                    "them in the kernel in one",
+    "fork sessions": "a clone of a shell's background job stays in the template shell's session, "
+                     "outside the child (NSsid 0: fg cannot give it the terminal, CRIU cannot "
+                     "dump it); /dev/bunshin JOIN_SESSION puts it in its shell's clone's",
     "fork parents": "clones of a workspace's processes are children of its init (getppid() "
                     "is 1 in a fork); /dev/bunshin REPARENT keeps the tree exact",
     "memory accounting": "family_usage reads /proc/PID/pagemap: several times slower than "

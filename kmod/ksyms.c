@@ -31,6 +31,7 @@ static const struct {
 	{ "lru_gen_add_mm", (void **)&bunshin_ks.lru_gen_add_mm },
 #endif
 	{ "sys_call_table", (void **)&bunshin_ks.sys_call_table },
+	{ "change_pid", (void **)&bunshin_ks.change_pid },
 };
 
 /* kallsyms_lookup_name() itself is unexported since 5.7; a kprobe placed on

@@ -44,6 +44,8 @@ struct bunshin_ksyms {
 #endif
 	/* run.c: each system call's entry point (x86_64 table: they take a pt_regs) */
 	const sys_call_ptr_t *sys_call_table;
+	/* session.c: what setsid() and setpgid() call */
+	void (*change_pid)(struct task_struct *task, enum pid_type type, struct pid *pid);
 };
 
 extern struct bunshin_ksyms bunshin_ks;

@@ -25,6 +25,7 @@ static const struct bunshin_verb bunshin_verbs[] = {
 	{ BUNSHIN_IOC_FORK, bunshin_fork },
 	{ BUNSHIN_IOC_GROUP_STATS, bunshin_group_stats },
 	{ BUNSHIN_IOC_RUN, bunshin_run },
+	{ BUNSHIN_IOC_JOIN_SESSION, bunshin_join_session },
 };
 
 u64 bunshin_features(void)

@@ -13,6 +13,7 @@ long bunshin_reparent(void __user *uarg);
 long bunshin_group_stats(void __user *uarg);
 long bunshin_fork(void __user *uarg);
 long bunshin_run(void __user *uarg);
+long bunshin_join_session(void __user *uarg);
 
 /* BUNSHIN_FEATURE() bits of the verbs main.c dispatches. */
 u64 bunshin_features(void);

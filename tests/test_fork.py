@@ -308,6 +308,9 @@ def test_parent_links(family):
     s = kid._shells[0]
     jobs = [int(x) for x in s.run("jobs -p").stdout.split()]
     assert all(int(ws_status(kid, j, "PPid")) == (bash if exact else 1) for j in jobs)
+    if backend().join_session is not None:  # in the shell's session, each job its own group
+        assert all((ws_status(kid, j, "NSsid"), ws_status(kid, j, "NSpgid")) == (str(bash), str(j))
+                   for j in jobs), [(ws_status(kid, j, "NSsid"), ws_status(kid, j, "NSpgid")) for j in jobs]
     # one command line: no prompt in between at which bash would report and forget the job
     r = s.run("kill %1; wait %1; echo rc=$?", timeout=10)
     assert not r.timed_out

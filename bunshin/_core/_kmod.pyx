@@ -19,11 +19,12 @@ cdef extern from "linux/bunshin.h":
     int BUNSHIN_ABI_VERSION
     int BUNSHIN_NR_GET_VERSION, BUNSHIN_NR_SHARE_STATS, BUNSHIN_NR_REPARENT, BUNSHIN_NR_GROUP_STATS
     int BUNSHIN_NR_FORK, BUNSHIN_FORK_MAX_CHILDREN
-    int BUNSHIN_NR_RUN, BUNSHIN_RUN_MAX_CALLS, BUNSHIN_RUN_MAX_DATA
+    int BUNSHIN_NR_RUN, BUNSHIN_RUN_MAX_CALLS, BUNSHIN_RUN_MAX_DATA, BUNSHIN_NR_JOIN_SESSION
     int BUNSHIN_SHARE_STATS_MAX_PIDS
     unsigned int BUNSHIN_REPARENT_TRACED
     unsigned long BUNSHIN_IOC_GET_VERSION, BUNSHIN_IOC_SHARE_STATS, BUNSHIN_IOC_REPARENT
     unsigned long BUNSHIN_IOC_GROUP_STATS, BUNSHIN_IOC_FORK, BUNSHIN_IOC_RUN
+    unsigned long BUNSHIN_IOC_JOIN_SESSION
     struct bunshin_version:
         uint32_t abi_version
         uint32_t module_version
@@ -85,6 +86,12 @@ cdef extern from "linux/bunshin.h":
         uint32_t ok_errno
         uint64_t args[6]
         int64_t ret
+    struct bunshin_join_session:
+        int32_t pid
+        int32_t session_of
+        int32_t pgrp_of
+        int32_t old_sid
+        int32_t old_pgid
     struct bunshin_run:
         int32_t pid
         uint32_t ncalls
@@ -110,7 +117,7 @@ cdef extern from *:
 ABI_VERSION = BUNSHIN_ABI_VERSION
 NR = {"GET_VERSION": BUNSHIN_NR_GET_VERSION, "SHARE_STATS": BUNSHIN_NR_SHARE_STATS,
       "REPARENT": BUNSHIN_NR_REPARENT, "GROUP_STATS": BUNSHIN_NR_GROUP_STATS,
-      "FORK": BUNSHIN_NR_FORK, "RUN": BUNSHIN_NR_RUN}
+      "FORK": BUNSHIN_NR_FORK, "RUN": BUNSHIN_NR_RUN, "JOIN_SESSION": BUNSHIN_NR_JOIN_SESSION}
 FORK_MAX_CHILDREN = BUNSHIN_FORK_MAX_CHILDREN
 RUN_MAX_CALLS = BUNSHIN_RUN_MAX_CALLS
 RUN_MAX_DATA = BUNSHIN_RUN_MAX_DATA
@@ -130,12 +137,8 @@ cdef _fail():
 def get_version(int fd):
     """GET_VERSION: ``(abi_version, module_version, features)``."""
     cdef bunshin_version v
-    cdef int r
     memset(&v, 0, sizeof(v))
-    with nogil:
-        r = ioctl(fd, BUNSHIN_IOC_GET_VERSION, &v)
-    if r < 0:
-        _fail()
+    _ioctl(fd, BUNSHIN_IOC_GET_VERSION, &v)
     return v.abi_version, v.module_version, v.features
 
 
@@ -200,18 +203,22 @@ def group_stats(int fd, pids, groups, int ngroups):
     return req.shared_pages, req.total_pages, req.nmms, out
 
 
+cdef _ioctl(int fd, unsigned long cmd, void *req):
+    cdef int r
+    with nogil:
+        r = ioctl(fd, cmd, req)
+    if r < 0:
+        _fail()
+
+
 def reparent(int fd, int pid, int new_parent, unsigned int flags=0):
     """REPARENT ``pid`` under ``new_parent`` (host pids); returns the old parent's pid."""
     cdef bunshin_reparent req
-    cdef int r
     memset(&req, 0, sizeof(req))
     req.pid = pid
     req.new_parent = new_parent
     req.flags = flags
-    with nogil:
-        r = ioctl(fd, BUNSHIN_IOC_REPARENT, &req)
-    if r < 0:
-        _fail()
+    _ioctl(fd, BUNSHIN_IOC_REPARENT, &req)
     return req.old_parent
 
 
@@ -283,3 +290,15 @@ def run(int fd, int pid, calls, const unsigned char[::1] data=None):
         exc.resumed = bool(req.resumed)
         raise exc
     return [c[i].ret for i in range(req.done)]
+
+
+def join_session(int fd, int pid, int session_of, int pgrp_of):
+    """JOIN_SESSION: host pid ``pid`` into ``session_of``'s session and ``pgrp_of``'s process
+    group (``pid`` itself: its own); returns its old ``(sid, pgid)``."""
+    cdef bunshin_join_session req
+    memset(&req, 0, sizeof(req))
+    req.pid = pid
+    req.session_of = session_of
+    req.pgrp_of = pgrp_of
+    _ioctl(fd, BUNSHIN_IOC_JOIN_SESSION, &req)
+    return req.old_sid, req.old_pgid

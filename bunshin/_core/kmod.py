@@ -95,6 +95,11 @@ class Kmod:
         OSError of a failure has ``resumed``."""
         return _kmod.run(self.fd, pid, calls, data)
 
+    def join_session(self, pid: int, session_of: int, pgrp_of: int) -> tuple[int, int]:
+        """JOIN_SESSION: host pid ``pid`` into the session of ``session_of`` and the group of
+        ``pgrp_of`` (``pid``: its own); its old ``(sid, pgid)``."""
+        return _kmod.join_session(self.fd, pid, session_of, pgrp_of)
+
     def reparent(self, pid: int, new_parent: int, traced: bool = False) -> int:
         """Move host pid ``pid`` under ``new_parent``; ``traced``: the calling thread traces it."""
         return _kmod.reparent(self.fd, pid, new_parent, _kmod.REPARENT_TRACED if traced else 0)
@@ -140,6 +145,13 @@ class Backend:
         return k if k is not None and k.serves("RUN") and self.run_wanted else None
 
     @property
+    def join_session(self) -> Kmod | None:
+        """The module when a clone can be moved into its session leader's clone's session
+        (JOIN_SESSION), with REPARENT: the tree, sessions and groups made exact together."""
+        k = self.reparent
+        return k if k is not None and k.serves("JOIN_SESSION") else None
+
+    @property
     def group_stats(self) -> Kmod | None:
         """The module when memory accounting can count in the kernel."""
         return self.kmod if self.kmod is not None and self.kmod.serves("GROUP_STATS") else None
@@ -172,6 +184,7 @@ def _uses(k: Kmod | None, fork_wanted: bool = True, run_wanted: bool = True) -> 
     if k is None:
         return {"fork clones": "user space: injected clone3 through an intermediate process",
                 "fork fixups": "user space: injected system calls",
+                "fork sessions": "user space: clones keep the template's sessions (outside the child)",
                 "fork parents": "user space: clones are parented to the workspace's init",
                 "memory accounting": "user space: /proc/PID/pagemap"}
     v = ".".join(map(str, k.module_version))
@@ -194,6 +207,10 @@ def _uses(k: Kmod | None, fork_wanted: bool = True, run_wanted: bool = True) -> 
     return {
         "fork clones": clones,
         "fork fixups": fixups,
+        "fork sessions": ("kmod JOIN_SESSION: a shell's jobs in its clone's session"
+                          if k.serves("JOIN_SESSION") and k.reparents_traced else
+                          f"user space: module {v} has no JOIN_SESSION; clones keep the "
+                          "template's sessions (outside the child)"),
         "fork parents": ("kmod REPARENT: each clone under the clone of its parent"
                          if k.reparents_traced else
                          f"user space: module {v} cannot reparent a traced clone (needs "

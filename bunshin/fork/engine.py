@@ -337,6 +337,32 @@ def reparent_clones(plans: list[ProcPlan], clones: dict[int, Tracee]) -> int:
     return moved
 
 
+def join_sessions(plans: list[ProcPlan], clones: dict[int, Tracee]) -> int:
+    """Put each clone (``{vpid: clone}``) that is not a session leader into the session of its
+    session leader's clone and the group of its group leader's clone, when the module can
+    (JOIN_SESSION); returns how many moved. Without it a clone keeps its template's session,
+    outside the child's pid namespace. A process whose session or group leader is gone from
+    the template (a `sh -c` that exited) keeps its own: there is nothing to join."""
+    k = backend().join_session
+    if k is None:
+        return 0
+    moved = 0
+    # group leaders first: a group can be joined only once it is in the session
+    for proc in sorted(plans, key=lambda pl: pl.pgid != pl.vpid):
+        child, leader = clones.get(proc.vpid), clones.get(proc.sid)
+        group = child if proc.pgid == proc.vpid else clones.get(proc.pgid)
+        if child is None or leader is None or group is None or proc.sid == proc.vpid:
+            continue
+        try:
+            k.join_session(child.pid, leader.pid, group.pid)
+        except OSError as e:
+            raise ForkError(f"/dev/bunshin JOIN_SESSION of process {proc.vpid} ({proc.name}) into "
+                            f"session {proc.sid}, group {proc.pgid}: {e.strerror}", pid=child.pid,
+                            step="session", errno=e.errno) from None
+        moved += 1
+    return moved
+
+
 def discard_clone(c: Tracee) -> None:
     """Kill a stopped clone of a failed fork and let go of it as its tracer: a traced zombie
     would keep its pid namespace (and the child's init) from ever finishing."""

@@ -446,7 +446,9 @@ class _Child:
 
         self.ready()  # a workspace of its init alone has had no fixup to wait for it
         core = self.core
-        engine.reparent_clones(core.plans, {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)})
+        clones = {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)}
+        engine.reparent_clones(core.plans, clones)
+        engine.join_sessions(core.plans, clones)
         engine.finish_child(self.ctx)
         masters = self.ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
         self.ws = Workspace._from_fork(core, self.d, self.cg, self.ci.pid, self.pidfd, self.chan,

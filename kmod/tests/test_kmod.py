@@ -102,7 +102,8 @@ def test_get_version_matches_header(dev):
     assert v.abi_version == ABI.BUNSHIN_ABI_VERSION
     assert v.features == (ABI.feature(ABI.BUNSHIN_NR_GET_VERSION) | ABI.feature(ABI.BUNSHIN_NR_SHARE_STATS)
                           | ABI.feature(ABI.BUNSHIN_NR_REPARENT) | ABI.feature(ABI.BUNSHIN_NR_GROUP_STATS)
-                          | ABI.feature(ABI.BUNSHIN_NR_FORK) | ABI.feature(ABI.BUNSHIN_NR_RUN))
+                          | ABI.feature(ABI.BUNSHIN_NR_FORK) | ABI.feature(ABI.BUNSHIN_NR_RUN)
+                          | ABI.feature(ABI.BUNSHIN_NR_JOIN_SESSION))
     major, minor, patch = map(int, Path("/sys/module/bunshin/version").read_text().split("."))
     assert (v.module_version >> 16, v.module_version >> 8 & 0xff, v.module_version & 0xff) == \
         (major, minor, patch)

@@ -82,6 +82,15 @@ class Header:
 ABI = Header()
 
 
+def _override(req, override):
+    """Set request fields to exercise bad input; ``reserved`` goes to reserved[0]."""
+    reserved = override.pop("reserved", None)
+    if reserved:
+        req.reserved[0] = reserved
+    for field, value in override.items():
+        setattr(req, field, value)
+
+
 class Device:
     """An open /dev/bunshin; every call raises OSError with the kernel's errno."""
 
@@ -106,11 +115,7 @@ class Device:
         req = ABI.bunshin_share_stats(
             pids_ptr=ctypes.addressof(pid_array), stats_ptr=ctypes.addressof(stats),
             npids=len(pids), stats_size=ctypes.sizeof(ABI.bunshin_pid_stats))
-        reserved = override.pop("reserved", None)
-        if reserved:
-            req.reserved[0] = reserved
-        for field, value in override.items():
-            setattr(req, field, value)
+        _override(req, override)
         fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_SHARE_STATS, req, True)
         return req, list(stats)[: len(pids)]
 
@@ -126,22 +131,14 @@ class Device:
             pids_ptr=ctypes.addressof(pid_array), groups_ptr=ctypes.addressof(group_array),
             stats_ptr=ctypes.addressof(stats), npids=len(pids), ngroups=ngroups,
             stats_size=ctypes.sizeof(ABI.bunshin_group_usage))
-        reserved = override.pop("reserved", None)
-        if reserved:
-            req.reserved[0] = reserved
-        for field, value in override.items():
-            setattr(req, field, value)
+        _override(req, override)
         fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_GROUP_STATS, req, True)
         return req, list(stats)[:ngroups]
 
     def reparent(self, pid, new_parent, **override):
         """REPARENT pid under new_parent; override sets request fields (flags, pad, reserved)."""
         req = ABI.bunshin_reparent(pid=pid, new_parent=new_parent)
-        reserved = override.pop("reserved", None)
-        if reserved:
-            req.reserved[0] = reserved
-        for field, value in override.items():
-            setattr(req, field, value)
+        _override(req, override)
         fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_REPARENT, req, True)
         return req
 
@@ -154,11 +151,7 @@ class Device:
                                children_ptr=ctypes.addressof(kids),
                                child_size=ctypes.sizeof(ABI.bunshin_fork_child),
                                child_tid=child_tid)
-        reserved = override.pop("reserved", None)
-        if reserved:
-            req.reserved[0] = reserved
-        for field, value in override.items():
-            setattr(req, field, value)
+        _override(req, override)
         try:
             fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_FORK, req, True)
         except OSError as e:
@@ -167,6 +160,13 @@ class Device:
             raise
         return req, [k.pid for k in list(kids)[: req.done]]
 
+    def join_session(self, pid, session_of, pgrp_of, **override):
+        """JOIN_SESSION pid into session_of's session and pgrp_of's group; override sets
+        request fields (flags, reserved)."""
+        req = ABI.bunshin_join_session(pid=pid, session_of=session_of, pgrp_of=pgrp_of)
+        _override(req, override)
+        fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_JOIN_SESSION, req, True)
+        return req
 
     def run(self, pid, calls, data=b"", **override):
         """RUN: ``calls`` (``(nr, args, flags, ok_errno)``) made by ``pid`` with ``data``;
@@ -180,11 +180,7 @@ class Device:
         req = ABI.bunshin_run(pid=pid, ncalls=len(calls), calls_ptr=ctypes.addressof(arr),
                               data_ptr=ctypes.addressof(buf) if data else 0, data_size=len(data),
                               call_size=ctypes.sizeof(ABI.bunshin_run_call))
-        reserved = override.pop("reserved", None)
-        if reserved:
-            req.reserved[0] = reserved
-        for field, value in override.items():
-            setattr(req, field, value)
+        _override(req, override)
         try:
             fcntl.ioctl(self.fd, ABI.BUNSHIN_IOC_RUN, req, True)
         except OSError as e:

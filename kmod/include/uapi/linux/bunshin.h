@@ -27,7 +27,7 @@
 
 /*
  * Ioctl numbers: 0 GET_VERSION, 1 SHARE_STATS, 2 REPARENT, 3 FORK,
- * 4 GROUP_STATS, 5 RUN.
+ * 4 GROUP_STATS, 5 RUN, 6 JOIN_SESSION.
  */
 #define BUNSHIN_NR_GET_VERSION 0
 #define BUNSHIN_NR_SHARE_STATS 1
@@ -35,6 +35,7 @@
 #define BUNSHIN_NR_FORK 3
 #define BUNSHIN_NR_GROUP_STATS 4
 #define BUNSHIN_NR_RUN 5
+#define BUNSHIN_NR_JOIN_SESSION 6
 
 struct bunshin_version {
 	__u32 abi_version;	/* out: BUNSHIN_ABI_VERSION of the module */
@@ -335,5 +336,36 @@ struct bunshin_run {
 
 #define BUNSHIN_IOC_RUN \
 	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_RUN, struct bunshin_run)
+
+/*
+ * JOIN_SESSION (module 0.4.0 and later): put @pid in the session of
+ * @session_of and the process group of @pgrp_of (@pid itself: a group of its
+ * own), with that session's controlling terminal, as if it had been forked
+ * inside them.  A clone made by FORK or by injection keeps its template's
+ * session and group, which lie outside the child's pid namespace (NSsid 0 in
+ * it: no job control, and CRIU refuses to dump it); the fork engine moves each
+ * clone into the sessions and groups of the clones of their leaders instead.
+ *
+ * The three pids are read in the caller's pid namespace and must be
+ * thread-group leaders in one pid namespace; @pid must not lead a session, and
+ * @pgrp_of (unless it is @pid) must be in @session_of's session.  Refused:
+ * EINVAL nonzero flags/reserved, a pid <= 0, a thread that is not a
+ * group leader, @pid a session leader, @pgrp_of in another session; ESRCH a pid
+ * that does not exist or is exiting; EXDEV not one pid namespace; EPERM no
+ * CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, or no PTRACE_MODE_ATTACH access to
+ * one of them.
+ */
+struct bunshin_join_session {
+	__s32 pid;		/* in: the process to move (a pid_t) */
+	__s32 session_of;	/* in: a process of the session it joins */
+	__s32 pgrp_of;		/* in: a process of the group it joins, or @pid */
+	__u32 flags;		/* in: must be 0 */
+	__s32 old_sid;		/* out: its session before (caller's pid ns; 0 if not visible) */
+	__s32 old_pgid;		/* out: its process group before (likewise) */
+	__u64 reserved[4];	/* in: must be 0; out: 0 */
+};
+
+#define BUNSHIN_IOC_JOIN_SESSION \
+	_IOWR(BUNSHIN_IOC_MAGIC, BUNSHIN_NR_JOIN_SESSION, struct bunshin_join_session)
 
 #endif /* _UAPI_LINUX_BUNSHIN_H */
