@@ -272,6 +272,38 @@ def test_bad_fork_arguments(ws):
         ws.fork(1)
 
 
+def test_a_pipeline_job_keeps_its_process_group(family):
+    """A shell's pipeline job is one process group; in a fork its second process joins the
+    group its first one's clone made again, so signalling the group reaches both. With the
+    module (JOIN_SESSION) both are in the shell's clone's session too; without it they stay in
+    the template shell's session, outside the child (NSsid 0)."""
+    from bunshin._core import backend
+
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("sleep 1000 | sleep 1001 &")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = {p.cmdline[-1]: p.pid for p in ws.processes() if p.cmdline and p.cmdline[0] == "sleep"}
+        if len(pids) == 2:
+            break
+        time.sleep(0.02)
+    lead, other = pids["1000"], pids["1001"]
+    assert ws_status(ws, other, "NSpgid") == str(lead)
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    sid = str(sh.pid) if backend().join_session is not None else "0"
+    for pid in (lead, other):
+        assert (ws_status(kid, pid, "NSpgid"), ws_status(kid, pid, "NSsid")) == (str(lead), sid), pid
+    kid.run(f"kill -TERM -{lead}")
+    deadline = time.monotonic() + 10
+    while {lead, other} & {p.pid for p in kid.processes()} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not {lead, other} & {p.pid for p in kid.processes()}  # the group signal reached both
+    assert {lead, other} <= {p.pid for p in ws.processes()}  # the source's own are untouched
+
+
 def test_parent_links(family):
     """With the kernel module (REPARENT) a child workspace's process tree is the source's: a
     shell's background job is its child in every fork, and `wait` works. Without it a clone

@@ -33,7 +33,7 @@ from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from . import nspool
 from .plan import ProcPlan
-from .remote import Remote, enter_namespaces, set_affinity
+from .remote import ANY_ERROR, Remote, enter_namespaces, set_affinity
 from .seize import Pinned
 
 
@@ -411,6 +411,12 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             r.queue("setsid")
         elif proc.pgid == proc.vpid:
             r.queue("setpgid", 0, 0)
+        elif proc.pgid in ctx.plans:
+            # a member of another's group (a pipeline's second process): its group leader's
+            # clone, made before it (plans are in pid order), has made that group again here,
+            # in the same (template's) session. Should it come later, the clone stays outside
+            # a group as before (JOIN_SESSION, with the module, sets it anyway).
+            r.queue("setpgid", 0, proc.pgid, ok_errnos=ANY_ERROR)
         for f in proc.fds:
             if f.dup_of is not None:  # dup()ed in the template: share the recreated file
                 r.dup_same(f.dup_of, f)
