@@ -8,7 +8,7 @@
 #
 # usage: kmod/tests/run.sh [-t SECS] [-m MiB] [-o OUTDIR] [-f TESTS] [-x CMD] [-- PYTEST_ARGS...]
 #   -t SECS   wall-clock limit for the guest (default 1500: a hang guard; a run
-#             takes ~6-8 min, more when the host is slowed by its neighbours)
+#             takes ~6-9 min, more when the host is slowed by its neighbours)
 #   -m MiB    guest memory (default 1024)
 #   -o DIR    results directory (default: a new run dir in the cache)
 #   -f TESTS  the library's tests to run in the guest with the module as backend
