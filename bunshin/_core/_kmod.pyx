@@ -211,6 +211,14 @@ cdef _ioctl(int fd, unsigned long cmd, void *req):
         _fail()
 
 
+cdef _resumed_error(int e, unsigned int resumed):
+    """The OSError of a verb that may have resumed its process (FORK, RUN): ``resumed`` says
+    the caller must collect the stop it ends in."""
+    exc = OSError(e, os.strerror(e))
+    exc.resumed = bool(resumed)
+    return exc
+
+
 def reparent(int fd, int pid, int new_parent, unsigned int flags=0):
     """REPARENT ``pid`` under ``new_parent`` (host pids); returns the old parent's pid."""
     cdef bunshin_reparent req
@@ -246,12 +254,11 @@ def fork(int fd, int pid, children, unsigned long long child_tid=0):
     req.child_tid = child_tid
     with nogil:
         r = ioctl(fd, BUNSHIN_IOC_FORK, &req)
+    cdef int e = errno if r < 0 else 0  # before any Python runs
     made = [k[i].pid for i in range(req.done)]
-    if r < 0:
-        e = errno
-        exc = OSError(e, os.strerror(e))
+    if e:
+        exc = _resumed_error(e, req.resumed)
         exc.made = made
-        exc.resumed = bool(req.resumed)
         raise exc
     return made
 
@@ -285,10 +292,7 @@ def run(int fd, int pid, calls, const unsigned char[::1] data=None):
     with nogil:
         r = ioctl(fd, BUNSHIN_IOC_RUN, &req)
     if r < 0:
-        e = errno
-        exc = OSError(e, os.strerror(e))
-        exc.resumed = bool(req.resumed)
-        raise exc
+        raise _resumed_error(errno, req.resumed)
     return [c[i].ret for i in range(req.done)]
 
 

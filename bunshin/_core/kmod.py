@@ -35,7 +35,6 @@ RUN_ENV = "BUNSHIN_KMOD_RUN"  # 0: clone with FORK, fix clones up by injection (
 _MODES = ("auto", "0", "1")
 _TRACED_SINCE = (0, 2, 0)  # module version that accepts BUNSHIN_REPARENT_TRACED
 FORK_MAX_CHILDREN = _kmod.FORK_MAX_CHILDREN
-RUN_MAX_CALLS = _kmod.RUN_MAX_CALLS
 
 
 def why(e: OSError) -> str:

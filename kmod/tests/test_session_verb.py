@@ -62,9 +62,9 @@ def outsider():
     p.wait()
 
 
-def test_join_session_moves_session_group_and_terminal(dev, session, outsider):
+def test_join_session_moves_session_group_and_terminal(dev, session):
     leader, kid = session
-    # outsider leads its own session (start_new_session): let a child of it be the one moved
+    # the one moved is a shell's child (a session leader could not be): another session's
     mover = subprocess.Popen(["sh", "-c", "sleep 1000 & echo $!; wait"], stdout=subprocess.PIPE,
                              text=True, start_new_session=True)
     try:
