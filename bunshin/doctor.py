@@ -56,7 +56,8 @@ def _criu_check(kd: KernDat) -> Check:
 
 _USER_COST = {
     "fork clones": "each process of a fork is cloned by injected system calls (about ten ptrace "
-                   "stops, an intermediate process); /dev/bunshin FORK clones it in the kernel",
+                   "stops, an intermediate process); /dev/bunshin FORK clones it in the kernel, "
+                   "into the child's namespaces and cgroups",
     "fork fixups": "every clone joins its namespaces and gets its descriptors through injected "
                    "system calls (three or four ptrace stops a process); /dev/bunshin RUN makes "
                    "them in the kernel in one",

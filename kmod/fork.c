@@ -14,6 +14,8 @@
 
 #include <linux/bunshin.h>
 #include <linux/capability.h>
+#include <linux/cgroup.h>
+#include <linux/fs_struct.h>
 #include <linux/nsproxy.h>
 #include <linux/pid_namespace.h>
 #include <linux/ptrace.h>
@@ -39,6 +41,7 @@ struct fork_req {
 	struct bunshin_tracee_work tw;
 	struct pid_namespace *caller_ns;
 	unsigned long child_tid;
+	u32 flags;
 	struct fork_child *kids;
 	u32 n;
 	u32 made;
@@ -85,6 +88,55 @@ static void adopt(struct task_struct *p, struct fork_child *k)
 	write_unlock_irq(bunshin_ks.tasklist_lock);
 }
 
+/* IN_PARENT: the parent's namespaces as they are (its pid_ns_for_children must be the one the
+ * child's pid comes from; a workspace's init has its own). */
+static struct nsproxy *nsproxy_of_parent(struct fork_child *k)
+{
+	struct nsproxy *nsp;
+
+	task_lock(k->parent);
+	nsp = k->parent->nsproxy;
+	if (nsp)
+		get_nsproxy(nsp);
+	task_unlock(k->parent);
+	if (!nsp)
+		return ERR_PTR(-ESRCH); /* exiting */
+	if (nsp->pid_ns_for_children != k->ns) {
+		put_nsproxy_ks(nsp);
+		return ERR_PTR(-EXDEV);
+	}
+	return nsp;
+}
+
+/* IN_PARENT: current's fs_struct (its umask is the process's own) with the parent's root and
+ * working directory, as setns() into the parent's mount namespace and a chdir would leave it. */
+static struct fs_struct *fs_of_parent(struct task_struct *parent)
+{
+	struct path root = {}, pwd = {};
+	struct fs_struct *fs;
+
+	task_lock(parent);
+	if (parent->fs) {
+		get_fs_root(parent->fs, &root);
+		get_fs_pwd(parent->fs, &pwd);
+	}
+	task_unlock(parent);
+	if (!root.mnt)
+		return ERR_PTR(-ESRCH);
+	fs = bunshin_ks.copy_fs_struct(current->fs);
+	if (!fs) {
+		path_put(&root);
+		path_put(&pwd);
+		return ERR_PTR(-ENOMEM);
+	}
+	/* nobody else sees this copy yet: no lock */
+	path_put(&fs->root);
+	path_put(&fs->pwd);
+	fs->root = root;
+	fs->pwd = pwd;
+	return fs;
+}
+
 static int fork_one(struct fork_req *req, struct fork_child *k)
 {
 	struct kernel_clone_args args = {
@@ -94,21 +146,38 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 		.set_tid = &k->tid,
 		.set_tid_size = k->tid ? 1 : 0,
 	};
+	bool in_parent = req->flags & BUNSHIN_FORK_IN_PARENT;
 	struct nsproxy *mine = current->nsproxy, *nsp;
+	struct fs_struct *my_fs = current->fs, *fs = NULL;
 	struct task_struct *p;
+	int err;
 
-	nsp = nsproxy_for(k->ns);
+	nsp = in_parent ? nsproxy_of_parent(k) : nsproxy_for(k->ns);
 	if (IS_ERR(nsp))
 		return PTR_ERR(nsp);
+	if (in_parent) {
+		fs = fs_of_parent(k->parent);
+		if (IS_ERR(fs)) {
+			put_nsproxy_ks(nsp);
+			return PTR_ERR(fs);
+		}
+	}
+	/* copy_process() copies current's: lend it the child's for the call.  The task's own
+	 * are shared by the whole workspace (and its fs by its threads) and stay as they are. */
 	task_lock(current);
 	current->nsproxy = nsp;
+	if (fs)
+		current->fs = fs;
 	task_unlock(current);
 	/* traced: the child starts with a PTRACE_EVENT_STOP for our caller (it seized us) */
 	p = bunshin_ks.copy_process(NULL, 1, NUMA_NO_NODE, &args);
 	task_lock(current);
 	current->nsproxy = mine;
+	current->fs = my_fs;
 	task_unlock(current);
 	put_nsproxy_ks(nsp);
+	if (fs)
+		bunshin_ks.free_fs_struct(fs); /* the child has a copy */
 	/* a signal or a freezer trap came for the task meanwhile: a syscall would restart the
 	 * fork after handling it; our caller is told to call again */
 	if (p == ERR_PTR(-ERESTARTNOINTR))
@@ -130,7 +199,14 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 	task_unlock(p);
 #endif
 	bunshin_ks.wake_up_new_task(p);
-	return 0;
+	if (!in_parent)
+		return 0;
+	/* only now: the cpu controller refuses a task not yet woken (TASK_NEW). It runs no user
+	 * code before its stop, so nothing it does is counted in the template's groups. */
+	err = cgroup_attach_task_all(k->parent, p);
+	if (err)
+		pr_debug("pid %d into its parent's cgroups: %d\n", k->pid, err);
+	return err; /* made either way: k->pid says so */
 }
 
 /* Runs in the task being cloned, on its way to user mode. */
@@ -142,7 +218,7 @@ static int fork_in_task(struct bunshin_tracee_work *tw)
 
 	for (i = 0; !err && i < req->n; i++) {
 		err = fork_one(req, &req->kids[i]);
-		if (!err)
+		if (req->kids[i].pid)
 			req->made++;
 	}
 	return err;
@@ -227,7 +303,8 @@ long bunshin_fork(void __user *uarg)
 
 	if (copy_from_user(&f, uarg, sizeof(f)))
 		return -EFAULT;
-	if (f.flags || f.resumed || f.done || f.pid <= 0 || f.child_size != sizeof(in))
+	if ((f.flags & ~BUNSHIN_FORK_IN_PARENT) || f.resumed || f.done || f.pid <= 0 ||
+	    f.child_size != sizeof(in))
 		return -EINVAL;
 	for (i = 0; i < ARRAY_SIZE(f.reserved); i++)
 		if (f.reserved[i])
@@ -264,6 +341,7 @@ long bunshin_fork(void __user *uarg)
 
 	req.caller_ns = task_active_pid_ns(current);
 	req.child_tid = f.child_tid;
+	req.flags = f.flags;
 	req.tw.fn = fork_in_task;
 	ret = bunshin_tracee_run(task, &req.tw);
 	f.resumed = req.tw.resumed;

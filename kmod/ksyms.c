@@ -24,6 +24,8 @@ static const struct {
 	{ "wake_up_new_task", (void **)&bunshin_ks.wake_up_new_task },
 	{ "create_new_namespaces", (void **)&bunshin_ks.create_new_namespaces },
 	{ "free_nsproxy", (void **)&bunshin_ks.free_nsproxy },
+	{ "copy_fs_struct", (void **)&bunshin_ks.copy_fs_struct },
+	{ "free_fs_struct", (void **)&bunshin_ks.free_fs_struct },
 	{ "task_work_cancel", (void **)&bunshin_ks.task_work_cancel },
 	{ "wake_up_state", (void **)&bunshin_ks.wake_up_state },
 	{ "signal_wake_up_state", (void **)&bunshin_ks.signal_wake_up_state },

@@ -36,6 +36,9 @@ struct bunshin_ksyms {
 						 struct user_namespace *user_ns,
 						 struct fs_struct *new_fs);
 	void (*free_nsproxy)(struct nsproxy *ns);
+	/* FORK IN_PARENT: the child's fs_struct, made from a copy of current's */
+	struct fs_struct *(*copy_fs_struct)(struct fs_struct *old);
+	void (*free_fs_struct)(struct fs_struct *fs);
 	bool (*task_work_cancel)(struct task_struct *task, struct callback_head *cb);
 	int (*wake_up_state)(struct task_struct *p, unsigned int state);
 	void (*signal_wake_up_state)(struct task_struct *t, unsigned int state);

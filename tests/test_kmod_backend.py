@@ -234,9 +234,77 @@ def test_fixups_run_in_the_kernel(mode, monkeypatch):
             assert ws_status(kid, sh.pid, "Cpus_allowed_list") == mine[0].split(":")[1].strip()
             clones = {p for p, _ in runs}
             assert clones and not clones & set(injected), (runs, injected)
-            assert any(remote.SYS["setns"] in nrs for _, nrs in runs)
+            # FORK made them in the child's namespaces: nothing left to join (module 0.5.0)
+            assert kmod.backend().fork_in_parent is not None
+            assert not any(remote.SYS["setns"] in nrs for _, nrs in runs), runs
         finally:
             kid.close()
+    finally:
+        ws.close()
+
+
+def _wait_slot_with_mids(core) -> None:
+    deadline = time.monotonic() + 10
+    while not any(s.early is not None and s.early.mids for s in core.slots):
+        assert time.monotonic() < deadline, "no slot with intermediates was made ahead"
+        time.sleep(0.02)
+
+
+@needs_module
+@pytest.mark.parametrize("fork_verb", ["1", "0"])
+def test_clones_are_born_in_the_child(mode, monkeypatch, fork_verb):
+    """FORK IN_PARENT makes each clone in the child's namespaces, root, cgroups, at its
+    init's directory but with its own umask: no setns in its fixups, no cgroup.procs write for
+    it, and yet every process of the child is in the child's cgroup and namespaces, in its
+    directory, with its umask. A slot made ahead for the user-space engine (its
+    intermediates in the child's cgroup) used by a fork with the module does not pass for
+    one: its intermediates go unused and the clones are in the child's cgroup all the same,
+    also when cloned by injection (BUNSHIN_KMOD_FORK=0; they were left in the template's)."""
+    from bunshin.fork import remote
+    from bunshin.runtime.cgroup import base
+
+    mode("0")
+    ws = bunshin.Workspace.create()
+    try:
+        sh = ws.shell()
+        sh.run("umask 027; mkdir -p /tmp/here && cd /tmp/here; sleep 1000 &")
+        tpl = ws.snapshot()
+        try:
+            tpl.fork(1)[0].close()  # held now: the next slot is made ahead, with intermediates
+            _wait_slot_with_mids(tpl._core)
+            monkeypatch.setenv(kmod.FORK_ENV, fork_verb)
+            mode("1")
+            assert (kmod.backend().fork_in_parent is not None) == (fork_verb == "1")
+            runs, added = [], []
+            real_run, real_add = kmod.Kmod.run, base.Cgroup.add
+            monkeypatch.setattr(kmod.Kmod, "run", lambda self, pid, calls, data=b"":
+                                runs.append([c[0] for c in calls]) or real_run(self, pid, calls, data))
+            monkeypatch.setattr(base.Cgroup, "add", lambda self, pid: added.append(pid) or real_add(self, pid))
+            (kid,) = tpl.fork(1)
+            try:
+                procs = kid.processes()
+                inner = {}
+                for h in kid.host_pids():
+                    with open(f"/proc/{h}/status") as f:
+                        inner[int(next(l for l in f if l.startswith("NSpid:")).split()[-1])] = h
+                assert len(procs) == 3 and sorted(inner) == sorted(p.pid for p in procs)
+                init = f"/proc/{kid.init_pid}"
+                for p in procs:
+                    assert kid.read_file(f"/proc/{p.pid}/cgroup") == kid.read_file("/proc/1/cgroup")
+                    for ns in ("mnt", "net", "ipc", "uts", "pid"):
+                        assert (os.readlink(f"{init}/root/proc/{p.pid}/ns/{ns}")
+                                == os.readlink(f"{init}/ns/{ns}")), (p, ns)
+                bash = kid._shells[0]
+                r = bash.run("echo $(pwd) $(umask) $(readlink /proc/$$/root)")
+                assert r.stdout.decode().split() == ["/tmp/here", "0027", "/"]
+                if fork_verb == "1":
+                    assert runs and not any(remote.SYS["setns"] in nrs for nrs in runs), runs
+                    clones = set(kid.host_pids()) - {kid.init_pid}
+                    assert not clones & set(added), (clones, added)
+            finally:
+                kid.close()
+        finally:
+            tpl.close()
     finally:
         ws.close()
 

@@ -19,6 +19,7 @@ cdef extern from "linux/bunshin.h":
     int BUNSHIN_ABI_VERSION
     int BUNSHIN_NR_GET_VERSION, BUNSHIN_NR_SHARE_STATS, BUNSHIN_NR_REPARENT, BUNSHIN_NR_GROUP_STATS
     int BUNSHIN_NR_FORK, BUNSHIN_FORK_MAX_CHILDREN
+    unsigned int BUNSHIN_FORK_IN_PARENT
     int BUNSHIN_NR_RUN, BUNSHIN_RUN_MAX_CALLS, BUNSHIN_RUN_MAX_DATA, BUNSHIN_NR_JOIN_SESSION
     int BUNSHIN_SHARE_STATS_MAX_PIDS
     unsigned int BUNSHIN_REPARENT_TRACED
@@ -119,6 +120,7 @@ NR = {"GET_VERSION": BUNSHIN_NR_GET_VERSION, "SHARE_STATS": BUNSHIN_NR_SHARE_STA
       "REPARENT": BUNSHIN_NR_REPARENT, "GROUP_STATS": BUNSHIN_NR_GROUP_STATS,
       "FORK": BUNSHIN_NR_FORK, "RUN": BUNSHIN_NR_RUN, "JOIN_SESSION": BUNSHIN_NR_JOIN_SESSION}
 FORK_MAX_CHILDREN = BUNSHIN_FORK_MAX_CHILDREN
+FORK_IN_PARENT = BUNSHIN_FORK_IN_PARENT
 RUN_MAX_CALLS = BUNSHIN_RUN_MAX_CALLS
 RUN_MAX_DATA = BUNSHIN_RUN_MAX_DATA
 RUN_SYSCALLS = frozenset(bunshin_run_syscalls[i] for i in range(BUNSHIN_N_RUN_SYSCALLS))
@@ -230,9 +232,10 @@ def reparent(int fd, int pid, int new_parent, unsigned int flags=0):
     return req.old_parent
 
 
-def fork(int fd, int pid, children, unsigned long long child_tid=0):
+def fork(int fd, int pid, children, unsigned long long child_tid=0, unsigned int flags=0):
     """FORK: clone host pid ``pid`` (seized by the calling thread, in a ptrace stop) once per
-    ``(pidns_pid, tid, parent)`` of ``children``; returns the children's host pids. The OSError
+    ``(pidns_pid, tid, parent)`` of ``children``; returns the children's host pids. ``flags``:
+    FORK_IN_PARENT or 0. The OSError
     of a failed call carries ``made`` (host pids of the children made anyway) and ``resumed``
     (``pid`` was resumed and stops again: wait for it)."""
     cdef Py_ssize_t n = len(children), i
@@ -252,6 +255,7 @@ def fork(int fd, int pid, children, unsigned long long child_tid=0):
     req.children_ptr = <uint64_t><size_t>k
     req.child_size = sizeof(bunshin_fork_child)
     req.child_tid = child_tid
+    req.flags = flags
     with nogil:
         r = ioctl(fd, BUNSHIN_IOC_FORK, &req)
     cdef int e = errno if r < 0 else 0  # before any Python runs

@@ -34,6 +34,7 @@ FORK_ENV = "BUNSHIN_KMOD_FORK"  # 0: keep the module's other verbs, clone by inj
 RUN_ENV = "BUNSHIN_KMOD_RUN"  # 0: clone with FORK, fix clones up by injection (A/B runs)
 _MODES = ("auto", "0", "1")
 _TRACED_SINCE = (0, 2, 0)  # module version that accepts BUNSHIN_REPARENT_TRACED
+_IN_PARENT_SINCE = (0, 5, 0)  # module version that accepts BUNSHIN_FORK_IN_PARENT
 FORK_MAX_CHILDREN = _kmod.FORK_MAX_CHILDREN
 
 
@@ -82,10 +83,19 @@ class Kmod:
         """SHARE_STATS: (shared, total, nmms, per-pid [mapped, shared, unique] pages)."""
         return _kmod.share_stats(self.fd, pids)
 
-    def fork(self, pid: int, children: list[tuple[int, int, int]], child_tid: int = 0) -> list[int]:
+    @property
+    def forks_in_parent(self) -> bool:
+        """FORK can make each child in its parent's namespaces, root and cgroups."""
+        return self.serves("FORK") and self.module_version >= _IN_PARENT_SINCE
+
+    def fork(self, pid: int, children: list[tuple[int, int, int]], child_tid: int = 0,
+             in_parent: bool = False) -> list[int]:
         """FORK: clone ``pid`` (seized by the calling thread, stopped) once per
-        ``(pidns_pid, tid, parent)``; the OSError of a failure has ``made`` and ``resumed``."""
-        return _kmod.fork(self.fd, pid, children, child_tid)
+        ``(pidns_pid, tid, parent)``; ``in_parent``: each child in its parent's namespaces,
+        root and cgroups (:attr:`forks_in_parent`). The OSError of a failure has ``made``
+        and ``resumed``."""
+        return _kmod.fork(self.fd, pid, children, child_tid,
+                          _kmod.FORK_IN_PARENT if in_parent else 0)
 
     def run(self, pid: int, calls: list[tuple[int, tuple[int, ...], int, int]],
             data: bytes = b"") -> list[int]:
@@ -135,6 +145,13 @@ class Backend:
         REPARENT, which the engine also needs."""
         k = self.reparent
         return k if k is not None and k.serves("FORK") and self.fork_wanted else None
+
+    @property
+    def fork_in_parent(self) -> Kmod | None:
+        """The module when FORK makes each clone in the child's namespaces, root and cgroups
+        (those of its parent there, the child's init): no setns, no cgroup move after."""
+        k = self.fork
+        return k if k is not None and k.forks_in_parent else None
 
     @property
     def run(self) -> Kmod | None:
@@ -191,8 +208,12 @@ def _uses(k: Kmod | None, fork_wanted: bool = True, run_wanted: bool = True) -> 
         clones = f"user space: injected clone3 (module {v} has no FORK)"
     elif not fork_wanted:
         clones = f"user space: injected clone3 ({FORK_ENV}=0)"
+    elif not k.forks_in_parent:
+        clones = (f"kmod FORK: each process cloned in the kernel into the child's pid namespace "
+                  f"(module {v}: then setns and a cgroup move; "
+                  f"{'.'.join(map(str, _IN_PARENT_SINCE))} clones into all its namespaces)")
     else:
-        clones = "kmod FORK: each process cloned in the kernel into the child's namespace"
+        clones = "kmod FORK: each process cloned in the kernel into the child's namespaces and cgroups"
     if not k.serves("RUN"):
         fixups = f"user space: injected system calls (module {v} has no RUN)"
     elif not fork_wanted:

@@ -68,6 +68,9 @@ class ForkCtx:
     # template pid -> the CPUs its clone gets back in its fixups (with RUN; empty: the trainer
     # gives them back after, seize.Pinned.release_clone)
     cpus: dict[int, set[int]] = field(default_factory=dict)
+    # the clones are made in the child's namespaces, root and cgroups already (FORK IN_PARENT):
+    # their fixups neither setns nor move them
+    in_child: bool = False
 
 
 MAX_PID_NS_LEVEL = 32  # the kernel's limit on nested pid namespaces
@@ -276,13 +279,17 @@ def _clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkErro
 
 def _fork_chunk(k, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]:
     """One FORK: the template process is resumed once, clones itself in the kernel into each
-    child's namespace and stops again; no injected system call. A signal pending for it
+    child's namespace and stops again; no injected system call. With a module that can, each
+    clone is made in its parent's (the child's init's) namespaces, root and cgroups: the
+    inits must be in their roots (clones_in_child). A signal pending for it
     (EAGAIN: it would stop for that first) is taken by one injected no-op, which holds it
     back, and the call is made again."""
     want = [(ci, proc.vpid, ci) for ci in inits]
+    in_parent = k.forks_in_parent
     for attempt in (0, 1):
         try:
-            return tp.clone_by(lambda addr: k.fork(tp.pid, want, addr), [proc.vpid] * len(want))
+            return tp.clone_by(lambda addr: k.fork(tp.pid, want, addr, in_parent),
+                               [proc.vpid] * len(want))
         except OSError as e:  # clone_by has killed what it made
             if e.errno == errno.EAGAIN and attempt == 0:
                 tp.syscall(39)  # getpid
@@ -389,6 +396,20 @@ def discard_clone(c: Tracee) -> None:
     c._ctl = None
 
 
+def clones_in_child() -> bool:
+    """Whether clone_process makes each clone in the child's namespaces, root and cgroups
+    (FORK IN_PARENT): the child's init must be in its root before, and the clone's fixups
+    leave out the setns and the cgroup move."""
+    return backend().fork_in_parent is not None
+
+
+def clones_through_intermediates() -> bool:
+    """Whether clone_process uses the intermediates made ahead (earlyinit.make_mids): only
+    without the module. A clone from one is born in its child's cgroup."""
+    b = backend()
+    return b.fork is None and b.reparent is None
+
+
 def fixups_in_kernel() -> bool:
     """Whether a clone's queued fixups are made by the clone itself in the kernel (RUN)."""
     return backend().run is not None
@@ -406,7 +427,7 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         owed = child.take_owed_robust()
         if owed is not None:
             r.queue("set_robust_list", *owed)
-        enter_namespaces(r, proc.cwd)
+        enter_namespaces(r, proc.cwd, setns=not ctx.in_child)
         if proc.sid == proc.vpid:
             r.queue("setsid")
         elif proc.pgid == proc.vpid:

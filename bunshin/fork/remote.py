@@ -339,11 +339,14 @@ def set_affinity(r: Remote, cpus: set[int]) -> None:
     r.queue("sched_setaffinity", 0, size, r.queue_put(mask))
 
 
-def enter_namespaces(r: Remote, cwd: str) -> None:
+def enter_namespaces(r: Remote, cwd: str, setns: bool = True) -> None:
     """Join the namespaces of the child's init (pid 1 of the clone's own pid namespace) and
     return to the working directory: setns(mnt) resets it to the new root. Queued: a failed
-    setns surfaces at the next flush, its pidfd left open in a process the failure kills."""
-    pfd = r.queue("pidfd_open", 1, 0)
-    r.queue("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
-    r.queue("close", pfd)
+    setns surfaces at the next flush, its pidfd left open in a process the failure kills.
+    ``setns=False``: the clone was made in them (FORK IN_PARENT), at the init's working
+    directory: only the chdir."""
+    if setns:
+        pfd = r.queue("pidfd_open", 1, 0)
+        r.queue("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        r.queue("close", pfd)
     r.queue("chdir", r.queue_path(cwd), ok_errnos=(_errno.ENOENT,))

@@ -321,6 +321,9 @@ class TemplateCore(slots.Holder):
         try:
             for host in hostnames:
                 kids.append(_Child(self, tracees, pin, host))
+            if engine.clones_in_child() and len(self.plans) > 1:
+                for k in kids:  # the clones are made in their init's root: it must be there
+                    k.settle()
             for pl in self.plans[1:]:
                 clones = engine.clone_process(functools.partial(tracees.__getitem__, pl.hostpid),
                                               pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
@@ -369,11 +372,12 @@ class _Child:
         self.clones: list = []
         self.ci = self.chan = self.ws = self.ctx = None
         self.pidfd = -1
-        self.early = False
+        self.early = False  # its init was made ahead, and is settled (earlyinit.settle)
         self.meta = None
         self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
         self.mids: dict = {}  # intermediates made ahead, until their process is cloned
         self.born_in_cg: set[int] = set()  # template pids whose clone came from one (in self.cg)
+        self.settled = False  # the init is in its root, on its own CPUs
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         ei = slot.early if slot is not None else None
         if ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
@@ -406,15 +410,22 @@ class _Child:
             if mfd >= 0:
                 os.close(mfd)
 
-    def ready(self) -> None:
+    def settle(self) -> None:
         """Wait for the init to be in its root (it moves there while the first clones are
-        made), then give it what the clones' fixups expect: /dev/shm and SysV segments."""
+        made, unless they are made in it) and give it back its CPUs."""
+        if self.early or self.settled:  # one made ahead is in its root already, on its own CPUs
+            return
+        self.chan.wait_ready(10)
+        self.pin.release_clone(self.core.parts["init_pid"], self.ci)
+        self.settled = True
+
+    def ready(self) -> None:
+        """The init settled, give it what the clones' fixups expect: /dev/shm and SysV
+        segments."""
         if self.ctx is not None:
             return
         core = self.core
-        if not self.early:  # one made ahead is in its root already, on its own CPUs
-            self.chan.wait_ready(10)
-            self.pin.release_clone(core.parts["init_pid"], self.ci)
+        self.settle()
         if core.dev_shm_used is None:
             core.dev_shm_used = engine.dev_shm_used(core.parts["init_pid"])
         if core.dev_shm_used:
@@ -423,19 +434,20 @@ class _Child:
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
                                           "pty_masters": self.masters},
-                                  cpus=self.pin.of_pid if engine.fixups_in_kernel() else {})
+                                  cpus=self.pin.of_pid if engine.fixups_in_kernel() else {},
+                                  in_child=engine.clones_in_child())
         self.masters = {}
 
     def take_mid(self, hostpid: int):
         """The intermediate made ahead for the clone of ``hostpid``, if any (it is in this
         child's cgroup, and so will be the clone)."""
         mid = self.mids.pop(hostpid, None)
-        if mid is not None:
+        if mid is not None and engine.clones_through_intermediates():  # else it is ended unused
             self.born_in_cg.add(hostpid)
         return mid
 
     def fix(self, pl, c) -> None:
-        if pl.hostpid not in self.born_in_cg:
+        if pl.hostpid not in self.born_in_cg and not self.ctx.in_child:
             self.cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
         engine.fix_process(self.ctx, pl, c)
         if pl.hostpid not in self.ctx.cpus:  # not given back with its fixups

@@ -215,7 +215,7 @@ def test_fork_bad_input(dev, ns, looper):
     seize(pid)
     made = []
     try:
-        assert errno_of(dev.fork, pid, [(ns, 0, 0)], flags=1) == errno.EINVAL
+        assert errno_of(dev.fork, pid, [(ns, 0, 0)], flags=2) == errno.EINVAL  # unknown
         assert errno_of(dev.fork, pid, [(ns, 0, 0)], reserved=1) == errno.EINVAL
         assert errno_of(dev.fork, pid, [(ns, 0, 0)], child_size=8) == errno.EINVAL
         assert errno_of(dev.fork, pid, []) == errno.EINVAL
@@ -245,6 +245,117 @@ def test_fork_bad_input(dev, ns, looper):
         read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
     finally:
         kill_all(made, traced=True)
+
+
+# The init of a world of its own: new pid, mount, net, ipc and uts namespaces, a root and a
+# directory of its own (argv[1], argv[1]/sub), a hostname and a umask; prints its host pid.
+WORLD = r"""
+import ctypes, os, socket, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000):
+    raise OSError(ctypes.get_errno(), "unshare")
+pid = os.fork()
+if pid == 0:
+    if libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None):  # MS_REC | MS_PRIVATE
+        raise OSError(ctypes.get_errno(), "mount")
+    os.chroot(sys.argv[1])
+    os.chdir("/sub")
+    socket.sethostname("in-parent")
+    os.umask(0o077)
+    os.write(1, b"ready\n")
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(0.05)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.fixture
+def world(tmp_path):
+    (tmp_path / "root" / "sub").mkdir(parents=True)
+    p = subprocess.Popen([sys.executable, "-c", WORLD, str(tmp_path / "root")],
+                         stdout=subprocess.PIPE, text=True)
+    init = int(p.stdout.readline())
+    assert p.stdout.readline() == "ready\n"
+    yield init
+    kill_all([init])
+    p.wait(timeout=30)
+
+
+def test_fork_in_parent_makes_the_child_in_its_parents_world(dev, looper, frozen_cgroup, world):
+    """IN_PARENT: the child has its parent's namespaces, root, directory and cgroup (what
+    setns, chdir and a cgroup.procs write would give it), and the source's own umask; the
+    source keeps its own world."""
+    (frozen_cgroup / "cgroup.procs").write_text(str(world))
+    src = looper.pid
+    seize(src)
+    kids = []
+    try:
+        req, kids = dev.fork(src, [(world, 0, world), (world, 0, 0)], flags=ABI.BUNSHIN_FORK_IN_PARENT)
+        assert req.done == 2
+        event_stop(src)
+        for k in kids:
+            event_stop(k)
+            for ns in ("mnt", "net", "ipc", "uts", "pid", "cgroup"):
+                assert os.readlink(f"/proc/{k}/ns/{ns}") == os.readlink(f"/proc/{world}/ns/{ns}"), ns
+            assert os.readlink(f"/proc/{k}/root") == os.readlink(f"/proc/{world}/root")
+            assert os.readlink(f"/proc/{k}/cwd") == os.readlink(f"/proc/{world}/cwd")
+            assert Path(f"/proc/{k}/cgroup").read_text() == Path(f"/proc/{world}/cgroup").read_text()
+            assert status(k)["Umask"] == status(src)["Umask"] != status(world)["Umask"]
+            assert status(k)["PPid"] == [str(world)]
+        assert str(k) in (frozen_cgroup / "cgroup.procs").read_text().split()
+        for ns in ("mnt", "net", "uts"):
+            assert os.readlink(f"/proc/{src}/ns/{ns}") != os.readlink(f"/proc/{world}/ns/{ns}")
+        assert os.readlink(f"/proc/{src}/root") == "/"
+        assert Path(f"/proc/{src}/cgroup").read_text() != Path(f"/proc/{world}/cgroup").read_text()
+        _ptrace(PTRACE_DETACH, src)
+        mine = looper.out / str(src)
+        n = int(mine.read_text().split()[2])
+        read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+    finally:
+        kill_all(kids, traced=True)
+
+
+# A process of the namespace whose pid is argv[1]'s that unshared CLONE_NEWPID: its children
+# would get their pids in another; prints its host pid.
+UNSHARED = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.setns(os.open(f"/proc/{sys.argv[1]}/ns/pid", os.O_RDONLY), 0x20000000):
+    raise OSError(ctypes.get_errno(), "setns")
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    if libc.unshare(0x20000000):
+        raise OSError(ctypes.get_errno(), "unshare")
+    os.write(w, b"x")
+    time.sleep(1000)
+    os._exit(0)
+os.read(r, 1)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def test_fork_in_parent_needs_the_childs_pid_namespace_for_children(dev, looper, ns):
+    """A parent whose new children would get their pids elsewhere (it unshared CLONE_NEWPID
+    after its own birth) has no world a child of this namespace can share: EXDEV, found by
+    the source at its work (resumed), nothing made."""
+    inner = subprocess.Popen([sys.executable, "-c", UNSHARED, str(ns)], stdout=subprocess.PIPE, text=True)
+    parent = int(inner.stdout.readline())
+    try:
+        seize(looper.pid)
+        with pytest.raises(OSError) as e:
+            dev.fork(looper.pid, [(ns, 0, parent)], flags=ABI.BUNSHIN_FORK_IN_PARENT)
+        assert e.value.errno == errno.EXDEV and e.value.resumed and e.value.made == []
+        event_stop(looper.pid)
+        _ptrace(PTRACE_DETACH, looper.pid)
+    finally:
+        kill_all([parent, inner.pid])
+        inner.wait()
 
 
 def test_fork_needs_privilege(dev, looper):

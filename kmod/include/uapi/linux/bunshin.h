@@ -208,7 +208,7 @@ struct bunshin_group_stats {
  * namespace) a thread-group leader in that namespace (0: its init).  A
  * parent that exits before the child is made leaves it to that init.
  *
- * Errors: EINVAL nonzero flags/done/resumed/reserved or child pid, wrong
+ * Errors: EINVAL unknown flags, nonzero done/resumed/reserved or child pid, wrong
  * child_size, nchildren 0; E2BIG more than BUNSHIN_FORK_MAX_CHILDREN; EFAULT
  * bad pointers; ESRCH a task that does not exist or exits; EBUSY @pid not
  * seized by the calling thread or not in a ptrace stop; EXDEV a namespace
@@ -224,8 +224,20 @@ struct bunshin_group_stats {
  * error @done says how many children were made (their @pid filled in, the
  * caller disposes of them) and @pid, when @resumed says it was resumed,
  * stops again in a PTRACE_EVENT_STOP, possibly after a signal stop.
+ *
+ * Flags (module 0.5.0 and later; older modules refuse any with EINVAL):
+ * BUNSHIN_FORK_IN_PARENT makes each child in its parent's world instead of
+ * @pid's: the parent's namespaces (mount, network, IPC, UTS, cgroup, time:
+ * its nsproxy, whose pid_ns_for_children must be the child's pid namespace,
+ * else EXDEV), the parent's root and working directory (with @pid's umask),
+ * and the parent's cgroups in every hierarchy (cgroup_attach_task_all()).
+ * That is what setns() into the parent's namespaces, chdir() and a write
+ * to cgroup.procs would do afterwards, without running the child.  A child
+ * that could not join the cgroups is made and stopped anyway: the call
+ * fails with that error and counts it in @done.
  */
 #define BUNSHIN_FORK_MAX_CHILDREN 64
+#define BUNSHIN_FORK_IN_PARENT (1U << 0)
 
 struct bunshin_fork_child {
 	__s32 pidns_pid;	/* in: a task in the child's pid namespace, 0: @pid's */
@@ -241,7 +253,7 @@ struct bunshin_fork {
 	__u64 children_ptr;	/* in: user address of struct bunshin_fork_child
 				 *	[nchildren]; each pid is written */
 	__u32 child_size;	/* in: sizeof(struct bunshin_fork_child) */
-	__u32 flags;		/* in: must be 0 */
+	__u32 flags;		/* in: BUNSHIN_FORK_IN_PARENT or 0 */
 	__u64 child_tid;	/* in: address in @pid's memory, 0: none */
 	__u32 done;		/* in: must be 0; out: children made */
 	__u32 resumed;		/* in: must be 0; out: 1 once @pid was resumed:
