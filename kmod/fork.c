@@ -315,6 +315,9 @@ long bunshin_fork(void __user *uarg)
 		return -E2BIG;
 	if (!capable(CAP_SYS_ADMIN) && !capable(CAP_CHECKPOINT_RESTORE))
 		return -EPERM;
+	/* joining another task's mount and other namespaces is setns()'s power, not C/R's */
+	if ((f.flags & BUNSHIN_FORK_IN_PARENT) && !capable(CAP_SYS_ADMIN))
+		return -EPERM;
 
 	task = bunshin_get_task(f.pid);
 	if (!task)

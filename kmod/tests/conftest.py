@@ -128,19 +128,28 @@ def store(request):
     DENSE.write_text(old)
 
 
-def errno_as_nobody(call: str) -> int | None:
-    """Run ``d.<call>`` (e.g. ``"reparent(12, 34)"``) on /dev/bunshin opened by root but used
-    by a process that has dropped to uid/gid 65534; the errno it got, None if it succeeded."""
-    fd = os.open(uapi.DEVICE, os.O_RDWR)  # opened by root, inherited by the unprivileged child
+def _errno_in(call: str, drop: str, argv: list[str]) -> int | None:
+    fd = os.open(uapi.DEVICE, os.O_RDWR)  # opened by root, inherited by the child
     try:
-        code = (f"import os, sys; sys.path.insert(0, {str(HERE)!r}); import uapi\n"
-                f"os.setgid(65534); os.setuid(65534)\n"
+        code = (f"import os, sys; sys.path.insert(0, {str(HERE)!r}); import uapi\n{drop}"
                 f"d = uapi.Device.__new__(uapi.Device); d.fd = {fd}\n"
                 f"try:\n    d.{call}\nexcept OSError as e:\n    print(e.errno)\n")
-        r = subprocess.run([sys.executable, "-c", code], pass_fds=(fd,), capture_output=True,
+        r = subprocess.run([*argv, sys.executable, "-c", code], pass_fds=(fd,), capture_output=True,
                            text=True, timeout=60)
         out = r.stdout.strip()
         assert out.isdigit() or (not out and r.returncode == 0), r.stderr
         return int(out) if out else None
     finally:
         os.close(fd)
+
+
+def errno_as_nobody(call: str) -> int | None:
+    """Run ``d.<call>`` (e.g. ``"reparent(12, 34)"``) on /dev/bunshin opened by root but used
+    by a process that has dropped to uid/gid 65534; the errno it got, None if it succeeded."""
+    return _errno_in(call, "os.setgid(65534); os.setuid(65534)\n", [])
+
+
+def errno_without_cap(call: str, cap: str) -> int | None:
+    """As errno_as_nobody, from a root process without capability ``cap`` (setpriv's name,
+    e.g. ``"sys_admin"``) and with every other."""
+    return _errno_in(call, "", ["setpriv", "--bounding-set", f"-{cap}", "--inh-caps", f"-{cap}", "--"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import errno_as_nobody
+from conftest import errno_as_nobody, errno_without_cap
 from uapi import ABI
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -360,6 +360,11 @@ def test_fork_in_parent_needs_the_childs_pid_namespace_for_children(dev, looper,
 
 def test_fork_needs_privilege(dev, looper):
     assert errno_as_nobody(f"fork({looper.pid}, [(0, 0, 0)])") == errno.EPERM
+    # CAP_CHECKPOINT_RESTORE is enough to fork (refused next: not its tracee), not to fork
+    # into another task's namespaces
+    assert errno_without_cap(f"fork({looper.pid}, [(0, 0, 0)])", "sys_admin") == errno.EBUSY
+    assert errno_without_cap(f"fork({looper.pid}, [(0, 0, 0)], flags={ABI.BUNSHIN_FORK_IN_PARENT})",
+                             "sys_admin") == errno.EPERM
 
 
 @pytest.fixture

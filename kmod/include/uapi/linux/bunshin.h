@@ -232,7 +232,8 @@ struct bunshin_group_stats {
  * else EXDEV), the parent's root and working directory (with @pid's umask),
  * and the parent's cgroups in every hierarchy (cgroup_attach_task_all()).
  * That is what setns() into the parent's namespaces, chdir() and a write
- * to cgroup.procs would do afterwards, without running the child.  A child
+ * to cgroup.procs would do afterwards, without running the child; it needs
+ * CAP_SYS_ADMIN (CAP_CHECKPOINT_RESTORE alone: EPERM).  A child
  * that could not join the cgroups is made and stopped anyway: the call
  * fails with that error and counts it in @done.
  */
