@@ -372,12 +372,11 @@ class _Child:
         self.clones: list = []
         self.ci = self.chan = self.ws = self.ctx = None
         self.pidfd = -1
-        self.early = False  # its init was made ahead, and is settled (earlyinit.settle)
         self.meta = None
         self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
         self.mids: dict = {}  # intermediates made ahead, until their process is cloned
         self.born_in_cg: set[int] = set()  # template pids whose clone came from one (in self.cg)
-        self.settled = False  # the init is in its root, on its own CPUs
+        self.settled = False  # the init is in its root, on its own CPUs (one made ahead is)
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         ei = slot.early if slot is not None else None
         if ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
@@ -394,7 +393,7 @@ class _Child:
         self.host = hostname or core.config["hostname"]
         if slot.early is not None:  # its init is in its root already (earlyinit.py)
             ei, slot.early = slot.early, None
-            self.early = True
+            self.settled = True  # earlyinit.settle
             self.ci, self.chan, self.pidfd, self.meta = ei.ci, ei.chan, ei.pidfd, ei.meta
             self.masters, ei.masters = ei.masters, {}
             self.mids, ei.mids = ei.mids, {}
@@ -413,7 +412,7 @@ class _Child:
     def settle(self) -> None:
         """Wait for the init to be in its root (it moves there while the first clones are
         made, unless they are made in it) and give it back its CPUs."""
-        if self.early or self.settled:  # one made ahead is in its root already, on its own CPUs
+        if self.settled:
             return
         self.chan.wait_ready(10)
         self.pin.release_clone(self.core.parts["init_pid"], self.ci)
