@@ -133,6 +133,19 @@ def read_until(path, pred, timeout=20):
     raise AssertionError(f"{path}: never satisfied (last: {path.read_text() if path.exists() else 'absent'})")
 
 
+def looper_count(looper):
+    """How many times the looper has written its own line so far."""
+    return int((looper.out / str(looper.pid)).read_text().split()[2])
+
+
+def runs_on(looper, since=None):
+    """The looper's own line once it has counted two past ``since`` (default: its count now):
+    it runs, and runs its own code."""
+    n = looper_count(looper) if since is None else since
+    return read_until(looper.out / str(looper.pid),
+                      lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2).split()
+
+
 @pytest.fixture
 def ns():
     p = subprocess.Popen([sys.executable, "-c", NS], stdout=subprocess.PIPE, text=True)
@@ -178,9 +191,7 @@ def test_fork_makes_children_in_a_namespace_with_chosen_pids(dev, ns, looper):
             # its own pid, its parent the namespace's init, the source's memory; CHILD_SETTID
             assert line[0] == str(v) and line[1] == "1" and line[3] == looper.marker
             assert line[4] == str(v)
-        mine = looper.out / str(looper.pid)
-        n = int(mine.read_text().split()[2])
-        line = read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2).split()
+        line = runs_on(looper)
         assert line[:2] == [str(looper.pid), str(os.getpid())] and line[4] == "-1"  # untouched
     finally:
         kill_all(kids)
@@ -240,9 +251,7 @@ def test_fork_bad_input(dev, ns, looper):
         _ptrace(PTRACE_INTERRUPT, pid)
         event_stop(pid)
         _ptrace(PTRACE_DETACH, pid)
-        mine = looper.out / str(pid)
-        n = int(mine.read_text().split()[2])
-        read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+        runs_on(looper)
     finally:
         kill_all(made, traced=True)
 
@@ -312,9 +321,7 @@ def test_fork_in_parent_makes_the_child_in_its_parents_world(dev, looper, frozen
         assert os.readlink(f"/proc/{src}/root") == "/"
         assert Path(f"/proc/{src}/cgroup").read_text() != Path(f"/proc/{world}/cgroup").read_text()
         _ptrace(PTRACE_DETACH, src)
-        mine = looper.out / str(src)
-        n = int(mine.read_text().split()[2])
-        read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+        runs_on(looper)
     finally:
         kill_all(kids, traced=True)
 
@@ -401,12 +408,11 @@ def test_fork_in_a_source_the_freezer_wants(dev, ns, looper, frozen_cgroup):
     assert e.value.resumed and e.value.made == []
     event_stop(looper.pid)
     (frozen_cgroup / "cgroup.freeze").write_text("0")
-    mine = looper.out / str(looper.pid)
-    n = int(mine.read_text().split()[2])
+    n = looper_count(looper)
     time.sleep(0.3)
-    assert int(mine.read_text().split()[2]) == n  # stopped: ours until we let go
+    assert looper_count(looper) == n  # stopped: ours until we let go
     _ptrace(PTRACE_DETACH, looper.pid)
-    read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+    runs_on(looper, n)
     assert [p for p in os.listdir("/proc") if p.isdigit()
             and status(int(p)).get("PPid") == [str(ns)]] == []  # no child appeared
     print(f"frozen source: {e.value.strerror} after {took:.3f} s")
@@ -446,9 +452,7 @@ def test_fork_that_gives_up_takes_its_work_back(dev, ns, looper, no_patience):
             assert status(made[0])["PPid"] == [str(ns)]
         print(f"no patience: {outcomes}")
         _ptrace(PTRACE_DETACH, pid)
-        mine = looper.out / str(pid)
-        n = int(mine.read_text().split()[2])
-        read_until(mine, lambda t: t.endswith("\n") and int(t.split()[2]) > n + 2)
+        runs_on(looper)
         left = sorted(int(p) for p in os.listdir("/proc") if p.isdigit()
                       and status(int(p)).get("PPid") == [str(ns)])
         assert left == sorted(kids)  # only the children the calls reported
