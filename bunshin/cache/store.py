@@ -79,13 +79,6 @@ def encode_result(r: Result, limit: int) -> dict[str, Any]:
             "record_truncated": len(r.stdout) > limit or len(r.stderr) > limit}
 
 
-def decode_result(d: dict[str, Any]) -> Result:
-    """The :class:`Result` a record holds."""
-    return Result(stdout=base64.b64decode(d["stdout"]), stderr=base64.b64decode(d["stderr"]),
-                  exit_code=d["exit_code"], duration=d["duration"], timed_out=d["timed_out"],
-                  truncated=d["truncated"], signal=d["signal"], oom_killed=d["oom_killed"])
-
-
 class MetaStore:
     """Node metadata of one prefix cache file. Thread-safe; fork-safe (reopens after fork)."""
 

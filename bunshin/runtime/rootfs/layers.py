@@ -21,7 +21,6 @@ import logging
 import lzma
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
 import zlib
@@ -332,8 +331,3 @@ def ensure_layer(blob: Path, hexdigest: str, what: str) -> tuple[Path, bool]:
     if built:
         log.info("layers: extracted %s into %s", blob, final)
     return final, built
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory tree made by extraction (owners and modes do not matter to root)."""
-    shutil.rmtree(path, ignore_errors=True)
