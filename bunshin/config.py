@@ -1,27 +1,128 @@
-"""Where Bunshin keeps things, read once from the environment.
+"""Every ``BUNSHIN_*`` environment knob, in one table, and the only code that reads them.
 
-``BUNSHIN_STATE_DIR`` (default ``/var/lib/bunshin``): live workspaces' upper layers and metadata.
-``BUNSHIN_CACHE_DIR`` (default ``$XDG_CACHE_HOME/bunshin`` or ``~/.cache/bunshin``): extracted
-rootfs layers, built Debian roots, kernel probe results, a provisioned CRIU.
-``BUNSHIN_CGROUP_PREFIX`` (default ``bunshin``): the cgroup directory every workspace lives under.
+Each accessor reads the environment when it is called, so a value set at run time (tests and
+benchmarks do) takes effect for the next reader; modules that choose once per process (the
+kernel-module backend, the cgroup backend, the namespace pool) document how to choose again.
+An empty value means the default. A switch takes ``0`` (off) or ``1`` (on); a value that
+cannot be parsed raises :class:`ConfigError` naming the variable.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["state_dir", "cache_dir", "cgroup_prefix"]
+from .errors import BunshinError
+
+__all__ = ["KNOBS", "Knob", "ConfigError", "state_dir", "cache_dir", "cgroup_prefix", "state_size",
+           "cgroup_version", "criu_path", "kmod_mode", "kmod_fork", "kmod_run", "ns_pool_size",
+           "fork_slots", "early_init", "rebase", "freezer_on", "favor_dynmods", "pagemap_scan"]
+
+
+class ConfigError(BunshinError, ValueError):
+    """A ``BUNSHIN_*`` environment variable has a value that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    """The value an unset (or empty) variable stands for; ``""`` where the default is computed."""
+    kind: str
+    """``path``, ``text``, ``int``, ``switch`` (0/1) or ``choice`` (one of ``choices``)."""
+    meaning: str
+    choices: tuple[str, ...] = ()
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("BUNSHIN_STATE_DIR", "/var/lib/bunshin", "path",
+         "live workspaces' upper layers and metadata; must be a file system of its own "
+         "(else a loop-mounted ext4 image is put there)"),
+    Knob("BUNSHIN_STATE_SIZE", "256G", "text",
+         "size of that sparse ext4 image (`truncate -s` syntax)"),
+    Knob("BUNSHIN_CACHE_DIR", "", "path",
+         "rootfs layers, Debian roots, kernel probe results, a private CRIU "
+         "(default `$XDG_CACHE_HOME/bunshin` or `~/.cache/bunshin`)"),
+    Knob("BUNSHIN_CGROUP_PREFIX", "bunshin", "text",
+         "the cgroup directory (in every hierarchy) that holds all workspaces"),
+    Knob("BUNSHIN_CGROUP", "", "choice",
+         "force cgroup `v1` or `v2` (default: v2 when it has the needed controllers)",
+         ("v1", "v2")),
+    Knob("BUNSHIN_CRIU", "", "path",
+         "the CRIU >= 4 binary to use (default: the private install, then `PATH`)"),
+    Knob("BUNSHIN_KMOD", "auto", "choice",
+         "`auto`: use /dev/bunshin when loaded; `0`: never; `1`: require it",
+         ("auto", "0", "1")),
+    Knob("BUNSHIN_KMOD_FORK", "1", "switch",
+         "0: keep the module but clone (and fix clones up) by injection (A/B runs)"),
+    Knob("BUNSHIN_KMOD_RUN", "1", "switch",
+         "0: clone with the module's FORK but fix clones up by injection (A/B runs)"),
+    Knob("BUNSHIN_NS_POOL", "4", "int",
+         "net/ipc/uts namespace sets a background thread makes ahead of forks; 0: none"),
+    Knob("BUNSHIN_FORK_SLOTS", "1", "switch",
+         "0: make no slots (a template's next children) and no spares (a workspace's next fork)"),
+    Knob("BUNSHIN_EARLY_INIT", "1", "switch",
+         "0: every fork clones its children's inits itself instead of ahead of time"),
+    Knob("BUNSHIN_REBASE", "1", "switch",
+         "0: a workspace 32 pid namespaces deep is not moved back to the top (its next "
+         "snapshot fails)"),
+    Knob("BUNSHIN_FREEZER_ON", "1", "switch",
+         "0: no frozen empty group keeping the cgroup v1 freezer's static key on"),
+    Knob("BUNSHIN_FAVOR_DYNMODS", "1", "switch",
+         "0: leave the kernel's cgroup `favordynmods` option alone"),
+    Knob("BUNSHIN_PAGEMAP_SCAN", "auto", "choice",
+         "memory accounting: `auto` scans long ranges with PAGEMAP_SCAN, `0` never, `all` always",
+         ("auto", "0", "all")),
+)
+
+_BY_NAME = {k.name: k for k in KNOBS}
+
+
+def _raw(name: str) -> str:
+    """The variable's value, stripped, or the knob's default when unset or empty."""
+    return os.environ.get(name, "").strip() or _BY_NAME[name].default
+
+
+def _switch(name: str) -> bool:
+    v = _raw(name)
+    if v not in ("0", "1"):
+        raise ConfigError(f"{name}={os.environ[name]!r}: expected 0 (off) or 1 (on)")
+    return v == "1"
+
+
+def _int(name: str) -> int:
+    v = _raw(name)
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"{name}={os.environ[name]!r}: expected a whole number >= 0")
+    return n
+
+
+def _choice(name: str) -> str:
+    v = _raw(name).lower()
+    choices = _BY_NAME[name].choices
+    if v and v not in choices:
+        raise ConfigError(f"{name}={os.environ[name]!r}: expected one of {', '.join(choices)}")
+    return v
 
 
 def state_dir() -> Path:
     """Directory holding live workspaces (``<state>/ws/<id>``)."""
-    return Path(os.environ.get("BUNSHIN_STATE_DIR", "/var/lib/bunshin"))
+    return Path(_raw("BUNSHIN_STATE_DIR"))
+
+
+def state_size() -> str:
+    """Size of the state directory's ext4 image, as ``truncate -s`` takes it."""
+    return _raw("BUNSHIN_STATE_SIZE")
 
 
 def cache_dir() -> Path:
     """Directory for caches that survive restarts (layers, Debian roots, probes)."""
-    env = os.environ.get("BUNSHIN_CACHE_DIR")
+    env = _raw("BUNSHIN_CACHE_DIR")
     if env:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -31,4 +132,66 @@ def cache_dir() -> Path:
 
 def cgroup_prefix() -> str:
     """Name of the cgroup directory (in every hierarchy) that holds all workspaces."""
-    return os.environ.get("BUNSHIN_CGROUP_PREFIX", "bunshin")
+    return _raw("BUNSHIN_CGROUP_PREFIX")
+
+
+def cgroup_version() -> str:
+    """The forced cgroup version (lowercase), or ``""`` to choose; the cgroup package judges it
+    (a :class:`~bunshin.errors.CgroupError` names a bad value)."""
+    return _raw("BUNSHIN_CGROUP").lower()
+
+
+def criu_path() -> str:
+    """The CRIU binary named by the environment, or ``""``."""
+    return _raw("BUNSHIN_CRIU")
+
+
+def kmod_mode() -> str:
+    """``auto``, ``0`` or ``1`` as given (lowercase); ``bunshin._core.kmod`` judges it (a
+    ``KmodUnavailable`` names a bad value)."""
+    return _raw("BUNSHIN_KMOD").lower()
+
+
+def kmod_fork() -> bool:
+    """Clone with the module's FORK when it has it."""
+    return _switch("BUNSHIN_KMOD_FORK")
+
+
+def kmod_run() -> bool:
+    """Fix clones up with the module's RUN when it has it."""
+    return _switch("BUNSHIN_KMOD_RUN")
+
+
+def ns_pool_size() -> int:
+    """Namespace sets kept ready for forks (0: the pool is off)."""
+    return _int("BUNSHIN_NS_POOL")
+
+
+def fork_slots() -> bool:
+    """Prepare slots and spares ahead of forks."""
+    return _switch("BUNSHIN_FORK_SLOTS")
+
+
+def early_init() -> bool:
+    """Clone a slot's init ahead of the fork that takes the slot."""
+    return _switch("BUNSHIN_EARLY_INIT")
+
+
+def rebase() -> bool:
+    """Move a workspace at the pid-namespace nesting limit back to the top through CRIU."""
+    return _switch("BUNSHIN_REBASE")
+
+
+def freezer_on() -> bool:
+    """Keep the cgroup v1 freezer's static key on with a frozen empty group."""
+    return _switch("BUNSHIN_FREEZER_ON")
+
+
+def favor_dynmods() -> bool:
+    """Turn the kernel's cgroup ``favordynmods`` option on once per boot."""
+    return _switch("BUNSHIN_FAVOR_DYNMODS")
+
+
+def pagemap_scan() -> str:
+    """``auto``, ``0`` (never use PAGEMAP_SCAN) or ``all`` (use it for every range)."""
+    return _choice("BUNSHIN_PAGEMAP_SCAN")

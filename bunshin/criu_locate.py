@@ -74,7 +74,7 @@ def candidate() -> tuple[Path, str] | None:
 
     Raises :class:`UnsupportedKernel` when ``$BUNSHIN_CRIU`` names something not executable.
     """
-    env = os.environ.get("BUNSHIN_CRIU")
+    env = config.criu_path()
     if env:
         p = Path(env)
         if not (p.is_file() and os.access(p, os.X_OK)):

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 
+from .. import config
 from ..errors import UnsupportedKernel
 from . import _kmod
 
@@ -241,9 +242,9 @@ def _uses(k: Kmod | None, fork_wanted: bool = True, run_wanted: bool = True) -> 
 
 
 def _choose() -> Backend:
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    mode = config.kmod_mode()
     if mode not in _MODES:
-        raise KmodUnavailable(f"{ENV}={os.environ[ENV]!r}: use auto, 0 (user space) or 1 "
+        raise KmodUnavailable(f"{ENV}={mode!r}: use auto, 0 (user space) or 1 "
                               "(require /dev/bunshin)")
     if mode == "0":
         why = f"{ENV}=0"
@@ -255,8 +256,8 @@ def _choose() -> Backend:
         return Backend(mode, None, why, _uses(None))
     v = ".".join(map(str, k.module_version))
     reason = f"{DEVICE}: ABI v{k.abi_version}, module {v}" + (f" ({ENV}=1)" if mode == "1" else "")
-    fork_wanted = os.environ.get(FORK_ENV, "1").strip() != "0"
-    run_wanted = os.environ.get(RUN_ENV, "1").strip() != "0"
+    fork_wanted = config.kmod_fork()
+    run_wanted = config.kmod_run()
     return Backend(mode, k, reason, _uses(k, fork_wanted, run_wanted), fork_wanted, run_wanted)
 
 

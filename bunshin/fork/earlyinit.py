@@ -29,6 +29,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .. import config
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from ..runtime.channel import Channel
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 def enabled() -> bool:
     """``BUNSHIN_EARLY_INIT=0``: every fork clones its children's inits itself."""
-    return os.environ.get("BUNSHIN_EARLY_INIT", "1") != "0"
+    return config.early_init()
 
 
 @dataclass

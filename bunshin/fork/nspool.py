@@ -23,6 +23,7 @@ import struct
 import threading
 from dataclasses import dataclass
 
+from .. import config
 from .perprocess import PerProcess
 
 log = logging.getLogger("bunshin.fork")
@@ -135,10 +136,7 @@ class NamespacePool:
 
 
 def _make_pool() -> NamespacePool | None:
-    try:
-        size = int(os.environ.get("BUNSHIN_NS_POOL", "4"))
-    except ValueError:
-        size = 4
+    size = config.ns_pool_size()
     return NamespacePool(size) if size > 0 else None
 
 

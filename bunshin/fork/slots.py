@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import config
 from ..errors import BunshinError
 from .perprocess import PerProcess
 
@@ -155,7 +156,7 @@ class Spares(Holder):
 
 
 def enabled() -> bool:
-    return os.environ.get("BUNSHIN_FORK_SLOTS", "1") != "0"
+    return config.fork_slots()
 
 
 class Maker:

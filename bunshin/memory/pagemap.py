@@ -22,6 +22,7 @@ import struct
 
 import numpy as np
 
+from .. import config
 from .._core import _pagemap
 from ..errors import PermissionDenied
 
@@ -113,7 +114,7 @@ def scan_supported() -> bool:
 
 def scan_from() -> int:
     """Ranges at least this many bytes long are read through PAGEMAP_SCAN (2**64-1: none)."""
-    mode = os.environ.get("BUNSHIN_PAGEMAP_SCAN", "")
+    mode = config.pagemap_scan()
     if mode == "0" or not scan_supported():
         return _NEVER
     return 0 if mode == "all" else _SCAN_FROM

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
+from .. import config
 from ..errors import BunshinError, ForkError, WorkspaceClosed
 from .channel import Channel
 from .state import Meta, own_start_time
@@ -28,7 +29,7 @@ log = logging.getLogger("bunshin.fork")
 def rebase_enabled() -> bool:
     """``BUNSHIN_REBASE=0``: a workspace at the pid-namespace nesting limit is not moved back
     to the top level (ForkingMixin._rebase_if_deep); its next snapshot fails instead."""
-    return os.environ.get("BUNSHIN_REBASE", "1") != "0"
+    return config.rebase()
 
 
 def _child_rootfs(core) -> "Rootfs":

@@ -50,7 +50,7 @@ def ensure() -> Path:
 
 def _mount_image(state: Path) -> None:
     img = image_path(state)
-    size = os.environ.get("BUNSHIN_STATE_SIZE", "256G")
+    size = config.state_size()
     try:
         if not img.exists():
             tmp = img.with_suffix(".img.tmp")

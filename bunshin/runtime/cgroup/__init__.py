@@ -12,8 +12,8 @@ version is not mounted). Limit forms are documented in :mod:`bunshin.runtime.cgr
 from __future__ import annotations
 
 import functools
-import os
 
+from ... import config
 from ...errors import CgroupError, UnsupportedKernel
 from . import dynmods
 from .base import CONTROLLERS, Cgroup, CgroupBackend, CgroupStats
@@ -40,7 +40,7 @@ __all__ = [
 
 def backend() -> CgroupBackend:
     """The cgroup backend for this host, chosen once (per value of ``BUNSHIN_CGROUP``)."""
-    return _select(os.environ.get("BUNSHIN_CGROUP", "").strip().lower())
+    return _select(config.cgroup_version())
 
 
 @functools.cache

@@ -23,6 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ... import config
 from . import _fs
 
 log = logging.getLogger("bunshin.cgroup")
@@ -34,7 +35,7 @@ MARKER = Path("/run/bunshin/favordynmods")
 
 
 def wanted() -> bool:
-    return os.environ.get("BUNSHIN_FAVOR_DYNMODS", "1") != "0"
+    return config.favor_dynmods()
 
 
 def _boot_id() -> str:

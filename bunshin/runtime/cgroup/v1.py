@@ -28,6 +28,7 @@ import os
 import signal
 from types import EllipsisType
 
+from ... import config
 from ...errors import CgroupError, UnsupportedKernel
 from . import _fs
 from .base import Cgroup, CgroupBackend, CgroupStats
@@ -67,7 +68,7 @@ class V1Backend(CgroupBackend):
         """Have the empty group that keeps the freezer's static key on exist, frozen (see the
         module's docstring; ``BUNSHIN_FREEZER_ON=0`` does without). Failing only costs speed,
         so it is logged, not raised."""
-        if os.environ.get("BUNSHIN_FREEZER_ON", "1") == "0":
+        if not config.freezer_on():
             return
         d = os.path.join(self.mounts["freezer"], FREEZER_ON)
         if self._freezer_on and os.path.isdir(d):  # a gc elsewhere may have removed it
