@@ -1,8 +1,9 @@
 """Every ``BUNSHIN_*`` environment knob, in one table, and the only code that reads them.
 
 Each accessor reads the environment when it is called, so a value set at run time (tests and
-benchmarks do) takes effect for the next reader; modules that choose once per process (the
-kernel-module backend, the cgroup backend, the namespace pool) document how to choose again.
+benchmarks do) takes effect at the next read. Two readers keep what they read: the kernel-module
+backend (``BUNSHIN_KMOD*``) until ``bunshin._core.kmod.reset()``, and the namespace pool
+(``BUNSHIN_NS_POOL``) for the life of the process.
 An empty value means the default. A switch takes ``0`` (off) or ``1`` (on); a value that
 cannot be parsed raises :class:`ConfigError` naming the variable.
 """
@@ -15,9 +16,27 @@ from pathlib import Path
 
 from .errors import BunshinError
 
-__all__ = ["KNOBS", "Knob", "ConfigError", "state_dir", "cache_dir", "cgroup_prefix", "state_size",
-           "cgroup_version", "criu_path", "kmod_mode", "kmod_fork", "kmod_run", "ns_pool_size",
-           "fork_slots", "early_init", "rebase", "freezer_on", "favor_dynmods", "pagemap_scan"]
+__all__ = [
+    "KNOBS",
+    "ConfigError",
+    "Knob",
+    "cache_dir",
+    "cgroup_prefix",
+    "cgroup_version",
+    "criu_path",
+    "early_init",
+    "favor_dynmods",
+    "fork_slots",
+    "freezer_on",
+    "kmod_fork",
+    "kmod_mode",
+    "kmod_run",
+    "ns_pool_size",
+    "pagemap_scan",
+    "rebase",
+    "state_dir",
+    "state_size",
+]
 
 
 class ConfigError(BunshinError, ValueError):

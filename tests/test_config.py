@@ -51,7 +51,7 @@ def test_only_config_reads_bunshin_variables():
 
 def test_every_knob_is_in_the_readme_table():
     readme = (ROOT / "README.md").read_text()
-    documented = re.findall(r"^\| `(BUNSHIN_[A-Z_]+)` \|", readme, re.M)
+    documented = re.findall(r"^\| `(BUNSHIN_[A-Z_]+)` \|", readme, re.MULTILINE)
     assert sorted(documented) == sorted(k.name for k in config.KNOBS)
 
 
