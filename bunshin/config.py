@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BunshinError
+from .errors import ConfigError
 
 __all__ = [
     "KNOBS",
@@ -37,10 +37,6 @@ __all__ = [
     "state_dir",
     "state_size",
 ]
-
-
-class ConfigError(BunshinError, ValueError):
-    """A ``BUNSHIN_*`` environment variable has a value that cannot be parsed."""
 
 
 @dataclass(frozen=True)

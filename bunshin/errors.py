@@ -23,6 +23,7 @@ __all__ = [
     "CriuError",
     "ImageError",
     "CheckpointError",
+    "ConfigError",
 ]
 
 
@@ -101,3 +102,7 @@ class CheckpointError(BunshinError):
     def __init__(self, msg: str, *, log: str | None = None) -> None:
         super().__init__(msg)
         self.log = log
+
+
+class ConfigError(BunshinError, ValueError):
+    """A ``BUNSHIN_*`` environment variable has a value that cannot be parsed."""
