@@ -26,7 +26,8 @@ KERNEL = ("import signal\ndata = bytearray(64 << 20)\n"
           "for i in range(0, len(data), 4096): data[i] = 1\n"
           "open('/tmp/kernel-ready', 'w').close()\nsignal.pause()\n")
 CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
-TEST = ("import time\nfrom calc import add, mul\n\ntime.sleep(0.3)  # stands for a slow integration test\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+TEST = ("import time\nfrom calc import add, mul\n\ntime.sleep(0.3)  # stands for a slow integration test\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5\n\n\n"
         "def test_mul():\n    assert mul(2, 3) == 6\n\n\ntest_add(); test_mul(); print('tests ok')\n")
 SETUP = (
     ToolCall("write_file", {"path": "/repo/calc.py", "content": CALC}),

@@ -142,9 +142,10 @@ class RolloutEngine:
     predictions on forks while the policy thinks (needs the cache); default as ``cache``.
     ``snapshot_after``: the private cache keeps the state after calls that took at least this
     many seconds and twice the mean snapshot time so far (a snapshot costs a freeze and a fork;
-    quicker calls are cheaper to re-run), and speculation runs only calls that took that long. ``predictor(calls so far) -> [ToolCall]``: what speculation
-    runs (default: the trie's most visited next calls that the cache does not hold and that
-    took ≥ ``snapshot_after``); e.g. a draft model's guesses.
+    quicker calls are cheaper to re-run), and speculation runs only calls that took that long.
+    ``predictor(calls so far) -> [ToolCall]``: what speculation runs (default: the trie's most
+    visited next calls that the cache does not hold and that took ≥ ``snapshot_after``); e.g. a
+    draft model's guesses.
     ``ksm``: criu mode restores with KSM merging (the best stock setup). ``sample_interval``:
     seconds between memory samples (None: no sampler). ``on_turn(rollout_index, turn)`` is
     called after every turn (progress bars).

@@ -4,7 +4,8 @@ observations are their output.
 >>> env = WorkspaceEnv(task, mode="fork", reward_fn=lambda ws, h: float(ws.run("pytest -q").ok))  # doctest: +SKIP
 >>> obs, info = env.reset(seed=0)               # obs: the task's prompt          # doctest: +SKIP
 >>> obs, r, term, trunc, info = env.step("ls /repo")                              # doctest: +SKIP
->>> obs, r, term, trunc, info = env.step('{"name": "write_file", "args": {"path": "/a", "content": "x"}}')  # doctest: +SKIP
+>>> obs, r, term, trunc, info = env.step(
+...     '{"name": "write_file", "args": {"path": "/a", "content": "x"}}')         # doctest: +SKIP
 >>> obs, r, term, trunc, info = env.step("submit")  # term=True, r=reward_fn(...) # doctest: +SKIP
 
 Importing this module registers ``"bunshin/Workspace-v0"`` with gymnasium (flagged
