@@ -98,10 +98,11 @@ def main(args: argparse.Namespace) -> int:
             bar = prog.add_task(f"{mode:8s} group of {group}", total=sum(map(len, tr)))
             pol = ReplayPolicy(tr, think_s=args.think, jitter=0.3, seed=0)
             with RolloutEngine(pol, task(), group, mode=mode,
-                               on_turn=lambda i, t, bar=bar: prog.advance(bar)) as eng:
+                               on_turn=lambda *_, bar=bar: prog.advance(bar)) as eng:
                 g = eng.run()
             results[mode] = g.as_dict()
             results[mode]["calls_failed"] = sum(t.exit_code != 0 for tj in g.trajectories for t in tj.turns)
+            assert g.memory is not None  # the engine samples memory unless told not to
             timelines[mode] = (g.memory.times, g.memory.bytes)
     fresh = results.get("fresh")
     table = Table(title=f"bunshin demo: a group of {group} rollouts on the default workspace")

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +120,7 @@ class _WorthPredictor:
         self.cache = cache
         self.min_exec_s = min_exec_s
 
-    def __call__(self, history: list[ToolCall]) -> list[ToolCall]:
+    def __call__(self, history: Sequence[ToolCall]) -> list[ToolCall]:
         node = self.inner.node(history)
         live = set(self.cache.live_states())
         out = []
@@ -154,7 +154,8 @@ class RolloutEngine:
     def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
                  concurrency: int | None = None, cache: bool | PrefixCache | None = None,
                  speculate: bool | None = None, max_inflight: int = 1, cache_budget: int = 4 << 30,
-                 snapshot_after: float = 0.05, predictor: Callable[[list[ToolCall]], list[ToolCall]] | None = None,
+                 snapshot_after: float = 0.05,
+                 predictor: Callable[[Sequence[ToolCall]], Sequence[ToolCall]] | None = None,
                  ksm: bool = False, sample_interval: float | None = 0.1,
                  on_turn: Callable[[int, Turn], None] | None = None) -> None:
         from ..cache.prefix import PrefixCache

@@ -134,7 +134,7 @@ class ReplayPolicy:
                     raise RolloutError(f"{path}:{lineno}: not JSON: {e}") from None
                 if not isinstance(items, list):
                     raise RolloutError(f"{path}:{lineno}: a trace must be a JSON list, got {type(items).__name__}")
-                trace = []
+                trace: list[ToolCall | str] = []
                 for j, item in enumerate(items):
                     if isinstance(item, str):
                         trace.append(item)
