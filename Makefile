@@ -2,7 +2,7 @@
 PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test test-fast test-kmod bench clean
+.PHONY: install demo test test-fast test-kmod lint bench clean
 
 install:
 	scripts/install-deps.sh
@@ -22,8 +22,13 @@ test-fast: install
 test-kmod:
 	kmod/tests/run.sh
 
+# ruff and mypy come with the test extra (make install); their settings are in pyproject.toml.
+# Both run before either fails, so that one pass shows every finding.
+lint:
+	$(PY) -m ruff check bunshin; ruff=$$?; $(PY) -m mypy bunshin && exit $$ruff
+
 bench: install
 	for b in bench/*.py; do case $$b in */_*) continue;; esac; $(PY) $$b --quick | tail -1; done
 
 clean:
-	rm -rf build bench/out .pytest_cache
+	rm -rf build bench/out .pytest_cache .ruff_cache .mypy_cache

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import mmap as _mmap
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from .errors import ForkError
 
@@ -89,7 +90,7 @@ class Tracee:
         self.clone_flags = clone_flags  # what :meth:`clone` made it with (0: seized)
 
     @classmethod
-    def seize(cls, pid: int) -> "Tracee":
+    def seize(cls, pid: int) -> Tracee:
         """Attach to ``pid`` and stop that thread; it becomes the one syscalls run in."""
         try:
             return cls(_compel().Ctl(pid))
@@ -97,7 +98,7 @@ class Tracee:
             raise _translate(exc, pid) from None
 
     @classmethod
-    def seize_frozen(cls, pid: int) -> "Tracee":
+    def seize_frozen(cls, pid: int) -> Tracee:
         """Attach to a task frozen by the cgroup freezer and ask it to stop, without waiting:
         it stops when thawed. Call :meth:`wait_stopped` after thawing."""
         try:
@@ -115,7 +116,7 @@ class Tracee:
         except OSError as exc:
             raise _translate(exc, self.pid) from None
 
-    def __enter__(self) -> "Tracee":
+    def __enter__(self) -> Tracee:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -206,7 +207,7 @@ class Tracee:
         return self._call("xstate", self.pid if tid is None else tid)
 
     def clone(self, pidns_owner: int | None = None, set_tid: int | None = None,
-              flags: int = 0, quiet_exit: bool = False, owe_robust: bool = False) -> "Tracee":
+              flags: int = 0, quiet_exit: bool = False, owe_robust: bool = False) -> Tracee:
         """Fork the victim from inside (clone3). ``pidns_owner``: a host pid whose pid
         namespace the child is created in; ``set_tid``: the child's pid there. The child
         comes back seized and stopped, as a Tracee of its own: use it as a context manager
@@ -229,7 +230,7 @@ class Tracee:
         needs, once; None when none is owed."""
         return self._call("take_owed_robust")
 
-    def clone_by(self, make: Callable[[int], list[int]], vtids: list[int]) -> list["Tracee"]:
+    def clone_by(self, make: Callable[[int], list[int]], vtids: list[int]) -> list[Tracee]:
         """Clones made outside compel: ``make(tid_addr)`` resumes this (stopped) process so that
         it clones itself and stops again, and returns the children's host pids (the kernel
         module's FORK does); ``tid_addr`` is where each child should store its tid. The children
@@ -292,7 +293,7 @@ class Tracee:
                             f"{exc.strerror} at step {step!r}", pid=self.pid, step=step,
                             errno=exc.errno) from None
 
-    def clone_threads(self, source: "Tracee") -> list[int]:
+    def clone_threads(self, source: Tracee) -> list[int]:
         """Recreate in this clone every thread of ``source`` (the seized process it was cloned
         from, all threads stopped) but the one it was cloned by; returns the new tids in
         ``source.threads()`` order. When this process has a pid namespace of its own each

@@ -4,8 +4,9 @@ Search order: ``$BUNSHIN_CRIU`` (a path; if set, nothing else is tried), then th
 at ``config.cache_dir()/criu/bin/criu``, then ``criu`` on ``PATH``. CRIU 3.x is refused: it cannot
 dump on kernels >= 6.13 because of the vdso layout; CRIU 4.0-4.1 works but cannot dump TCP/UDP
 sockets on kernels >= 6.16 (checkpoint-restore/criu#2705, fixed in 4.2): such a CRIU is used, and
-its ``reason`` says so. :func:`provision_criu` installs Debian testing's (forky) CRIU 4.2 (with its own loader and libraries, so the host's glibc does not matter) into a private
-prefix without touching apt's system configuration.
+its ``reason`` says so. :func:`provision_criu` installs Debian testing's (forky) CRIU 4.2 (with its
+own loader and libraries, so the host's glibc does not matter) into a private prefix without
+touching apt's system configuration.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ KERNEL = ("import signal\ndata = bytearray(64 << 20)\n"
           "for i in range(0, len(data), 4096): data[i] = 1\n"
           "open('/tmp/kernel-ready', 'w').close()\nsignal.pause()\n")
 CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
-TEST = ("import time\nfrom calc import add, mul\n\ntime.sleep(0.3)  # stands for a slow integration test\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+TEST = ("import time\nfrom calc import add, mul\n\ntime.sleep(0.3)  # stands for a slow integration test\n\n\n"
+        "def test_add():\n    assert add(2, 3) == 5\n\n\n"
         "def test_mul():\n    assert mul(2, 3) == 6\n\n\ntest_add(); test_mul(); print('tests ok')\n")
 SETUP = (
     ToolCall("write_file", {"path": "/repo/calc.py", "content": CALC}),
@@ -97,10 +98,11 @@ def main(args: argparse.Namespace) -> int:
             bar = prog.add_task(f"{mode:8s} group of {group}", total=sum(map(len, tr)))
             pol = ReplayPolicy(tr, think_s=args.think, jitter=0.3, seed=0)
             with RolloutEngine(pol, task(), group, mode=mode,
-                               on_turn=lambda i, t, bar=bar: prog.advance(bar)) as eng:
+                               on_turn=lambda *_, bar=bar: prog.advance(bar)) as eng:
                 g = eng.run()
             results[mode] = g.as_dict()
             results[mode]["calls_failed"] = sum(t.exit_code != 0 for tj in g.trajectories for t in tj.turns)
+            assert g.memory is not None  # the engine samples memory unless told not to
             timelines[mode] = (g.memory.times, g.memory.bytes)
     fresh = results.get("fresh")
     table = Table(title=f"bunshin demo: a group of {group} rollouts on the default workspace")

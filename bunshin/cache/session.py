@@ -70,6 +70,7 @@ class CachedSession:
         key = child_key(parent, tc)
         cache.store.visit(parent, key, tc.canonical)
         waited = False
+        st: State | None = None
         with cache._cond:
             while True:
                 cache._check_open()

@@ -87,7 +87,7 @@ class MetaStore:
         self.map_size = map_size
         self._lock = threading.Lock()
         self._env: lmdb.Environment | None = None
-        self._nodes = None
+        self._nodes: Any = None  # lmdb names its database type only privately
         self._pid = -1
         self._closed = False
         self._open()  # validate now, so a bad path fails at construction

@@ -67,7 +67,8 @@ def _check_groups(groups: Mapping[str, Sequence[int]]) -> list[tuple[str, list[i
 
     if not isinstance(groups, Mapping):
         raise AccountingError(f"groups must map a label to a sequence of pids, got {type(groups).__name__}")
-    out, owner = [], {}
+    out: list[tuple[str, list[int]]] = []
+    owner: dict[int, str] = {}
     for label, pids in groups.items():
         if not isinstance(label, str):
             raise AccountingError(f"group labels must be str, got {label!r}")
@@ -148,7 +149,7 @@ def pids_usage(groups: Mapping[str, Sequence[int]], *, pss: bool = True) -> Fami
     leaves every ``pss_bytes`` None. Needs root (PFNs are hidden from others).
     """
     checked = _check_groups(groups)
-    pss_sum = [0 if pss else None] * len(checked)
+    pss_sum = [0] * len(checked)  # summed only when pss
     counted = _kernel_counts(checked)
     if counted is not None:
         rss, shared, total, shared_total = counted
@@ -160,14 +161,15 @@ def pids_usage(groups: Mapping[str, Sequence[int]], *, pss: bool = True) -> Fami
     per = {
         label: Usage(rss_bytes=int(rss[g]) * PAGE_SIZE,
                      private_bytes=int(rss[g] - shared[g]) * PAGE_SIZE,
-                     shared_bytes=int(shared[g]) * PAGE_SIZE, pss_bytes=pss_sum[g])
+                     shared_bytes=int(shared[g]) * PAGE_SIZE,
+                     pss_bytes=pss_sum[g] if pss else None)
         for g, (label, _) in enumerate(checked)
     }
     return FamilyUsage(total_bytes=total * PAGE_SIZE, shared_bytes=shared_total * PAGE_SIZE,
                        per_workspace=per, pss_bytes=sum(pss_sum) if pss else None)
 
 
-def _pagemap_counts(checked: list[tuple[str, list[int]]], pss: bool, pss_sum: list):
+def _pagemap_counts(checked: list[tuple[str, list[int]]], pss: bool, pss_sum: list[int]):
     owners = [(g, pid) for g, (_, pids) in enumerate(checked) for pid in pids]
     parts, gids = [], []
     for (g, _), got in zip(owners, _sample_all([pid for _, pid in owners], pss)):
@@ -187,20 +189,24 @@ def family_usage(workspaces: Iterable[object] | Mapping[str, object], *, pss: bo
     See :func:`pids_usage`."""
     from . import AccountingError
 
-    items = workspaces.items() if isinstance(workspaces, Mapping) else None
-    if items is None:
+    items: Iterable[tuple[str, object]]
+    if isinstance(workspaces, Mapping):
+        items = workspaces.items()
+    else:
         if not isinstance(workspaces, Iterable):
             raise AccountingError(f"workspaces must be an iterable of workspaces, got {workspaces!r}")
-        items = []
+        named = []
         for ws in workspaces:
             if not hasattr(ws, "id"):
                 raise AccountingError(f"{ws!r} is not a workspace: it has no .id")
-            items.append((str(ws.id), ws))
+            named.append((str(ws.id), ws))
+        items = named
     groups: dict[str, list[int]] = {}
     for label, ws in items:
-        if not callable(getattr(ws, "host_pids", None)):
+        host_pids = getattr(ws, "host_pids", None)
+        if not callable(host_pids):
             raise AccountingError(f"{ws!r} is not a workspace: it has no .host_pids()")
         if label in groups:
             raise AccountingError(f"workspace {label!r} is listed twice")
-        groups[label] = list(ws.host_pids())
+        groups[label] = list(host_pids())
     return pids_usage(groups, pss=pss)

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +120,7 @@ class _WorthPredictor:
         self.cache = cache
         self.min_exec_s = min_exec_s
 
-    def __call__(self, history: list[ToolCall]) -> list[ToolCall]:
+    def __call__(self, history: Sequence[ToolCall]) -> list[ToolCall]:
         node = self.inner.node(history)
         live = set(self.cache.live_states())
         out = []
@@ -142,9 +142,10 @@ class RolloutEngine:
     predictions on forks while the policy thinks (needs the cache); default as ``cache``.
     ``snapshot_after``: the private cache keeps the state after calls that took at least this
     many seconds and twice the mean snapshot time so far (a snapshot costs a freeze and a fork;
-    quicker calls are cheaper to re-run), and speculation runs only calls that took that long. ``predictor(calls so far) -> [ToolCall]``: what speculation
-    runs (default: the trie's most visited next calls that the cache does not hold and that
-    took ≥ ``snapshot_after``); e.g. a draft model's guesses.
+    quicker calls are cheaper to re-run), and speculation runs only calls that took that long.
+    ``predictor(calls so far) -> [ToolCall]``: what speculation runs (default: the trie's most
+    visited next calls that the cache does not hold and that took ≥ ``snapshot_after``); e.g. a
+    draft model's guesses.
     ``ksm``: criu mode restores with KSM merging (the best stock setup). ``sample_interval``:
     seconds between memory samples (None: no sampler). ``on_turn(rollout_index, turn)`` is
     called after every turn (progress bars).
@@ -153,7 +154,8 @@ class RolloutEngine:
     def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
                  concurrency: int | None = None, cache: bool | PrefixCache | None = None,
                  speculate: bool | None = None, max_inflight: int = 1, cache_budget: int = 4 << 30,
-                 snapshot_after: float = 0.05, predictor: Callable[[list[ToolCall]], list[ToolCall]] | None = None,
+                 snapshot_after: float = 0.05,
+                 predictor: Callable[[Sequence[ToolCall]], Sequence[ToolCall]] | None = None,
                  ksm: bool = False, sample_interval: float | None = 0.1,
                  on_turn: Callable[[int, Turn], None] | None = None) -> None:
         from ..cache.prefix import PrefixCache

@@ -4,7 +4,8 @@ observations are their output.
 >>> env = WorkspaceEnv(task, mode="fork", reward_fn=lambda ws, h: float(ws.run("pytest -q").ok))  # doctest: +SKIP
 >>> obs, info = env.reset(seed=0)               # obs: the task's prompt          # doctest: +SKIP
 >>> obs, r, term, trunc, info = env.step("ls /repo")                              # doctest: +SKIP
->>> obs, r, term, trunc, info = env.step('{"name": "write_file", "args": {"path": "/a", "content": "x"}}')  # doctest: +SKIP
+>>> obs, r, term, trunc, info = env.step(
+...     '{"name": "write_file", "args": {"path": "/a", "content": "x"}}')         # doctest: +SKIP
 >>> obs, r, term, trunc, info = env.step("submit")  # term=True, r=reward_fn(...) # doctest: +SKIP
 
 Importing this module registers ``"bunshin/Workspace-v0"`` with gymnasium (flagged
@@ -19,7 +20,7 @@ import math
 import string
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import numpy as np
@@ -64,7 +65,7 @@ class AnyText(spaces.Text):
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         """A random printable-ASCII string (see the class docstring)."""
         if mask is None and probability is None:
-            n = self.np_random.integers(self.min_length, self.sample_max_length + 1)
+            n = int(self.np_random.integers(self.min_length, self.sample_max_length + 1))
             return super().sample(mask=(n, None))
         return super().sample(mask=mask, probability=probability)
 
@@ -117,7 +118,7 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
     ``setup_s``, ``episode``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self, task: Task, *, template: Template | None = None, workspace: Workspace | None = None,
                  mode: str = "fresh", reward_fn: RewardFn | None = None, done_fn: DoneFn | None = None,
@@ -215,15 +216,13 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
         truncated, info."""
         if self._closed:
             raise WorkspaceClosed("WorkspaceEnv is closed")
-        if self._history is None or self._ws is None:
-            raise RolloutError("WorkspaceEnv.step before reset(): call reset() first")
+        ws, hist = self._episode()
         if self._over:
             raise RolloutError("WorkspaceEnv: the episode is over (terminated or truncated); call reset()")
         if not isinstance(action, str):
             raise RolloutError(f"WorkspaceEnv: an action is a str (a bash command or a JSON tool call), "
                                f"got {type(action).__name__}")
-        hist = self._history
-        info: dict[str, Any] = {"step": len(hist.turns), "workspace_id": self._ws.id}
+        info: dict[str, Any] = {"step": len(hist.turns), "workspace_id": ws.id}
         try:
             call = self.parse_action(action)
         except InvalidToolCall as e:
@@ -243,11 +242,11 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
             return self._record(call, f"error: {err}", -1, 0.0, info, error=err)
         t0 = time.monotonic()
         try:
-            r = run_tool(self.tools, ToolContext(self._ws, self._session_shell), call)
+            r = run_tool(self.tools, ToolContext(ws, self._session_shell), call)
         except (InvalidToolCall, UnknownTool) as e:
             return self._record(call, f"error: {e}", -1, time.monotonic() - t0, info, error=str(e))
         except BunshinError as e:
-            if self._ws.closed:
+            if ws.closed:
                 raise
             # a bad path for read_file/write_file and the like: the agent's mistake, shown to it
             return self._record(call, f"error: {e}", -1, time.monotonic() - t0, info, error=str(e))
@@ -287,9 +286,14 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
                 return ToolCall(name, args)
         return ToolCall("bash", {"command": action})
 
+    def _episode(self) -> tuple[Workspace, History]:
+        if self._ws is None or self._history is None:
+            raise RolloutError("WorkspaceEnv.step before reset(): call reset() first")
+        return self._ws, self._history
+
     def _session_shell(self) -> Shell:
         if self._shell is None or not self._shell.alive:
-            self._shell = self._ws.shell(cwd=self.task.workdir)
+            self._shell = self._episode()[0].shell(cwd=self.task.workdir)
         return self._shell
 
     def _bash(self, ctx: ToolContext, **args: Any) -> Any:
@@ -303,7 +307,7 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
 
     def _record(self, call: ToolCall, out: str, code: int, duration: float, info: dict[str, Any],
                 error: str | None = None) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        hist = self._history
+        ws, hist = self._episode()
         obs = _truncate(out, self.max_observation_chars)
         hist.turns.append(Turn(call, obs, code, tool_s=duration))
         info.update(exit_code=code, duration=duration)
@@ -311,7 +315,7 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
         info.setdefault("output_truncated", False)
         if error is not None:
             info["error"] = error
-        terminated = bool(self.done_fn(self._ws, hist)) if self.done_fn is not None else False
+        terminated = bool(self.done_fn(ws, hist)) if self.done_fn is not None else False
         truncated = not terminated and len(hist.turns) >= self.max_steps
         reward = 0.0
         if terminated or truncated:
@@ -322,7 +326,7 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
     def _reward(self) -> float:
         if self.reward_fn is None:
             return 0.0
-        r = self.reward_fn(self._ws, self._history)
+        r = self.reward_fn(*self._episode())
         if isinstance(r, bool) or not isinstance(r, (int, float, np.floating, np.integer)) or not math.isfinite(r):
             raise RolloutError(f"WorkspaceEnv: reward_fn must return a finite number, got {r!r}")
         return float(r)

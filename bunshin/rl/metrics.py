@@ -111,6 +111,7 @@ class MemorySampler:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
             raise RolloutError(f"interval must be seconds > 0, got {interval!r}")
         self.interval = float(interval)
+        self._read: Callable[[], tuple[Mapping[str, Sequence[int]], set[str]]]
         if source is None and frozen is None:
             self._read = cgroup_state  # one pass for both
         else:

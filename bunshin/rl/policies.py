@@ -85,7 +85,8 @@ class ReplayPolicy:
         self.think_s = think_s
         if (isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not math.isfinite(jitter)
                 or not 0 <= jitter <= 1):
-            raise RolloutError(f"ReplayPolicy: jitter must be a number in [0, 1] (a fraction of think_s), got {jitter!r}")
+            raise RolloutError(f"ReplayPolicy: jitter must be a number in [0, 1] (a fraction of think_s), "
+                               f"got {jitter!r}")
         self.jitter = float(jitter)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise RolloutError(f"ReplayPolicy: seed must be an int, got {seed!r}")
@@ -133,7 +134,7 @@ class ReplayPolicy:
                     raise RolloutError(f"{path}:{lineno}: not JSON: {e}") from None
                 if not isinstance(items, list):
                     raise RolloutError(f"{path}:{lineno}: a trace must be a JSON list, got {type(items).__name__}")
-                trace = []
+                trace: list[ToolCall | str] = []
                 for j, item in enumerate(items):
                     if isinstance(item, str):
                         trace.append(item)
@@ -276,15 +277,18 @@ class OpenAIPolicy:
         for name, v, lo, hi in (("temperature", temperature, 0.0, 2.0), ("top_p", top_p, 0.0, 1.0)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
                 raise RolloutError(f"OpenAIPolicy: {name} must be a number in [{lo}, {hi}], got {v!r}")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
             raise RolloutError(f"OpenAIPolicy: max_tokens must be an int ≥ 1 or None, got {max_tokens!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise RolloutError(f"OpenAIPolicy: timeout must be a positive number of seconds, got {timeout!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise RolloutError(f"OpenAIPolicy: max_retries must be an int ≥ 0, got {max_retries!r}")
         backoff_s = _check_seconds(backoff_s, "OpenAIPolicy: backoff_s")
-        if isinstance(max_observation_chars, bool) or not isinstance(max_observation_chars, int) or max_observation_chars < 64:
-            raise RolloutError(f"OpenAIPolicy: max_observation_chars must be an int ≥ 64, got {max_observation_chars!r}")
+        if (isinstance(max_observation_chars, bool) or not isinstance(max_observation_chars, int)
+                or max_observation_chars < 64):
+            raise RolloutError(f"OpenAIPolicy: max_observation_chars must be an int ≥ 64, "
+                               f"got {max_observation_chars!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise RolloutError(f"OpenAIPolicy: seed must be an int or None, got {seed!r}")
         schemas = dict(BUILTIN_TOOL_SCHEMAS)

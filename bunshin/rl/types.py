@@ -9,6 +9,7 @@ into a :class:`Trajectory`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -41,7 +42,7 @@ class Task:
     prompt: str
     setup: tuple[ToolCall, ...] = ()
     ready: str | None = None
-    rootfs: object = None
+    rootfs: str | os.PathLike | None = None
     workdir: str = "/"
     max_steps: int = 30
     tools: tuple[str, ...] = ("bash", "read_file", "write_file", "python")

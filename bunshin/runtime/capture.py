@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import selectors
 import time
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_MAX_OUTPUT = 1 << 20  # per stream; agents rarely benefit from more
 

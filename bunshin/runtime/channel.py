@@ -14,8 +14,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .._core import PROTO
 from ..errors import ProtocolError, SpawnError, WorkspaceDied
@@ -66,7 +66,7 @@ class Channel:
         self._sock.settimeout(timeout)
         try:
             data = self._sock.recv(PROTO["MAX_INLINE"] + 4096)
-        except socket.timeout:
+        except TimeoutError:
             raise WorkspaceDied(f"{self._name}: init did not report ready within {timeout}s") from None
         finally:
             self._sock.settimeout(None)
@@ -184,7 +184,8 @@ class Channel:
         if err:
             what = _STEPS.get(step, "start")
             target = cwd if step == PROTO["STEP_CHDIR"] else argv[0]
-            hint = " (not found on PATH inside the workspace)" if err == _errno.ENOENT and step == PROTO["STEP_EXEC"] else ""
+            not_found = err == _errno.ENOENT and step == PROTO["STEP_EXEC"]
+            hint = " (not found on PATH inside the workspace)" if not_found else ""
             e = SpawnError(f"{self._name}: cannot {what} {target!r}: {os.strerror(err)}{hint}")
             e.step, e.errno = what, err  # type: ignore[attr-defined]
             raise e

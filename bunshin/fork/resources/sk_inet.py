@@ -107,7 +107,8 @@ def _name(sk: InetSk) -> str:
 
 def _read_template(s: socket.socket, refuse) -> InetSk:
     """Everything a child needs to know of one template socket, which is left as it was."""
-    sk = InetSk(family=s.family, type=s.type & 0xF, fate="fresh", reuseaddr=getint(s, socket.SOL_SOCKET, socket.SO_REUSEADDR))
+    sk = InetSk(family=s.family, type=s.type & 0xF, fate="fresh",
+                reuseaddr=getint(s, socket.SOL_SOCKET, socket.SO_REUSEADDR))
     sk.local, sk.peer = _ends(s)
     sk.opts = {o: v for o in _OPTS if (sk.type == socket.SOCK_STREAM or o[0] != _TCP)
                and (v := getint(s, *o))}
@@ -197,7 +198,7 @@ def check_tree(procs) -> None:
     finally:
         for s, _, _ in socks.values():
             s.close()
-    for p, f in mine:
+    for _, f in mine:
         f.inet = read[f.ino]
     held = {(_key(sk.local), _key(sk.peer)) for sk in read.values() if sk.fate == "established"}
     for p, f in mine:

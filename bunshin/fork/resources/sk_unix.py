@@ -31,6 +31,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NoReturn
 
 from ...errors import ForkError
 from . import sharing
@@ -130,40 +131,42 @@ def _parse(msg: bytes, table: dict[int, UnixSk]) -> None:
     table[ino] = sk
 
 
+def _refuse(p, f, why: str) -> NoReturn:
+    raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd} is a unix socket ({f.target}) {why}; "
+                    "a fork cannot carry it", pid=p.hostpid, step="plan")
+
+
 def check_tree(procs) -> None:
     """Decide each unix socket's fate (module docstring), refusing before anything is touched."""
     mine = [(p, f) for p in procs for f in p.fds if f.handler is OPS]
     if not mine:
         return
     table = unix_sockets(procs[0].hostpid)
-    held = {}
+    held: dict[int, tuple[int, int]] = {}
     for p, f in mine:
         held.setdefault(f.ino, (p.hostpid, f.fd))
     for p, f in mine:
-        def refuse(why: str):
-            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd} is a unix socket ({f.target}) {why}; "
-                            "a fork cannot carry it", pid=p.hostpid, step="plan")
         sk = table.get(f.ino)
         if sk is None:
-            refuse("that the workspace's net namespace does not list")
+            _refuse(p, f, "that the workspace's net namespace does not list")
         f.sk, f.sk_peer_holder, f.sk_fate = sk, None, None
         if sk.state == _LISTEN:
             if sk.icons or sk.rq:
-                refuse(f"with {max(sk.icons, sk.rq)} connection(s) not yet accepted")
+                _refuse(p, f, f"with {max(sk.icons, sk.rq)} connection(s) not yet accepted")
             if not sk.name or (sk.name[0] != 0 and sk.name[0] != ord("/")):
-                refuse(f"listening on {sk.name!r}, not an absolute path or abstract name")
+                _refuse(p, f, f"listening on {sk.name!r}, not an absolute path or abstract name")
             f.sk_fate = "listen"
         elif sk.peer:
             peer = table.get(sk.peer)
             if peer is not None and sk.peer not in held:
-                refuse("connected to a socket no workspace process holds (outside, or not yet accepted)")
+                _refuse(p, f, "connected to a socket no workspace process holds (outside, or not yet accepted)")
             if peer is not None and peer.peer != sk.ino:
-                refuse("connected to a datagram server socket (only pairs are carried)")
+                _refuse(p, f, "connected to a datagram server socket (only pairs are carried)")
             f.sk_peer_holder = held.get(sk.peer)  # None: the peer is closed
             f.sk_fate = "pair"
         elif sk.name:
             if sk.type == _STREAM or sk.rq:
-                refuse("bound but neither listening nor connected, or with datagrams queued")
+                _refuse(p, f, "bound but neither listening nor connected, or with datagrams queued")
             f.sk_fate = "bound"
         else:
             f.sk_fate = "fresh"
@@ -223,7 +226,9 @@ def _pair(ctx, proc, r, f) -> int:
     # bytes queued at this end were sent by the peer: send them again from the peer's copy
     _fill(r.t.pid, theirs, _peek_all(proc.hostpid, f.fd, sk, what), what)
     if f.sk_peer_holder is not None:
-        _fill(r.t.pid, mine, _peek_all(*f.sk_peer_holder, ctx.shared["unix-table"].get(sk.peer, sk), what), what)
+        holder_pid, holder_fd = f.sk_peer_holder
+        peer = ctx.shared["unix-table"].get(sk.peer, sk)
+        _fill(r.t.pid, mine, _peek_all(holder_pid, holder_fd, peer, what), what)
         ctx.shared.setdefault("unix", {})[sk.peer] = (proc.vpid, theirs)
         ctx.shared.setdefault("close_later", []).append((r.t, theirs))  # shmem.finish closes it
     else:

@@ -24,7 +24,9 @@ def claims(proc, f) -> bool:
 
 
 def _ns(text: str) -> int:
-    sec, nsec = (int(x) for x in _PAIR.match(text).groups())
+    m = _PAIR.match(text)
+    assert m is not None, f"timerfd fdinfo time {text!r}"  # the kernel always writes "(sec, nsec)"
+    sec, nsec = (int(x) for x in m.groups())
     return sec * 1_000_000_000 + nsec
 
 

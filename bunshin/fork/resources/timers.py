@@ -28,7 +28,8 @@ class PosixTimer:
 
 
 def _parse(text: str) -> list[PosixTimer]:
-    out, cur = [], {}
+    out: list[PosixTimer] = []
+    cur: dict[str, str] = {}
     for line in text.splitlines() + ["ID: end"]:
         key, _, val = line.partition(":")
         val = val.strip()

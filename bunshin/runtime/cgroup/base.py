@@ -13,6 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from types import EllipsisType
+from typing import TypeVar
 
 from ... import config
 from ...errors import CgroupError
@@ -23,6 +24,8 @@ __all__ = ["CONTROLLERS", "Cgroup", "CgroupBackend", "CgroupStats"]
 
 #: The controllers Bunshin uses, as reported by :meth:`CgroupBackend.controllers`.
 CONTROLLERS = ("memory", "pids", "freezer", "cpu")
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ class CgroupBackend(ABC):
         try:
             # a new group starts unlimited: write only the limits asked for (each write costs
             # tens of microseconds, and forks create a group each)
-            cg._apply(*(... if v is None else v for v in (memory, pids, cpu)))
+            cg._apply(_unless_none(memory), _unless_none(pids), _unless_none(cpu))
         except BaseException:
             cg.destroy()
             raise
@@ -250,3 +253,8 @@ class CgroupBackend(ABC):
                 os.rmdir(top)
             except OSError:
                 pass  # still in use by other groups, or already gone
+
+
+def _unless_none(limit: _T | None) -> _T | EllipsisType:
+    """A limit as :meth:`Cgroup._apply` takes it when only the ones asked for are written."""
+    return ... if limit is None else limit

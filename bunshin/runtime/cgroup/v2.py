@@ -87,6 +87,8 @@ class V2Backend(CgroupBackend):
 class V2Cgroup(Cgroup):
     """A workspace's group in the unified hierarchy."""
 
+    backend: V2Backend
+
     def __init__(self, backend: V2Backend, name: str, path: str) -> None:
         super().__init__(backend, name)
         self.path = path

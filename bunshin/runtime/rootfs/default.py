@@ -28,7 +28,7 @@ _HOST = Path("/")
 
 def _bunshin_dirs(mask: list[str]) -> list[str]:
     """State and cache directories that would otherwise be visible through an exposed tree."""
-    out = []
+    out: list[str] = []
     for d in (config.state_dir(), config.cache_dir()):
         real = os.path.realpath(d)
         parts = real.strip("/").split("/")

@@ -47,7 +47,7 @@ _SKIP_XATTR = ("trusted.overlay.",)
 try:
     import zstandard
 except ImportError:  # pragma: no cover - zstandard is a dependency, but stay usable without
-    zstandard = None
+    zstandard = None  # type: ignore[assignment]  # mypy has no "module or None" for an import
 
 # Errors that mean "the bytes are not a well-formed (compressed) tar".
 CORRUPT = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) + (
@@ -83,14 +83,14 @@ def sha256_file(path: Path) -> str:
 class _HashingReader(io.RawIOBase):
     """Read-through wrapper that hashes every byte read from the raw file."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: io.BufferedIOBase) -> None:
         self._raw = raw
         self.hash = hashlib.sha256()
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf) -> int:  # type: ignore[override]
+    def readinto(self, buf) -> int:
         n = self._raw.readinto(buf)
         if n:
             self.hash.update(memoryview(buf)[:n])
@@ -116,7 +116,7 @@ def _decompressed(raw: BinaryIO) -> BinaryIO:
             raise RootfsError(
                 "zstd-compressed archive but the 'zstandard' package is missing; pip install zstandard"
             )
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     return raw
 
 
