@@ -14,7 +14,7 @@ import pytest
 
 import bunshin
 from bunshin.errors import BunshinError, ForkError
-from bunshin.fork import engine
+from bunshin.fork import cloners, engine
 from bunshin.fork.plan import proc_status
 from conftest import leaks, ws_status
 
@@ -41,10 +41,10 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
         before = _snapshot_of_state()
         for k in range(1, len(procs)):  # every non-init process is a kill point
             calls = {"n": 0}
-            real_clone, real_fix = engine.clone_process, engine.fix_process
+            real_clone, real_fix = cloners.Cloner.clone, engine.fix_process
 
-            def clone(source, proc, child_inits, tmp, *rest):
-                cs = real_clone(source, proc, child_inits, tmp, *rest)  # one per child of the call
+            def clone(cl, source, proc, child_inits, tmp, *rest):
+                cs = real_clone(cl, source, proc, child_inits, tmp, *rest)  # one per child of the call
                 calls["n"] += 1
                 if where == "clone" and calls["n"] == k:
                     os.kill(cs[-1].pid, 9)  # dies between clone and fixup
@@ -58,11 +58,11 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
                     os.kill(ctx.init_hostpid, 9)  # the child's init dies before the child is whole
                     raise ForkError("child init died")
 
-            monkeypatch.setattr(engine, "clone_process", clone)
+            monkeypatch.setattr(cloners.Cloner, "clone", clone)
             monkeypatch.setattr(engine, "fix_process", fix)
             with pytest.raises(BunshinError):
                 ws.fork(1)
-            monkeypatch.setattr(engine, "clone_process", real_clone)
+            monkeypatch.setattr(cloners.Cloner, "clone", real_clone)
             monkeypatch.setattr(engine, "fix_process", real_fix)
             # the source is intact and running; the dead child's init is reaped by the
             # source's init (its parent) as soon as it runs again
@@ -168,9 +168,7 @@ def test_a_child_that_cannot_get_its_pid_fails_cleanly(no_leaks, monkeypatch):
     goes through is made to take it, so clone3's set_tid finds it in use (EEXIST). The clones
     made before it go with the partial child, the error names the process, the source runs
     on, and it forks once the pid is free."""
-    from bunshin._core.kmod import backend
-
-    if backend().fork is not None or backend().reparent is not None:
+    if not cloners.cloner().through_intermediates:
         pytest.skip("the module clones without intermediates")
     ws, sh = _busy_workspace()
     try:

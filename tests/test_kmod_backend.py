@@ -336,7 +336,7 @@ def test_a_queue_a_signal_interrupts_goes_on_by_injection(mode, tmp_path, monkey
             return out
 
         monkeypatch.setattr(kmod.Kmod, "run", counted)
-        r = remote.Remote(t, "sleep", run=k)
+        r = remote.RunRemote(t, "sleep", k)
         fd = r.queue_openat(str(fifo), os.O_RDONLY)
         me = r.queue("getpid")
         threading.Timer(0.5, os.kill, (p.pid, signal.SIGWINCH)).start()

@@ -36,7 +36,7 @@ from ..runtime.channel import Channel
 from ..runtime.forking import child_meta
 from ..runtime.state import Meta
 from ..runtime.reap import wait_exit_pidfd
-from . import engine
+from . import cloners, engine
 from .resources import ptys
 
 log = logging.getLogger("bunshin.fork")
@@ -118,30 +118,22 @@ def settle(ei: EarlyInit, core, slot: "Slot", pin: "Pinned") -> None:
 
 def make_mids(ei: EarlyInit, core, tracees: dict, cg) -> None:
     """The intermediate each template process's clone goes through without the kernel
-    module (engine.make_mid), made for this child ahead of its fork: one injected clone
-    less per process in the fork (~0.2 ms here). The template must be thawed.
+    module (engine.make_mid), made for this child ahead of its fork by the Cloner that
+    clones so (cloners.Injection): one injected clone less per process in the fork (~0.2 ms
+    here). The template must be thawed.
 
     Each goes into the child's cgroup ``cg``, so the clone made from it is born there: the
     fork moves it no more (~0.2 ms: one write per hierarchy), and neither it nor its
     threads count against the template's pids limit. Where the child's limit could not hold
     them beside its clones (mids_fit, the caller's check), or a limit refuses one (EAGAIN),
     none is made for this child: its fork makes its own."""
-    b = engine.backend()
-    if b.fork is not None or b.reparent is not None:
-        return  # the module clones without intermediates
-    for pl in core.plans[1:]:
-        try:
-            mid = engine.make_mid(tracees[pl.hostpid], ei.ci.pid, core.tmp_pids[pl.hostpid],
-                                  core.mids_reap_themselves(pl))
-        except ForkError as e:
-            if e.errno != errno.EAGAIN:
-                raise
-            log.info("template %s: no intermediates made ahead (a pids limit): %s", core.id, e)
-            drop_mids(ei.mids, tracees)
-            return
-        ei.mids[pl.hostpid] = mid
-        cg.add(mid.pid)
-        mid.learn()  # what its clone in the fork will need
+    try:
+        cloners.cloner().make_mids(ei.mids, core, tracees, ei.ci.pid, cg)
+    except ForkError as e:
+        if e.errno != errno.EAGAIN:
+            raise
+        log.info("template %s: no intermediates made ahead (a pids limit): %s", core.id, e)
+        drop_mids(ei.mids, tracees)
 
 
 def mids_fit(core) -> bool:

@@ -5,7 +5,7 @@ Calls whose result nobody needs at once are queued (:meth:`Remote.queue` returns
 and run together in one stop (compel's batch) when something needs a result: reading a Ref's
 value, a plain :meth:`Remote.call`, touching the Tracee (``r.t``), or :meth:`Remote.flush`.
 So the order of the calls in the process is the order they were asked for. Given the kernel
-module's RUN, a queue runs in the kernel instead, made by the process itself in one resume: no
+module's RUN (:class:`RunRemote`), a queue runs in the kernel instead, made by the process itself in one resume: no
 scratch memory is mapped in it for the queue, and its data travels with the call.
 """
 
@@ -102,10 +102,9 @@ class Remote:
     _CODE = 128  # the batch program, then its table of 64-byte entries, one per call + an end
     MAX_QUEUE = (PAGE - _CODE) // 64 - 1
 
-    def __init__(self, t: Tracee, what: str, run: "Kmod | None" = None) -> None:
+    def __init__(self, t: Tracee, what: str) -> None:
         self._t = t
         self.what = what
-        self._run = run  # the module (Kmod) when queues may go through RUN
         self._page = 0
         self._batched = True  # the page is executable
         self._queue: list[tuple[str, tuple, tuple[int, ...], Ref]] = []
@@ -167,11 +166,7 @@ class Remote:
         data, self._data = bytes(self._data), bytearray()
         if not q:
             return
-        done = 0
-        if self._run is not None and all(SYS[e[0]] in _kmod.RUN_SYSCALLS for e in q):
-            rets = self._in_kernel(q, data)
-            if rets is not None:
-                done = self._settle(q, rets)
+        done = self._ran_first(q, data)
         if done < len(q):  # no RUN, or it stopped at a call a signal interrupted
             rest = q[done:]
             page = self._scratch()
@@ -182,6 +177,10 @@ class Remote:
             else:
                 rets = self._one_by_one(rest, page, done)
             self._settle(rest, rets)
+
+    def _ran_first(self, q: list, data: bytes) -> int:
+        """How many of the queue ran before injection, settled: none here (RunRemote's)."""
+        return 0
 
     def _settle(self, q: list, rets: list[int]) -> int:
         """Give each call that ran its result, raising for the first that failed; returns how
@@ -214,34 +213,6 @@ class Remote:
                 a = page + self.PAGE + a.offset
             out.append(a)
         return SYS[name], tuple(out), flags
-
-    def _in_kernel(self, q: list, data: bytes) -> list[int] | None:
-        """The queue made by the process itself, in the kernel (RUN): one resume, no scratch.
-        None when a signal is pending for it (it would stop for that first): injected then."""
-        calls = []
-        for name, args, ok, _ in q:
-            flags = _kmod.RUN_OK_ANY if ok is ANY_ERROR else 0
-            out = []
-            for i, a in enumerate(args):
-                if isinstance(a, Ref) and a._value is None:
-                    flags |= _kmod.RUN_ARG_RESULT[i]
-                    a = self._pending(name, i, a)
-                elif isinstance(a, Ref):
-                    a = a._value
-                elif isinstance(a, _Data):
-                    flags |= _kmod.RUN_ARG_DATA[i]
-                    a = a.offset
-                out.append(a)
-            calls.append((SYS[name], tuple(out), flags, ok[0] if ok and ok is not ANY_ERROR else 0))
-        t = self._t
-        try:
-            return t.run_by(lambda: self._run.run(t.pid, calls, data))
-        except OSError as e:
-            if e.errno == _errno.EAGAIN and not getattr(e, "resumed", False):
-                return None
-            raise ForkError(f"{self.what}: /dev/bunshin RUN of {len(calls)} calls "
-                            f"({', '.join(c[0] for c in q)}): {kmod.why(e)}", pid=t.pid, step="run",
-                            errno=e.errno) from None
 
     def _one_by_one(self, q: list, page: int, base: int = 0) -> list[int]:
         rets: list[int] = []
@@ -329,6 +300,51 @@ class Remote:
             except ForkError:
                 pass
             self._page = 0
+
+
+
+class RunRemote(Remote):
+    """A Remote whose queues the process makes itself in the kernel (the module's RUN): one
+    resume, no scratch memory, the data travelling with the call. A queue with a call RUN
+    does not make, or the rest of one a signal interrupted, is injected as by a Remote."""
+
+    def __init__(self, t: Tracee, what: str, k: Kmod) -> None:
+        super().__init__(t, what)
+        self._k = k
+
+    def _ran_first(self, q: list, data: bytes) -> int:
+        if not all(SYS[e[0]] in _kmod.RUN_SYSCALLS for e in q):
+            return 0
+        rets = self._in_kernel(q, data)
+        return 0 if rets is None else self._settle(q, rets)
+
+    def _in_kernel(self, q: list, data: bytes) -> list[int] | None:
+        """The queue made by the process itself, in the kernel (RUN): one resume, no scratch.
+        None when a signal is pending for it (it would stop for that first): injected then."""
+        calls = []
+        for name, args, ok, _ in q:
+            flags = _kmod.RUN_OK_ANY if ok is ANY_ERROR else 0
+            out = []
+            for i, a in enumerate(args):
+                if isinstance(a, Ref) and a._value is None:
+                    flags |= _kmod.RUN_ARG_RESULT[i]
+                    a = self._pending(name, i, a)
+                elif isinstance(a, Ref):
+                    a = a._value
+                elif isinstance(a, _Data):
+                    flags |= _kmod.RUN_ARG_DATA[i]
+                    a = a.offset
+                out.append(a)
+            calls.append((SYS[name], tuple(out), flags, ok[0] if ok and ok is not ANY_ERROR else 0))
+        t = self._t
+        try:
+            return t.run_by(lambda: self._k.run(t.pid, calls, data))
+        except OSError as e:
+            if e.errno == _errno.EAGAIN and not getattr(e, "resumed", False):
+                return None
+            raise ForkError(f"{self.what}: /dev/bunshin RUN of {len(calls)} calls "
+                            f"({', '.join(c[0] for c in q)}): {kmod.why(e)}", pid=t.pid, step="run",
+                            errno=e.errno) from None
 
 
 def set_affinity(r: Remote, cpus: set[int]) -> None:

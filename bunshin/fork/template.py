@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
-from . import earlyinit, engine, keeper, nspool, seize, slots
+from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
 from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import ptys, sysv_shm
 from .plan import VforkInFlight, plan_tree
@@ -317,18 +317,18 @@ class TemplateCore(slots.Holder):
         into ``done``. On failure the children not yet handed out are removed completely; the
         ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
         start = time.perf_counter()
+        cl = cloners.cloner()
         kids: list[_Child] = []
         try:
             for host in hostnames:
-                kids.append(_Child(self, tracees, pin, host))
-            if engine.clones_in_child() and len(self.plans) > 1:
+                kids.append(_Child(self, tracees, pin, host, cl))
+            if cl.in_child and len(self.plans) > 1:
                 for k in kids:  # the clones are made in their init's root: it must be there
                     k.settle()
             for pl in self.plans[1:]:
-                clones = engine.clone_process(functools.partial(tracees.__getitem__, pl.hostpid),
-                                              pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
-                                              [k.take_mid(pl.hostpid) for k in kids],
-                                              self.mids_reap_themselves(pl))
+                clones = cl.clone(functools.partial(tracees.__getitem__, pl.hostpid),
+                                  pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
+                                  [k.take_mid(pl.hostpid) for k in kids], self.mids_reap_themselves(pl))
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
@@ -367,8 +367,9 @@ class _Child:
     """One child of a fork call while it is being made: its slot, init and clones, and how
     to remove all of it."""
 
-    def __init__(self, core: TemplateCore, tracees, pin, hostname: str | None) -> None:
-        self.core, self.tracees, self.pin = core, tracees, pin
+    def __init__(self, core: TemplateCore, tracees, pin, hostname: str | None,
+                 cloner: cloners.Cloner) -> None:
+        self.core, self.tracees, self.pin, self.cloner = core, tracees, pin, cloner
         self.clones: list = []
         self.ci = self.chan = self.ws = self.ctx = None
         self.pidfd = -1
@@ -431,22 +432,22 @@ class _Child:
             engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
         sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
+                                  cloner=self.cloner,
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
                                           "pty_masters": self.masters},
-                                  cpus=self.pin.of_pid if engine.fixups_in_kernel() else {},
-                                  in_child=engine.clones_in_child())
+                                  cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
         self.masters = {}
 
     def take_mid(self, hostpid: int):
         """The intermediate made ahead for the clone of ``hostpid``, if any (it is in this
         child's cgroup, and so will be the clone)."""
         mid = self.mids.pop(hostpid, None)
-        if mid is not None and engine.clones_through_intermediates():  # else it is ended unused
+        if mid is not None and self.cloner.through_intermediates:  # else it is ended unused
             self.born_in_cg.add(hostpid)
         return mid
 
     def fix(self, pl, c) -> None:
-        if pl.hostpid not in self.born_in_cg and not self.ctx.in_child:
+        if pl.hostpid not in self.born_in_cg and not self.cloner.in_child:
             self.cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
         engine.fix_process(self.ctx, pl, c)
         if pl.hostpid not in self.ctx.cpus:  # not given back with its fixups
@@ -458,8 +459,8 @@ class _Child:
         self.ready()  # a workspace of its init alone has had no fixup to wait for it
         core = self.core
         clones = {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)}
-        engine.reparent_clones(core.plans, clones)
-        engine.join_sessions(core.plans, clones)
+        self.cloner.reparent(core.plans, clones)
+        self.cloner.join_sessions(core.plans, clones)
         engine.finish_child(self.ctx)
         masters = self.ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
         self.ws = Workspace._from_fork(core, self.d, self.cg, self.ci.pid, self.pidfd, self.chan,

@@ -9,7 +9,7 @@
   REPARENTed: exact parent links; each clone's fixups made by it in the kernel, RUN), with
   FORK but fixups injected (BUNSHIN_KMOD_RUN=0), with the module but cloning by injection
   (BUNSHIN_KMOD_FORK=0: REPARENT only), and with the user-space engine alone; also the time of
-  one process's clone (engine.clone_process) on each path, and the rest of each child's fork
+  one process's clone (Cloner.clone) on each path, and the rest of each child's fork
   (its init, the fixups inside its clones, the hand-out): the same Python on every path (the
   fixups' system calls made by RUN with the module, injected without), so it bounds how much
   faster the module's FORK can make a whole fork; and the time outside all the module's
@@ -102,27 +102,30 @@ def bench_accounting():
 
 
 class CloneTimer:
-    """Time spent in engine.clone_process per clone (one template process into each child)."""
+    """Time spent in Cloner.clone per clone (one template process into each child)."""
 
     def __init__(self):
-        from bunshin.fork import engine
+        from bunshin.fork.cloners import Cloner
 
-        self.engine, self.inner, self.spent = engine, engine.clone_process, []
-        engine.clone_process = self
+        self.cls, self.inner, self.spent = Cloner, Cloner.clone, []
+        inner, spent = self.inner, self.spent
 
-    def __call__(self, source, proc, child_inits, tmp_pid, *rest):
-        t = time.perf_counter()
-        try:
-            return self.inner(source, proc, child_inits, tmp_pid, *rest)
-        finally:  # per clone: FORK makes all the children's in one call
-            self.spent.append((time.perf_counter() - t) / len(child_inits))
+        def clone(cl, source, proc, child_inits, *rest):
+            t = time.perf_counter()
+            try:
+                return inner(cl, source, proc, child_inits, *rest)
+            finally:  # per clone: FORK makes all the children's in one call
+                spent.append((time.perf_counter() - t) / len(child_inits))
+
+        Cloner.clone = clone
 
     def take(self):
-        out, self.spent = self.spent, []
+        out = self.spent[:]
+        self.spent.clear()
         return out
 
     def close(self):
-        self.engine.clone_process = self.inner
+        self.cls.clone = self.inner
 
 
 class IoctlTimer:
@@ -172,7 +175,7 @@ def bench_fork(small=False):
             modes = ("1", "norun", "reparent", "0")
             times = {m: [] for m in modes}
             clones = {m: [] for m in modes}
-            rest = {m: [] for m in modes}  # per child: the fork outside engine.clone_process
+            rest = {m: [] for m in modes}  # per child: the fork outside Cloner.clone
             python = {m: [] for m in modes}  # per child: the fork outside the module's verbs
             for _ in range(ROUNDS):
                 for mode in modes:

@@ -13,7 +13,7 @@
 #   -o DIR    results directory (default: a new run dir in the cache)
 #   -f TESTS  the library's tests to run in the guest with the module as backend
 #             (pytest node ids, space-separated, from the repository root;
-#             default: tests/test_kmod_backend.py tests/test_fork.py
+#             default: tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py
 #             tests/test_fork_failures.py tests/test_fork_comm.py
 #             tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py
 #             tests/test_fork_vfork.py;
