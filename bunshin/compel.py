@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap as _mmap
 import os
+import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -26,7 +27,7 @@ from .errors import ForkError
 
 R = TypeVar("R")
 
-__all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group"]
+__all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group", "in_group_stop"]
 
 SYS_getpid = 39
 SYS_exit_group = 231
@@ -99,15 +100,37 @@ class Tracee:
     @classmethod
     def seize_frozen(cls, pid: int) -> "Tracee":
         """Attach to a task frozen by the cgroup freezer and ask it to stop, without waiting:
-        it stops when thawed. Call :meth:`wait_stopped` after thawing."""
+        it stops when thawed. Call :meth:`wait_stopped` after thawing. Not for a frozen task
+        :func:`in_group_stop`: its attach would wait for the thaw (seize it thawed)."""
         try:
             return cls(_compel().Ctl(pid, False))
         except OSError as exc:
             raise _translate(exc, pid) from None
 
-    def wait_stopped(self) -> None:
-        """Second half of :meth:`seize_frozen`."""
+    def wait_stopped(self, timeout: float | None = None) -> None:
+        """Second half of :meth:`seize_frozen`. ``timeout``: ForkError (step ``"wait"``) if
+        the task has nothing to report by then (a task in uninterruptible sleep never does);
+        it stays attached, its stop still asked for."""
+        if timeout is not None:
+            self._await_report(timeout)
         self._call("seize_finish")
+
+    def _await_report(self, timeout: float) -> None:
+        """Until the kernel has a stop or exit of ours to report: WNOWAIT leaves the report
+        for compel's own (blocking) wait to collect."""
+        deadline = time.monotonic() + timeout
+        delay = 0.00002
+        while True:
+            try:
+                if os.waitid(os.P_PID, self.pid, _WAIT_ANY_REPORT) is not None:
+                    return
+            except ChildProcessError:
+                return  # not ours to wait for (gone): compel's wait says what happened
+            if time.monotonic() >= deadline:
+                raise ForkError(f"pid {self.pid}: no ptrace stop within {timeout:g} s of the seize "
+                                "(in uninterruptible sleep?)", pid=self.pid, step="wait")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
 
     def _call(self, name: str, *args: Any, **kw: Any) -> Any:
         try:
@@ -335,6 +358,22 @@ class Tracee:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.threads())
+
+
+_WAIT_ANY_REPORT = os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG | 0x40000000  # __WALL
+
+
+def in_group_stop(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal (``kill -STOP``, a shell job suspended with
+    Ctrl-Z), also while the cgroup freezer holds it (its state then reads D, not T).
+    Attaching to such a task waits, uninterruptibly, until it has left the stop for a ptrace
+    stop, which a frozen task never does: seize it only once thawed. A task in that stop
+    sleeps in do_signal_stop (as its wchan names it)."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read().strip() == "do_signal_stop"
+    except OSError:
+        return False
 
 
 def _kill_traced(pids) -> None:

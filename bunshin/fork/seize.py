@@ -14,7 +14,7 @@ import os
 import signal
 import struct
 
-from ..compel import Tracee, suspends_seccomp
+from ..compel import Tracee, in_group_stop, suspends_seccomp
 from ..errors import BunshinError, ForkError
 from .plan import ProcPlan, proc_status, seccomp_filters
 from .remote import Remote
@@ -45,19 +45,29 @@ def check_seccomp(plans: list[ProcPlan]) -> None:
 
 def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
-    before it can run user code again. On failure the group is left frozen, nothing seized."""
+    before it can run user code again. A process stopped by a signal is seized once thawed
+    (frozen, its attach would never finish), where it stays stopped; ``group_stopped`` of
+    each plan says which. On failure the group is left frozen, nothing seized. Each wait for
+    a stop is bounded: ForkError naming the process."""
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
+    for pl in plans:
+        pl.group_stopped = in_group_stop(pl.hostpid)
     try:
         for pl in plans:
-            try:
-                tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
-            except ForkError as e:
-                raise _seize_error(pl, e) from None
+            if not pl.group_stopped:
+                _seize(pl, tracees)
         cg.thaw()
-        for pid, t in tracees.items():
-            t.wait_stopped()
-            stopped.add(pid)
+        for pl in plans:
+            if pl.group_stopped:
+                _seize(pl, tracees)
+        tracees = {pl.hostpid: tracees[pl.hostpid] for pl in plans}
+        for pl in plans:
+            try:
+                tracees[pl.hostpid].wait_stopped(STOP_TIMEOUT)
+            except ForkError as e:
+                raise _stop_error(pl, e) from None
+            stopped.add(pl.hostpid)
         for t in tracees.values():
             t.stop_all()
         check_seccomp(plans)  # the first seize of this trainer has told whether it can
@@ -66,6 +76,25 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
         release_all(cg, tracees)
         raise
     return tracees
+
+
+# How long a seized process may take to reach its ptrace stop once thawed.
+STOP_TIMEOUT = 10.0
+
+
+def _seize(pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
+    try:
+        tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
+    except ForkError as e:
+        raise _seize_error(pl, e) from None
+
+
+def _stop_error(pl: ProcPlan, e: ForkError) -> ForkError:
+    if e.step != "wait" or e.errno:
+        return e
+    return ForkError(f"process {pl.vpid} ({pl.name}) did not reach a ptrace stop within "
+                     f"{STOP_TIMEOUT:g} s of being seized (in uninterruptible sleep?): the fork "
+                     "waits for every process to stop", pid=pl.hostpid, step="wait")
 
 
 def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
@@ -98,7 +127,7 @@ def _let_stop(cg, tracees: dict[int, Tracee], stopped: set[int]) -> None:
         return
     for t in rest:
         try:
-            t.wait_stopped()
+            t.wait_stopped(STOP_TIMEOUT)
         except BunshinError as e:
             log.warning("template process %d did not stop: %s", t.pid, e)
 
