@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap as _mmap
 import os
+import signal
 import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterator, TypeVar
@@ -107,25 +108,32 @@ class Tracee:
         except OSError as exc:
             raise _translate(exc, pid) from None
 
-    def wait_stopped(self, timeout: float | None = None) -> None:
+    def wait_stopped(self, timeout: float | None = None) -> int:
         """Second half of :meth:`seize_frozen`. ``timeout``: ForkError (step ``"wait"``) if
-        the task has nothing to report by then (a task in uninterruptible sleep never does);
-        it stays attached, its stop still asked for."""
-        if timeout is not None:
-            self._await_report(timeout)
+        the task has nothing to report by then (a task in uninterruptible sleep never does;
+        it stays attached, its stop still asked for). Returns, with a ``timeout``, the signal
+        that stopped the task's thread group (``kill -STOP``, Ctrl-Z) when its first report is
+        that stop, else 0."""
+        report = self._await_report(timeout) if timeout is not None else None
         self._call("seize_finish")
+        if (report is not None and report.si_code == os.CLD_TRAPPED
+                and report.si_status >> 8 == _PTRACE_EVENT_STOP
+                and report.si_status & 0xFF != signal.SIGTRAP):
+            return report.si_status & 0xFF
+        return 0
 
-    def _await_report(self, timeout: float) -> None:
-        """Until the kernel has a stop or exit of ours to report: WNOWAIT leaves the report
-        for compel's own (blocking) wait to collect."""
+    def _await_report(self, timeout: float):
+        """The kernel's first report of the task (a stop or an exit), once it has one: WNOWAIT
+        leaves it for compel's own (blocking) wait to collect. None: not ours to wait for."""
         deadline = time.monotonic() + timeout
         delay = 0.00002
         while True:
             try:
-                if os.waitid(os.P_PID, self.pid, _WAIT_ANY_REPORT) is not None:
-                    return
+                report = os.waitid(os.P_PID, self.pid, _WAIT_ANY_REPORT)
             except ChildProcessError:
-                return  # not ours to wait for (gone): compel's wait says what happened
+                return None  # gone: compel's wait says what happened
+            if report is not None:
+                return report
             if time.monotonic() >= deadline:
                 raise ForkError(f"pid {self.pid}: no ptrace stop within {timeout:g} s of the seize "
                                 "(in uninterruptible sleep?)", pid=self.pid, step="wait")
@@ -360,6 +368,7 @@ class Tracee:
         return iter(self.threads())
 
 
+_PTRACE_EVENT_STOP = 128
 _WAIT_ANY_REPORT = os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG | 0x40000000  # __WALL
 
 

@@ -64,7 +64,9 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
         tracees = {pl.hostpid: tracees[pl.hostpid] for pl in plans}
         for pl in plans:
             try:
-                tracees[pl.hostpid].wait_stopped(STOP_TIMEOUT)
+                # also one whose group stop the freezer did not show: let go while frozen,
+                # it is in it again only once thawed
+                pl.group_stopped |= bool(tracees[pl.hostpid].wait_stopped(STOP_TIMEOUT))
             except ForkError as e:
                 raise _stop_error(pl, e) from None
             stopped.add(pl.hostpid)
