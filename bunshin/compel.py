@@ -28,7 +28,7 @@ from .errors import ForkError
 
 R = TypeVar("R")
 
-__all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group", "in_group_stop"]
+__all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group"]
 
 SYS_getpid = 39
 SYS_exit_group = 231
