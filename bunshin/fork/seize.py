@@ -45,10 +45,10 @@ def check_seccomp(plans: list[ProcPlan]) -> None:
 
 def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
-    before it can run user code again. A process stopped by a signal is seized once thawed
-    (frozen, its attach would never finish), where it stays stopped; ``group_stopped`` of
-    each plan says which. On failure the group is left frozen, nothing seized. Each wait for
-    a stop is bounded: ForkError naming the process."""
+    before it can run user code again. One stopped by a signal is seized only after the thaw
+    (frozen, its attach would never finish): its group stop keeps it from running meanwhile.
+    ``group_stopped`` of each plan says which are. On failure the group is left frozen,
+    nothing seized. Each wait for a ptrace stop is bounded: ForkError naming the process."""
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
     for pl in plans:
