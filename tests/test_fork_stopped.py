@@ -88,6 +88,7 @@ def counting_stopped(family):
     while state(ws, pid) != "T" and time.monotonic() < deadline:
         time.sleep(0.01)
     assert state(ws, pid) == "T"
+    time.sleep(0.1)  # State is the main thread's: let the counting thread stop too
     return ws, pid, count(ws)
 
 
@@ -142,6 +143,7 @@ def test_a_shell_job_suspended_with_ctrl_z_forks_suspended(family):
     deadline = time.monotonic() + 10
     while state(ws, pid) != "T" and time.monotonic() < deadline:
         time.sleep(0.01)
+    time.sleep(0.1)  # as in counting_stopped
     at = count(ws)
     (kid,), _ = bounded(ws, lambda: ws.fork(1))
     family.append(kid)
