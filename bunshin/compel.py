@@ -372,17 +372,21 @@ _PTRACE_EVENT_STOP = 128
 _WAIT_ANY_REPORT = os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG | 0x40000000  # __WALL
 
 
-def in_group_stop(pid: int) -> bool:
-    """Whether ``pid`` is stopped by a signal (``kill -STOP``, a shell job suspended with
-    Ctrl-Z), also while the cgroup freezer holds it (its state then reads D, not T).
-    Attaching to such a task waits, uninterruptibly, until it has left the stop for a ptrace
-    stop, which a frozen task never does: seize it only once thawed. A task in that stop
-    sleeps in do_signal_stop (as its wchan names it)."""
+def in_group_stop(pid: int) -> bool | None:
+    """Whether the (sleeping) task ``pid`` is stopped by a signal (``kill -STOP``, a shell job
+    suspended with Ctrl-Z), also while the cgroup freezer holds it (its state then reads D,
+    not T). Attaching to such a task waits, uninterruptibly, until it has left the stop for a
+    ptrace stop, which a frozen task never does: seize it only once thawed. A task in that
+    stop sleeps in do_signal_stop, as its wchan names it; None when wchan names nothing (a
+    kernel without kallsyms) and the task is not gone."""
     try:
         with open(f"/proc/{pid}/wchan") as f:
-            return f.read().strip() == "do_signal_stop"
+            where = f.read().strip()
+    except FileNotFoundError:
+        return False  # gone: its seize says so
     except OSError:
-        return False
+        return None
+    return None if where in ("", "0") else where == "do_signal_stop"
 
 
 def _kill_traced(pids) -> None:

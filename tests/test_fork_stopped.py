@@ -16,6 +16,7 @@ from conftest import SCRIPT_PRELUDE, leaks, wait_file, ws_status
 import bunshin
 from bunshin.compel import Tracee
 from bunshin.errors import CheckpointError, CriuError, ForkError
+from bunshin.fork import seize
 from bunshin.fork.plan import proc_status
 
 BOUND = 30.0  # seconds any one call below may take (a hang is released by thawing, then fails)
@@ -182,6 +183,26 @@ def test_a_process_that_never_reaches_its_stop_fails_the_fork_cleanly(family, mo
         assert proc_status(hp)["TracerPid"] == "0"
     assert ws.run(f"kill -0 {other} && echo alive").stdout == b"alive\n"  # thawed, running
     assert_stopped_then_resumes(ws, pid, at)
+
+
+def test_where_wchan_tells_nothing_a_stopped_process_fails_the_fork_in_bounded_time(family,
+                                                                                  monkeypatch):
+    """A kernel without kallsyms: nothing tells a stopped process from the others while frozen,
+    so its attach waits for the thaw; a timer thaws the group and the fork fails, naming it."""
+    ws, pid, at = counting_stopped(family)
+    before = {k: v for k, v in leaks().items() if k != "inits"}
+    monkeypatch.setattr(seize, "in_group_stop", lambda pid: None)
+    monkeypatch.setattr(seize, "STOP_TIMEOUT", 1.0)
+    with pytest.raises(ForkError, match=rf"process {pid} \(python3\): its ptrace attach did not"):
+        bounded(ws, lambda: ws.fork(1))
+    monkeypatch.undo()
+    assert {k: v for k, v in leaks().items() if k != "inits"} == before
+    for hp in ws.host_pids():
+        assert proc_status(hp)["TracerPid"] == "0"
+    assert_stopped_then_resumes(ws, pid, at)
+    (kid,), _ = bounded(ws, lambda: ws.fork(1))  # resumed, it forks
+    family.append(kid)
+    assert state(kid, pid) in "SR"
 
 
 def test_dump_refuses_a_stopped_process_and_leaves_it_stopped(family, tmp_path):

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import struct
+import threading
 
 from ..compel import Tracee, in_group_stop, suspends_seccomp
 from ..errors import BunshinError, ForkError
@@ -51,12 +52,18 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     nothing seized. Each wait for a ptrace stop is bounded: ForkError naming the process."""
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
-    for pl in plans:
-        pl.group_stopped = in_group_stop(pl.hostpid)
+    seen = [in_group_stop(pl.hostpid) for pl in plans]
+    for pl, stop in zip(plans, seen):
+        pl.group_stopped = bool(stop)
+    watch = _AttachWatch(cg) if None in seen else None
     try:
         for pl in plans:
             if not pl.group_stopped:
+                if watch is not None:
+                    watch.pl = pl
                 _seize(pl, tracees)
+        if watch is not None:
+            watch.done()
         cg.thaw()
         for pl in plans:
             if pl.group_stopped:
@@ -74,6 +81,8 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
             t.stop_all()
         check_seccomp(plans)  # the first seize of this trainer has told whether it can
     except BaseException:
+        if watch is not None:
+            watch.timer.cancel()
         _let_stop(cg, tracees, stopped)
         release_all(cg, tracees)
         raise
@@ -82,6 +91,38 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
 
 # How long a seized process may take to reach its ptrace stop once thawed.
 STOP_TIMEOUT = 10.0
+
+
+class _AttachWatch:
+    """Where /proc/PID/wchan tells nothing (a kernel without kallsyms) a process stopped by a
+    signal cannot be told from the others while frozen, and its attach would wait for a thaw
+    that comes only after it: past STOP_TIMEOUT this thaws the group, which lets the attach
+    return, and :meth:`done` fails the fork naming the process."""
+
+    def __init__(self, cg) -> None:
+        self.cg = cg
+        self.pl: ProcPlan | None = None  # the process being seized
+        self.stuck: ProcPlan | None = None
+        self.timer = threading.Timer(STOP_TIMEOUT, self._thaw)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _thaw(self) -> None:
+        self.stuck = self.pl
+        try:
+            self.cg.thaw()
+        except BunshinError as e:
+            log.warning("thawing to release a seize: %s", e)
+
+    def done(self) -> None:
+        self.timer.cancel()
+        self.timer.join()
+        if self.stuck is not None:
+            pl = self.stuck
+            raise ForkError(f"process {pl.vpid} ({pl.name}): its ptrace attach did not return within "
+                            f"{STOP_TIMEOUT:g} s while the workspace was frozen (stopped by a signal? "
+                            "this kernel's /proc/PID/wchan cannot tell): resume it (SIGCONT) and "
+                            "fork again", pid=pl.hostpid, step="seize")
 
 
 def _seize(pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
