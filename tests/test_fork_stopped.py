@@ -68,6 +68,16 @@ def state(w, pid: int) -> str:
     return ws_status(w, pid, "State")[0]
 
 
+def until_state(w, pid: int, want: str, timeout: float = 5) -> str:
+    """``pid``'s state in ``w`` once it is ``want`` (or, at the timeout, whatever it is). A
+    process let go in its stop, or with a SIGSTOP pending, stops before its next user
+    instruction: soon, but not at once."""
+    deadline = time.monotonic() + timeout
+    while state(w, pid) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return state(w, pid)
+
+
 def host_pid(w, pid: int) -> int:
     return next(hp for hp in w.host_pids() if proc_status(hp)["NSpid"].split()[-1] == str(pid))
 
@@ -85,17 +95,14 @@ def counting_stopped(family):
     pid = ws.spawn(["python3", "/t.py"])
     wait_file(ws, "/count")
     ws.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while state(ws, pid) != "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert state(ws, pid) == "T"
+    assert until_state(ws, pid, "T") == "T"
     time.sleep(0.1)  # State is the main thread's: let the counting thread stop too
     return ws, pid, count(ws)
 
 
 def assert_stopped_then_resumes(w, pid: int, at: int) -> None:
     """``pid`` in ``w`` is stopped at count ``at``, and counts on from there after SIGCONT."""
-    assert state(w, pid) == "T"
+    assert until_state(w, pid, "T") == "T"
     time.sleep(0.1)
     assert count(w) == at  # stopped: not a step further
     w.kill(pid, signal.SIGCONT)
@@ -141,16 +148,14 @@ def test_a_shell_job_suspended_with_ctrl_z_forks_suspended(family):
     wait_file(ws, "/count")
     pid = int(ws.read_file("/job.pid"))
     sh.run("kill -TSTP %1")  # what Ctrl-Z sends the foreground job
-    deadline = time.monotonic() + 10
-    while state(ws, pid) != "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert until_state(ws, pid, "T") == "T"
     time.sleep(0.1)  # as in counting_stopped
     at = count(ws)
     (kid,), _ = bounded(ws, lambda: ws.fork(1))
     family.append(kid)
     for w in [ws, kid]:
         s = w._shells[0]
-        assert state(w, pid) == "T"
+        assert until_state(w, pid, "T") == "T"
         assert b"Stopped" in s.run("jobs").stdout
         time.sleep(0.1)
         assert count(w) == at
@@ -202,7 +207,7 @@ def test_where_wchan_tells_nothing_a_stopped_process_fails_the_fork_in_bounded_t
     assert_stopped_then_resumes(ws, pid, at)
     (kid,), _ = bounded(ws, lambda: ws.fork(1))  # resumed, it forks
     family.append(kid)
-    assert state(kid, pid) in "SR"
+    assert until_state(kid, pid, "S") in "SR"
 
 
 def test_dump_refuses_a_stopped_process_and_leaves_it_stopped(family, tmp_path):
