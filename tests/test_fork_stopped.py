@@ -5,7 +5,7 @@ keep the fork's attach to it waiting for ever."""
 
 from __future__ import annotations
 
-import os
+import glob
 import signal
 import threading
 import time
@@ -14,6 +14,7 @@ import pytest
 from conftest import SCRIPT_PRELUDE, leaks, wait_file, ws_status
 
 import bunshin
+from bunshin import config
 from bunshin.compel import Tracee
 from bunshin.errors import CheckpointError, CriuError, ForkError
 from bunshin.fork import seize
@@ -37,9 +38,10 @@ threading.Event().wait()
 """
 
 
-def bounded(ws, call):
-    """``call()``'s result, failing the test if it takes more than BOUND seconds; a call that
-    hangs is released (``ws``'s freezer cgroup thawed) before the test fails."""
+def bounded(call):
+    """``(call()'s result, seconds it took)``, failing the test if it takes more than BOUND
+    seconds; a call that hangs is released (every frozen group of this session thawed, the
+    templates' too) before the test fails."""
     box = {}
 
     def run():
@@ -53,10 +55,12 @@ def bounded(ws, call):
     t.start()
     t.join(BOUND)
     if t.is_alive():
-        for d in ws.cgroup.dirs():
-            if os.path.exists(os.path.join(d, "freezer.state")):
-                with open(os.path.join(d, "freezer.state"), "w") as f:
-                    f.write("THAWED")
+        top = config.cgroup_prefix()
+        for path, thawed in ((f"/sys/fs/cgroup/freezer/{top}/*/freezer.state", "THAWED"),
+                             (f"/sys/fs/cgroup/{top}/*/cgroup.freeze", "0")):  # v1, v2
+            for state_file in glob.glob(path):
+                with open(state_file, "w") as f:
+                    f.write(thawed)
         t.join(BOUND)
         pytest.fail(f"the call did not return within {BOUND} s")
     if "err" in box:
@@ -118,17 +122,17 @@ def assert_stopped_then_resumes(w, pid: int, at: int) -> None:
 def test_a_stopped_process_forks_stopped(family, how):
     ws, pid, at = counting_stopped(family)
     if how == "ws.fork":
-        kids, took = bounded(ws, lambda: ws.fork(1))
+        kids, took = bounded(lambda: ws.fork(1))
     else:
-        tpl, _ = bounded(ws, ws.snapshot)
+        tpl, _ = bounded(ws.snapshot)
         try:
-            kids, took = bounded(ws, lambda: tpl.fork(1))
+            kids, took = bounded(lambda: tpl.fork(1))
             family.extend(kids)
-            more, _ = bounded(ws, lambda: tpl.fork(1))  # its processes held since the first
+            more, _ = bounded(lambda: tpl.fork(1))  # its processes held since the first
             kids += more
             # let go (detached while frozen, back in their stop only once thawed), seized again
             tpl._core.let_go()
-            more, _ = bounded(ws, lambda: tpl.fork(1))
+            more, _ = bounded(lambda: tpl.fork(1))
             kids += more
         finally:
             family.extend(kids)
@@ -151,7 +155,7 @@ def test_a_shell_job_suspended_with_ctrl_z_forks_suspended(family):
     assert until_state(ws, pid, "T") == "T"
     time.sleep(0.1)  # as in counting_stopped
     at = count(ws)
-    (kid,), _ = bounded(ws, lambda: ws.fork(1))
+    (kid,), _ = bounded(lambda: ws.fork(1))
     family.append(kid)
     for w in [ws, kid]:
         s = w._shells[0]
@@ -181,7 +185,7 @@ def test_a_process_that_never_reaches_its_stop_fails_the_fork_cleanly(family, mo
 
     monkeypatch.setattr(Tracee, "_await_report", never)
     with pytest.raises(ForkError, match=rf"process {pid} \(python3\) did not reach a ptrace stop"):
-        bounded(ws, lambda: ws.fork(1))
+        bounded(lambda: ws.fork(1))
     monkeypatch.undo()
     assert {k: v for k, v in leaks().items() if k != "inits"} == before
     for hp in ws.host_pids():  # nothing left attached
@@ -199,13 +203,13 @@ def test_where_wchan_tells_nothing_a_stopped_process_fails_the_fork_in_bounded_t
     monkeypatch.setattr(seize, "in_group_stop", lambda pid: None)
     monkeypatch.setattr(seize, "STOP_TIMEOUT", 1.0)
     with pytest.raises(ForkError, match=rf"process {pid} \(python3\): its ptrace attach did not"):
-        bounded(ws, lambda: ws.fork(1))
+        bounded(lambda: ws.fork(1))
     monkeypatch.undo()
     assert {k: v for k, v in leaks().items() if k != "inits"} == before
     for hp in ws.host_pids():
         assert proc_status(hp)["TracerPid"] == "0"
     assert_stopped_then_resumes(ws, pid, at)
-    (kid,), _ = bounded(ws, lambda: ws.fork(1))  # resumed, it forks
+    (kid,), _ = bounded(lambda: ws.fork(1))  # resumed, it forks
     family.append(kid)
     assert until_state(kid, pid, "S") in "SR"
 
@@ -221,6 +225,6 @@ def test_dump_refuses_a_stopped_process_and_leaves_it_stopped(family, tmp_path):
 
     ws, pid, at = counting_stopped(family)
     with pytest.raises(CheckpointError, match=r"process \d+ \(python3\) is stopped by a signal"):
-        bounded(ws, lambda: criu.dump_workspace(ws, tmp_path / "img"))
+        bounded(lambda: criu.dump_workspace(ws, tmp_path / "img"))
     assert not (tmp_path / "img").exists()
     assert_stopped_then_resumes(ws, pid, at)
