@@ -52,6 +52,7 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     nothing seized. Each wait for a ptrace stop is bounded: ForkError naming the process."""
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
+    waited_out: set[int] = set()  # not stopped within STOP_TIMEOUT: not waited for again
     seen = [in_group_stop(pl.hostpid) for pl in plans]
     for pl, stop in zip(plans, seen):
         pl.group_stopped = bool(stop)
@@ -75,6 +76,7 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
                 # it is in it again only once thawed
                 pl.group_stopped |= bool(tracees[pl.hostpid].wait_stopped(STOP_TIMEOUT))
             except ForkError as e:
+                waited_out.add(pl.hostpid)
                 raise _stop_error(pl, e) from None
             stopped.add(pl.hostpid)
         for t in tracees.values():
@@ -83,7 +85,7 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     except BaseException:
         if watch is not None:
             watch.timer.cancel()
-        _let_stop(cg, tracees, stopped)
+        _let_stop(cg, tracees, stopped | waited_out)
         release_all(cg, tracees)
         raise
     return tracees
@@ -157,10 +159,11 @@ def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
     return ForkError(msg, pid=pl.hostpid, step="seize", errno=e.errno)
 
 
-def _let_stop(cg, tracees: dict[int, Tracee], stopped: set[int]) -> None:
+def _let_stop(cg, tracees: dict[int, Tracee], done: set[int]) -> None:
     """A seized task can be let go only from a ptrace stop: after a failure before every
-    seized process stopped, the others are let reach theirs (a dead one is skipped)."""
-    rest = [t for pid, t in tracees.items() if pid not in stopped]
+    seized process stopped, the others (not in ``done``: stopped, or waited for in vain) are
+    let reach theirs (a dead one is skipped)."""
+    rest = [t for pid, t in tracees.items() if pid not in done]
     if not rest:
         return
     try:
