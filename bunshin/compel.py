@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import mmap as _mmap
 import os
+import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
@@ -100,15 +102,44 @@ class Tracee:
     @classmethod
     def seize_frozen(cls, pid: int) -> Tracee:
         """Attach to a task frozen by the cgroup freezer and ask it to stop, without waiting:
-        it stops when thawed. Call :meth:`wait_stopped` after thawing."""
+        it stops when thawed. Call :meth:`wait_stopped` after thawing. Not for a frozen task
+        :func:`in_group_stop`: its attach would wait for the thaw (seize it thawed)."""
         try:
             return cls(_compel().Ctl(pid, False))
         except OSError as exc:
             raise _translate(exc, pid) from None
 
-    def wait_stopped(self) -> None:
-        """Second half of :meth:`seize_frozen`."""
+    def wait_stopped(self, timeout: float | None = None) -> int:
+        """Second half of :meth:`seize_frozen`. ``timeout``: ForkError (step ``"wait"``) if
+        the task has nothing to report by then (a task in uninterruptible sleep never does;
+        it stays attached, its stop still asked for). Returns, with a ``timeout``, the signal
+        that stopped the task's thread group (``kill -STOP``, Ctrl-Z) when its first report is
+        that stop, else 0."""
+        report = self._await_report(timeout) if timeout is not None else None
         self._call("seize_finish")
+        if (report is not None and report.si_code == os.CLD_TRAPPED
+                and report.si_status >> 8 == _PTRACE_EVENT_STOP
+                and report.si_status & 0xFF != signal.SIGTRAP):
+            return report.si_status & 0xFF
+        return 0
+
+    def _await_report(self, timeout: float):
+        """The kernel's first report of the task (a stop or an exit), once it has one: WNOWAIT
+        leaves it for compel's own (blocking) wait to collect. None: not ours to wait for."""
+        deadline = time.monotonic() + timeout
+        delay = 0.00002
+        while True:
+            try:
+                report = os.waitid(os.P_PID, self.pid, _WAIT_ANY_REPORT)
+            except ChildProcessError:
+                return None  # gone: compel's wait says what happened
+            if report is not None:
+                return report
+            if time.monotonic() >= deadline:
+                raise ForkError(f"pid {self.pid}: no ptrace stop within {timeout:g} s of the seize "
+                                "(in uninterruptible sleep?)", pid=self.pid, step="wait")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
 
     def _call(self, name: str, *args: Any, **kw: Any) -> Any:
         try:
@@ -336,6 +367,27 @@ class Tracee:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.threads())
+
+
+_PTRACE_EVENT_STOP = 128
+_WAIT_ANY_REPORT = os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG | 0x40000000  # __WALL
+
+
+def in_group_stop(pid: int) -> bool | None:
+    """Whether the (sleeping) task ``pid`` is stopped by a signal (``kill -STOP``, a shell job
+    suspended with Ctrl-Z), also while the cgroup freezer holds it (its state then reads D,
+    not T). Attaching to such a task waits, uninterruptibly, until it has left the stop for a
+    ptrace stop, which a frozen task never does: seize it only once thawed. A task in that
+    stop sleeps in do_signal_stop, as its wchan names it; None when wchan names nothing (a
+    kernel without kallsyms) and the task is not gone."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            where = f.read().strip()
+    except FileNotFoundError:
+        return False  # gone: its seize says so
+    except OSError:
+        return None
+    return None if where in ("", "0") else where == "do_signal_stop"
 
 
 def _kill_traced(pids) -> None:

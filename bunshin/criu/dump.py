@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config
+from ..compel import in_group_stop
 from ..errors import CheckpointError, ForkError
+from ..fork.plan import proc_status
 from . import externals, images, initfds, runner
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ def _dump_locked(ws: Workspace, out: Path, info) -> dict:
         cg.freeze()
         try:
             pids = cg.pids()
+            _refuse_group_stopped(pids)
             exts = externals.scan(ws.init_pid, pids, ws._dir.path)
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
@@ -118,6 +121,25 @@ def _dump_locked(ws: Workspace, out: Path, info) -> dict:
         "rootfs_source": str(ws.rootfs.source),
         "init_binary": _init_binary(),
     }
+
+
+def _refuse_group_stopped(pids: list[int]) -> None:
+    """CRIU seizes the processes of a frozen cgroup, and the attach to one stopped by a signal
+    waits, uninterruptibly, for the thaw it would do only afterwards (compel.in_group_stop):
+    it would give up after its timeout at best. Say so before it starts."""
+    for pid in pids:
+        if in_group_stop(pid):
+            try:
+                vpid = proc_status(pid)["NSpid"].split()[-1]
+                with open(f"/proc/{pid}/comm") as f:
+                    name = f.read().strip()
+            except (OSError, KeyError):
+                continue  # gone meanwhile
+            raise CheckpointError(
+                f"process {vpid} ({name}) is stopped by a signal (kill -STOP, a shell job "
+                "suspended with Ctrl-Z): CRIU cannot dump a stopped process of a frozen "
+                "workspace. Resume it (SIGCONT, fg) or end it, then dump; ws.fork() and "
+                "ws.snapshot() keep it stopped")
 
 
 def _init_binary() -> dict:

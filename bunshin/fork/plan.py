@@ -53,6 +53,9 @@ class ProcPlan:
     exit_signal: int = 17  # what its death sends its parent (SIGCHLD, but for clone()'s own choice)
     uid: int = 0  # effective, as the host sees it
     cap_eff: int = (1 << 64) - 1  # its main thread's effective capabilities
+    # stopped by a signal (kill -STOP, Ctrl-Z) when last seized (seize.seize_all): its clones
+    # are stopped too
+    group_stopped: bool = False
 
     @functools.cached_property
     def name(self) -> str:

@@ -13,8 +13,9 @@ import logging
 import os
 import signal
 import struct
+import threading
 
-from ..compel import Tracee, suspends_seccomp
+from ..compel import Tracee, in_group_stop, suspends_seccomp
 from ..errors import BunshinError, ForkError
 from .plan import ProcPlan, proc_status, seccomp_filters
 from .remote import Remote
@@ -45,27 +46,100 @@ def check_seccomp(plans: list[ProcPlan]) -> None:
 
 def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
-    before it can run user code again. On failure the group is left frozen, nothing seized."""
+    before it can run user code again. One stopped by a signal is seized only after the thaw
+    (frozen, its attach would never finish): its group stop keeps it from running meanwhile.
+    ``group_stopped`` of each plan says which are. On failure the group is left frozen,
+    nothing seized. Each wait for a ptrace stop is bounded: ForkError naming the process."""
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
+    waited_out: set[int] = set()  # not stopped within STOP_TIMEOUT: not waited for again
+    seen = [in_group_stop(pl.hostpid) for pl in plans]
+    for pl, stop in zip(plans, seen):
+        pl.group_stopped = bool(stop)
+    watch = _AttachWatch(cg) if None in seen else None
     try:
         for pl in plans:
-            try:
-                tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
-            except ForkError as e:
-                raise _seize_error(pl, e) from None
+            if not pl.group_stopped:
+                if watch is not None:
+                    watch.pl = pl
+                _seize(pl, tracees)
+        if watch is not None:
+            watch.done()
         cg.thaw()
-        for pid, t in tracees.items():
-            t.wait_stopped()
-            stopped.add(pid)
+        for pl in plans:
+            if pl.group_stopped:
+                _seize(pl, tracees)
+        tracees = {pl.hostpid: tracees[pl.hostpid] for pl in plans}
+        for pl in plans:
+            try:
+                # also one whose group stop the freezer did not show: let go while frozen,
+                # it is in it again only once thawed
+                pl.group_stopped |= bool(tracees[pl.hostpid].wait_stopped(STOP_TIMEOUT))
+            except ForkError as e:
+                waited_out.add(pl.hostpid)
+                raise _stop_error(pl, e) from None
+            stopped.add(pl.hostpid)
         for t in tracees.values():
             t.stop_all()
         check_seccomp(plans)  # the first seize of this trainer has told whether it can
     except BaseException:
-        _let_stop(cg, tracees, stopped)
+        if watch is not None:
+            watch.timer.cancel()
+        _let_stop(cg, tracees, stopped | waited_out)
         release_all(cg, tracees)
         raise
     return tracees
+
+
+# How long a seized process may take to reach its ptrace stop once thawed.
+STOP_TIMEOUT = 10.0
+
+
+class _AttachWatch:
+    """Where /proc/PID/wchan tells nothing (a kernel without kallsyms) a process stopped by a
+    signal cannot be told from the others while frozen, and its attach would wait for a thaw
+    that comes only after it: past STOP_TIMEOUT this thaws the group, which lets the attach
+    return, and :meth:`done` fails the fork naming the process."""
+
+    def __init__(self, cg) -> None:
+        self.cg = cg
+        self.pl: ProcPlan | None = None  # the process being seized
+        self.stuck: ProcPlan | None = None
+        self.timer = threading.Timer(STOP_TIMEOUT, self._thaw)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _thaw(self) -> None:
+        self.stuck = self.pl
+        try:
+            self.cg.thaw()
+        except BunshinError as e:
+            log.warning("thawing to release a seize: %s", e)
+
+    def done(self) -> None:
+        self.timer.cancel()
+        self.timer.join()
+        if self.stuck is not None:
+            pl = self.stuck
+            raise ForkError(f"process {pl.vpid} ({pl.name}): its ptrace attach did not return within "
+                            f"{STOP_TIMEOUT:g} s while the workspace was frozen (stopped by a signal? "
+                            "this kernel's /proc/PID/wchan cannot tell): resume it (SIGCONT) and "
+                            "fork again", pid=pl.hostpid, step="seize")
+
+
+def _seize(pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
+    try:
+        tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
+    except ForkError as e:
+        raise _seize_error(pl, e) from None
+
+
+def _stop_error(pl: ProcPlan, e: ForkError) -> ForkError:
+    if e.step != "wait" or e.errno:
+        return e
+    return ForkError(f"process {pl.vpid} ({pl.name}) did not reach a ptrace stop within "
+                     f"{STOP_TIMEOUT:g} s of being seized (in uninterruptible sleep?): the fork "
+                     "waits for every process to stop", pid=pl.hostpid, step="wait")
 
 
 def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
@@ -85,10 +159,11 @@ def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
     return ForkError(msg, pid=pl.hostpid, step="seize", errno=e.errno)
 
 
-def _let_stop(cg, tracees: dict[int, Tracee], stopped: set[int]) -> None:
+def _let_stop(cg, tracees: dict[int, Tracee], done: set[int]) -> None:
     """A seized task can be let go only from a ptrace stop: after a failure before every
-    seized process stopped, the others are let reach theirs (a dead one is skipped)."""
-    rest = [t for pid, t in tracees.items() if pid not in stopped]
+    seized process stopped, the others (not in ``done``: stopped, or waited for in vain) are
+    let reach theirs (a dead one is skipped)."""
+    rest = [t for pid, t in tracees.items() if pid not in done]
     if not rest:
         return
     try:
@@ -98,7 +173,7 @@ def _let_stop(cg, tracees: dict[int, Tracee], stopped: set[int]) -> None:
         return
     for t in rest:
         try:
-            t.wait_stopped()
+            t.wait_stopped(STOP_TIMEOUT)
         except BunshinError as e:
             log.warning("template process %d did not stop: %s", t.pid, e)
 

@@ -1,8 +1,11 @@
 """Pending signals: fork(2) starts the child with none, so the signals pending in the template
-at the moment of the fork are raised again in the clone (their siginfo is not kept)."""
+at the moment of the fork are raised again in the clone (their siginfo is not kept). A
+template process stopped by a signal (kill -STOP, Ctrl-Z) has its clone stopped too: SIGCONT
+resumes either."""
 
 from __future__ import annotations
 
+import signal
 from types import SimpleNamespace
 
 
@@ -23,6 +26,12 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
+    if proc.group_stopped:
+        # SIGSTOP whatever stopped the template process: the job-control stops (SIGTSTP...)
+        # do nothing in an orphaned process group, which the clone's may be where the
+        # template's is not (a clone keeps its template's session without the module).
+        # Held while the clone is traced, it stops it once let go; its parent sees that stop.
+        r.call("kill", proc.vpid, signal.SIGSTOP)
     shared, private = _pending(proc.hostpid)
     if not (shared or private):
         return
