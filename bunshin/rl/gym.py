@@ -33,7 +33,7 @@ from .types import History, RolloutError, Task, Turn
 from .workspaces import build, rollout_shell
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
+    from ..runtime.template import Template
     from ..runtime.shell import Shell
     from ..runtime.workspace import Workspace
 

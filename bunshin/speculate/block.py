@@ -26,14 +26,14 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
+from ..runtime.workspace import Workspace
 from .adopt import adopt, clean_template, is_clean, mark_clean
 from .errors import SpeculationError
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
     from ..runtime.result import Result
     from ..runtime.shell import Shell
-    from ..runtime.workspace import Workspace
+    from ..runtime.template import Template
 
 __all__ = ["Speculation"]
 
@@ -46,8 +46,6 @@ class Speculation:
     """One speculation block over ``ws``; use as a context manager (see the module doc)."""
 
     def __init__(self, ws: Workspace) -> None:
-        from ..runtime.workspace import Workspace
-
         if not isinstance(ws, Workspace):
             raise SpeculationError(f"speculate needs a Workspace, got {type(ws).__name__}")
         self.base = ws
@@ -125,16 +123,16 @@ class Speculation:
         these copies."""
         fork = self._live()
         if of is None:
-            of = next((s for s in self.base._shells if s.alive), None)
+            of = next((s for s in self.base.shells if s.alive), None)
         if of is None:
             sh = self._shells.get(0)
             if sh is None or not sh.alive:
                 sh = self._shells[0] = fork.shell()
             return sh
-        if of._ws is not self.base:
+        if of not in self.base.shells:
             raise SpeculationError(f"shell {of!r} does not belong to the speculating workspace")
-        for sh in fork._shells:
-            if sh.pid == of.pid and sh.alive:
+        for sh in fork.shells:
+            if sh.id == of.id and sh.alive:
                 return sh
         raise SpeculationError(f"shell pid {of.pid} was not alive when the block began; "
                                "it has no copy in the fork")
