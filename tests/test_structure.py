@@ -19,7 +19,7 @@ LAYERED = ("runtime", "fork", "criu", "speculate")
 PRIVATE_READS_ALLOWED: set[tuple[str, str]] = set()
 MAX_PRIVATE_READS = 5
 # the modules of the handles runtime/ builds on what fork/ returns
-HANDLES = ("bunshin.runtime.workspace", "bunshin.runtime.template")
+HANDLES = ("bunshin.runtime.workspace", "bunshin.runtime.template", "bunshin.runtime.forking")
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -35,11 +35,7 @@ def _imported(mod: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     """Dotted names ``node`` imports (modules and the names taken from them), made absolute."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
-    package = mod[:-3].replace("/", ".").split(".")
-    if not mod.endswith("__init__.py"):
-        package = package[:-1]
-    elif package[-1] == "__init__":
-        package = package[:-1]
+    package = mod[:-3].replace("/", ".").split(".")[:-1]  # a module's, or __init__'s own
     base = package[: len(package) - node.level + 1] if node.level else []
     head = ".".join([*base, *([node.module] if node.module else [])])
     return [head, *(f"{head}.{a.name}" for a in node.names)]

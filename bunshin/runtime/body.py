@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import BunshinError
 from . import cgroup as _cgroup
@@ -38,7 +39,7 @@ class Allocation:
     file naming this process as owner) and its cgroup."""
 
     dir: WorkspaceDir
-    cgroup: "Cgroup"
+    cgroup: Cgroup
     meta: Meta
 
     def destroy(self) -> None:
@@ -76,15 +77,15 @@ class Body:
     template it is a fork of (None for a created or restored one)."""
 
     dir: WorkspaceDir
-    cgroup: "Cgroup"
+    cgroup: Cgroup
     meta: Meta
-    rootfs: "Rootfs"
+    rootfs: Rootfs
     init_pid: int = 0
     pidfd: int = -1
     init_is_child: bool = True  # a forked init is its template's init's child, not ours
-    channel: "Channel | None" = None
+    channel: Channel | None = None
     root_fd: int = -1  # O_PATH of the init's root: files are opened beneath it
-    template: "TemplateCore | None" = None  # holds one reference, given back at close
+    template: TemplateCore | None = None  # holds one reference, given back at close
 
     @property
     def id(self) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from .cgroup.limits import Limits
 
@@ -33,7 +33,7 @@ class WorkspaceConfig:
                 "run_shell": self.run_shell}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "WorkspaceConfig":
+    def from_dict(cls, d: dict) -> WorkspaceConfig:
         return cls(env=d["env"], workdir=d["workdir"], max_output=d["max_output"],
                    limits=Limits.from_dict(d["limits"]), hostname=d["hostname"],
                    run_shell=d["run_shell"])
