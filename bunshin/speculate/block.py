@@ -17,7 +17,7 @@ Depth: a snapshot moves ws one pid namespace deeper (the kernel allows 32). A bl
 while ws is still a fresh fork of its template (e.g. right after a rolled-back block) forks
 from that template instead, so a loop of rolled-back blocks stays at one depth. A committed
 block leaves ws one level deeper: after about 30 commits the snapshot on entry first moves ws
-back to the top level through CRIU (runtime/forking.py, ``_rebase_if_deep``); where CRIU
+back to the top level through CRIU (runtime/workspace.py, ``_rebase_if_deep``); where CRIU
 cannot, ``ForkError(step="depth")`` is raised on entry and ws is left untouched.
 """
 
