@@ -4,6 +4,7 @@
   Workspace handle (bunshin.runtime.workspace) built from them.
 - runtime/, fork/, criu/ and speculate/ import each other at the top of a module only: an
   import inside a function between two of them would hide a circle.
+- Their top-level imports, and those of every other bunshin module, form no circle.
 - A module reads another module's private attributes (``x._name``) only where the allow-list
   below says so, and then with a ``# why:`` comment on the line.
 """
@@ -82,6 +83,63 @@ def test_no_function_body_imports_between_layered_packages() -> None:
                     if other in LAYERED and other != own:
                         bad.append(f"{mod}:{n.lineno} imports {name} inside {fn.name}()")
     assert not bad, bad
+
+
+def _dotted(mod: str) -> str:
+    name = mod[:-3].replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def _top_level_imports() -> dict[str, set[str]]:
+    """Each module's bunshin modules imported when it is (not in functions, not for type
+    checking), without the packages it is in (Python imports those first anyway)."""
+    mods = _modules()
+    names = {_dotted(m) for m in mods}
+    graph: dict[str, set[str]] = {}
+    for mod, tree in mods.items():
+        me, guarded, deps = _dotted(mod), _type_checking_lines(tree), set()
+
+        def visit(stmts: list[ast.stmt], mod: str = mod, guarded: set[int] = guarded,
+                  deps: set[str] = deps) -> None:
+            for st in stmts:
+                if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                if isinstance(st, (ast.Import, ast.ImportFrom)):
+                    if st.lineno not in guarded:
+                        for name in _imported(mod, st):
+                            while name and name not in names:
+                                name = name.rpartition(".")[0]
+                            deps.add(name)
+                    continue
+                for field in ("body", "orelse", "handlers", "finalbody"):
+                    visit(getattr(st, field, None) or [])
+
+        visit(tree.body)
+        graph[me] = {d for d in deps if d and d != me and not me.startswith(d + ".")}
+    return graph
+
+
+def test_top_level_imports_form_no_circle() -> None:
+    graph = _top_level_imports()
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+    path: list[str] = []
+
+    def walk(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return [*path[path.index(d):], d]
+            if d not in state and (found := walk(d)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            circle = walk(m)
+            assert circle is None, " -> ".join(circle)
 
 
 def _private(name: str) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from .. import _core, criu, speculate
+from .. import _core, criu
 from .._core import _syscalls
 from ..errors import (
     BunshinError,
@@ -41,6 +41,7 @@ from ..errors import (
 from ..fork import engine, slots
 from ..fork.plan import proc_status
 from ..fork.template import check_n, snapshot_body
+from ..speculate.block import Speculation
 from . import rootfs as _rootfs
 from .body import Body, SessionCopy, allocate
 from .capture import DEFAULT_MAX_OUTPUT, Capture, pump
@@ -54,7 +55,6 @@ from .workspace_config import WorkspaceConfig
 if TYPE_CHECKING:
     from .cgroup.base import Cgroup
     from .rootfs.model import Rootfs
-    from ..speculate.block import Speculation
 
 __all__ = ["Workspace", "ProcessInfo"]
 
@@ -661,7 +661,7 @@ class Workspace:
         """``with ws.speculate() as spec:`` run calls on ``spec.ws``, a fork; leaving the block
         keeps their state in this workspace, ``spec.rollback()`` or an exception drops it
         exactly (see :mod:`bunshin.speculate.block`)."""
-        return speculate.Speculation(self)
+        return Speculation(self)
 
     # -- files --------------------------------------------------------------------------
     def open_path(self, path: str, flags: int, mode: int = 0o644) -> int:

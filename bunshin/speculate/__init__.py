@@ -10,17 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .block import Speculation
 from .errors import SpeculationError
 
 __all__ = ["Speculation", "SpeculationError"]
-
-
-def __getattr__(name: str) -> Any:
-    # block.py stands on bunshin.runtime.workspace, whose speculate() stands on this package:
-    # it is imported once asked for
-    if name == "Speculation":
-        return importlib.import_module(".block", __name__).Speculation
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

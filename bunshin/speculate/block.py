@@ -26,7 +26,6 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from ..runtime.workspace import Workspace
 from .adopt import adopt, clean_template, is_clean, mark_clean
 from .errors import SpeculationError
 
@@ -34,8 +33,14 @@ if TYPE_CHECKING:
     from ..runtime.result import Result
     from ..runtime.shell import Shell
     from ..runtime.template import Template
+    from ..runtime.workspace import Workspace
 
 __all__ = ["Speculation"]
+
+
+# What a block calls on its workspace. Checked by name, not by class: Workspace.speculate()
+# makes blocks, so this module stands below runtime/workspace.py and does not import it.
+_WORKSPACE_METHODS = ("snapshot", "restore", "adopt", "shell")
 
 
 class _RolledBack(Exception):
@@ -46,7 +51,7 @@ class Speculation:
     """One speculation block over ``ws``; use as a context manager (see the module doc)."""
 
     def __init__(self, ws: Workspace) -> None:
-        if not isinstance(ws, Workspace):
+        if not all(callable(getattr(ws, m, None)) for m in _WORKSPACE_METHODS):
             raise SpeculationError(f"speculate needs a Workspace, got {type(ws).__name__}")
         self.base = ws
         self.ws: Workspace | None = None  #: the fork the block's calls run on
