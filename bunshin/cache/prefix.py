@@ -340,7 +340,7 @@ class PrefixCache:
         self.admit(st, new=False)
         return st
 
-    def snapshot_of(self, ws: Workspace):  # noqa: ANN201 - a Template or None
+    def snapshot_of(self, ws: Workspace):
         """``ws.snapshot()``, timed and counted; None (logged) where it cannot be forked."""
         t = time.monotonic()
         try:

@@ -199,9 +199,10 @@ class TemplateCore(slots.Holder):
     # -- forking --------------------------------------------------------------------------
     def fork(self, n: int, on_fork: Callable[[Any], None] | None = None,
              hostnames: Sequence[str] | None = None, keep: bool = False) -> list:
-        """``n`` new workspaces (what ``build`` makes of each child's body), each a copy-on-write
-        clone of the template, made in the fork engine's thread. ``keep``: leave the template's processes seized by that thread for the
-        next fork (until :meth:`let_go`)."""
+        """``n`` new workspaces (what ``build`` makes of each child's body), each a
+        copy-on-write clone of the template, made in the fork engine's thread. ``keep``: leave
+        the template's processes seized by that thread for the next fork (until
+        :meth:`let_go`)."""
         return keeper.engine().run(self._fork, n, on_fork, hostnames, keep, abandon=_close_all)
 
     def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool) -> list:
@@ -484,7 +485,7 @@ class _Child:
         self.pidfd, self.chan, self.cg = -1, None, None  # owned by the body now
         self.ws = core.build(core.config, body, session_copies(core.shells, masters))
 
-    def hand_out(self, on_fork):  # noqa: ANN201 - what the core's build made
+    def hand_out(self, on_fork):
         """``on_fork``, then let the clones run: the workspace is the caller's."""
         if on_fork is not None:
             on_fork(self.ws)

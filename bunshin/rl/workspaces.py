@@ -23,8 +23,8 @@ from ..cache.tools import BUILTIN_TOOLS, ToolContext, run_tool
 from .types import RolloutError, Task
 
 if TYPE_CHECKING:
-    from ..runtime.template import Template
     from ..runtime.shell import Shell
+    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
 
 log = logging.getLogger("bunshin.rl")

@@ -18,7 +18,8 @@ import struct
 import termios
 import threading
 import time
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..errors import BunshinError, ShellExited, ToolCallError, WorkspaceClosed
 from .capture import Capture
@@ -38,7 +39,7 @@ _TIOCSPTLCK = 0x40045431
 class Shell:
     """A bash session that keeps its state (cwd, variables, functions, history, jobs)."""
 
-    def _init(self, ws: "Workspace", master: int, pid: int, nonce: str) -> None:
+    def _init(self, ws: Workspace, master: int, pid: int, nonce: str) -> None:
         self._ws = ws
         self._master = master
         self.pid = pid
@@ -50,7 +51,7 @@ class Shell:
         self._exit_status: int | None = None
 
     @classmethod
-    def start(cls, ws: "Workspace", *, env: Mapping[str, str] | None, cwd: str | None) -> "Shell":
+    def start(cls, ws: Workspace, *, env: Mapping[str, str] | None, cwd: str | None) -> Shell:
         """A new session in ``ws`` (what :meth:`Workspace.shell` opens and keeps)."""
         master = ws.open_path("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
         sh = None
@@ -104,13 +105,13 @@ class Shell:
         return index, self.pid, self._nonce
 
     @classmethod
-    def of_copy(cls, ws: "Workspace", copy: "SessionCopy") -> "Shell":
+    def of_copy(cls, ws: Workspace, copy: SessionCopy) -> Shell:
         """The session ``copy`` (a forked or restored body's) in ``ws``, which owns it."""
         sh = cls.__new__(cls)
         sh._init(ws, copy.master, copy.pid, copy.id)
         return sh
 
-    def rebind(self, ws: "Workspace", other: "Shell | None") -> int:
+    def rebind(self, ws: Workspace, other: Shell | None) -> int:
         """Belong to ``ws`` from here on (whose body was swapped for a fork's), continuing on
         ``other``'s terminal (this session's copy there), or ended when it has none. Returns
         the previous terminal's master (-1: none), which the caller keeps (a template's) or
@@ -279,7 +280,7 @@ class Shell:
             self._master = -1
         self._exited = True
 
-    def __enter__(self) -> "Shell":
+    def __enter__(self) -> Shell:
         return self
 
     def __exit__(self, *exc: object) -> None:

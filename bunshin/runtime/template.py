@@ -4,7 +4,8 @@ processes and the fork engine are bunshin/fork/'s, see bunshin/fork/template.py)
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .. import criu
 from ..errors import WorkspaceClosed
@@ -40,7 +41,7 @@ class Template:
         """The frozen processes behind this handle (bunshin/fork/template.py)."""
         return self._core
 
-    def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
+    def fork(self, n: int = 1, on_fork: Callable[[Workspace], None] | None = None) -> list[Workspace]:
         """``n`` live workspaces in the template's state (memory shared copy-on-write).
         ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
         thread (keeper.py): it must not wait for a fork made by another thread (forks run
@@ -60,7 +61,7 @@ class Template:
         criu.save(self, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Template":
+    def load(cls, path: str | os.PathLike) -> Template:
         """A frozen template restored from images written by :meth:`save` (or
         ``bunshin.criu.dump_workspace``); fork it as any other."""
         return criu.load(path)
@@ -77,7 +78,7 @@ class Template:
             self._core.close_slots()
             self._core.release()
 
-    def __enter__(self) -> "Template":
+    def __enter__(self) -> Template:
         return self
 
     def __exit__(self, *exc: object) -> None:

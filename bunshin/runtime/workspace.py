@@ -21,9 +21,10 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from .. import _core, criu
 from .._core import _syscalls
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from .cgroup.base import Cgroup
     from .rootfs.model import Rootfs
 
-__all__ = ["Workspace", "ProcessInfo"]
+__all__ = ["ProcessInfo", "Workspace"]
 
 log = logging.getLogger("bunshin.workspace")
 
@@ -77,7 +78,7 @@ DEFAULT_ENV = {
     "TERM": "xterm",
 }
 
-_live: "weakref.WeakSet[Workspace]" = weakref.WeakSet()
+_live: weakref.WeakSet[Workspace] = weakref.WeakSet()
 
 
 @atexit.register
@@ -150,7 +151,7 @@ class Workspace:
 
     @classmethod
     def from_body(cls, config: WorkspaceConfig, body: Body,
-                  sessions: Sequence[SessionCopy] = ()) -> "Workspace":
+                  sessions: Sequence[SessionCopy] = ()) -> Workspace:
         """The handle on a body made elsewhere (a fork's child, a CRIU restore), with ``config``
         and a :class:`Shell` for each of ``sessions``, in their order. It owns the body (and
         the sessions' terminals) from here on."""
@@ -177,7 +178,7 @@ class Workspace:
         hostname: str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         ready_timeout: float = 30.0,
-    ) -> "Workspace":
+    ) -> Workspace:
         """Start a workspace.
 
         ``rootfs``: None for the embedded default (a read-only view of the host's system
@@ -268,7 +269,7 @@ class Workspace:
         return self._body.init_pid
 
     @property
-    def rootfs(self) -> "Rootfs":
+    def rootfs(self) -> Rootfs:
         """The root file system the workspace runs (for a fork: its template's layers)."""
         return self._body.rootfs
 
@@ -288,14 +289,14 @@ class Workspace:
         return self._body
 
     @property
-    def shells(self) -> list["Shell"]:
+    def shells(self) -> list[Shell]:
         """Its open shell sessions, in the order they were opened. A fork's are the copies of
         its source's, in the source's order; each copy has its original's :attr:`Shell.id`."""
         with self._shell_lock:
             return list(self._shells)
 
     # -- lifetime -----------------------------------------------------------------------
-    def __enter__(self) -> "Workspace":
+    def __enter__(self) -> Workspace:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -519,7 +520,7 @@ class Workspace:
         """Signal every process in the workspace except its init."""
         self.live_channel().kill(0, int(sig), "all")
 
-    def shell(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> "Shell":
+    def shell(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Shell:
         """A persistent bash session on a terminal: ``cd``, variables, functions, history
         and background jobs persist between :meth:`Shell.run` calls."""
         sh = Shell.start(self, env=env, cwd=cwd)
@@ -527,14 +528,14 @@ class Workspace:
             self._shells.append(sh)
         return sh
 
-    def forget_shell(self, sh: "Shell") -> None:
+    def forget_shell(self, sh: Shell) -> None:
         """Drop a closed session from :attr:`shells` (:meth:`Shell.close` does)."""
         with self._shell_lock:
             if sh in self._shells:
                 self._shells.remove(sh)
 
     # -- forking ------------------------------------------------------------------------
-    def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
+    def fork(self, n: int = 1, on_fork: Callable[[Workspace], None] | None = None) -> list[Workspace]:
         """``n`` live copies of this workspace: every process (same PIDs), file and terminal,
         memory shared copy-on-write. This workspace keeps running, unchanged for the agent.
         ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
@@ -551,7 +552,7 @@ class Workspace:
         times). The workspace continues, as a fresh fork of the template."""
         return self._snapshot(0, None)[0]
 
-    def _snapshot(self, n: int, on_fork) -> tuple[Template, list["Workspace"]]:
+    def _snapshot(self, n: int, on_fork) -> tuple[Template, list[Workspace]]:
         """snapshot() and ``n`` more forks of the template in one pass over its processes (one
         seize and release for all): the first fork becomes this workspace."""
         self._rebase_if_deep()
@@ -566,7 +567,7 @@ class Workspace:
             core.spares = self._spares
             first = [True]
 
-            def hook(kid: "Workspace") -> None:
+            def hook(kid: Workspace) -> None:
                 if first[0]:  # this workspace's own continuation: not a user's child
                     first[0] = False
                 elif on_fork is not None:
@@ -623,7 +624,7 @@ class Workspace:
         sessions that existed in the template continue in their template state)."""
         self.adopt(tpl.fork(1)[0])
 
-    def adopt(self, kid: "Workspace") -> None:
+    def adopt(self, kid: Workspace) -> None:
         """This workspace (the same object, its Shell objects rebound) becomes ``kid``, a fork;
         its previous processes, cgroup and files are torn down. ``kid`` is spent."""
         with self._close_lock:
@@ -636,7 +637,7 @@ class Workspace:
             os.close(m)
         old.close()
 
-    def _adopt(self, kid: "Workspace") -> list[int]:
+    def _adopt(self, kid: Workspace) -> list[int]:
         """Take over ``kid``'s body and shell sessions (it is a fork of a template); ``kid`` is
         spent. Returns the pty masters of our previous shells, for the caller to keep or
         close."""
@@ -657,7 +658,7 @@ class Workspace:
         kid._shells = []
         return [m for m in old_masters if m >= 0]
 
-    def speculate(self) -> "Speculation":
+    def speculate(self) -> Speculation:
         """``with ws.speculate() as spec:`` run calls on ``spec.ws``, a fork; leaving the block
         keeps their state in this workspace, ``spec.rollback()`` or an exception drops it
         exactly (see :mod:`bunshin.speculate.block`)."""
@@ -759,12 +760,12 @@ class Workspace:
         return self._body.cgroup.pids()
 
     @property
-    def cgroup(self) -> "Cgroup":
+    def cgroup(self) -> Cgroup:
         """The workspace's cgroup (limits, stats, freezer)."""
         return self._body.cgroup
 
     @property
-    def state_path(self):  # noqa: ANN201
+    def state_path(self):
         """Directory on the host holding the workspace's upper layer and metadata."""
         return self._body.dir.path
 
@@ -775,14 +776,14 @@ def rebase_enabled() -> bool:
     return os.environ.get("BUNSHIN_REBASE", "1") != "0"
 
 
-def _cannot_rebase(ws: "Workspace", limit: int, why: str) -> str:
+def _cannot_rebase(ws: Workspace, limit: int, why: str) -> str:
     return (f"workspace {ws.id} is at the kernel's limit of {limit} nested pid namespaces and "
             f"cannot be moved back to the top level through CRIU: {why}. Snapshot once "
             "(tpl = ws.snapshot()) and use tpl.fork() or ws.restore(tpl) instead of snapshotting "
             "a fork of a fork")
 
 
-def _not_dumpable(ws: "Workspace") -> str | None:
+def _not_dumpable(ws: Workspace) -> str | None:
     """Why CRIU would refuse the workspace, known without trying: a process whose session
     leader is outside its pid namespace (a shell's job started before a fork: its clone keeps
     the template's session, README "Forking"), which CRIU cannot dump."""

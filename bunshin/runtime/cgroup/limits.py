@@ -29,9 +29,9 @@ from ...errors import LimitError
 
 __all__ = [
     "CPU_PERIOD_US",
-    "Limits",
     "MIN_CPUS",
     "MIN_MEMORY",
+    "Limits",
     "cpu_quota_us",
     "parse_cpu",
     "parse_memory",
@@ -115,12 +115,12 @@ class Limits:
 
     @classmethod
     def parse(cls, memory_limit: object = None, pids_limit: object = None,
-              cpu_limit: object = None) -> "Limits":
+              cpu_limit: object = None) -> Limits:
         """Limits from the user's forms (see the module docstring); LimitError names a bad one."""
         return cls(parse_memory(memory_limit), parse_pids(pids_limit), parse_cpu(cpu_limit))
 
     def changed(self, memory: int | None | EllipsisType = ..., pids: int | None | EllipsisType = ...,
-                cpu: float | None | EllipsisType = ...) -> "Limits":
+                cpu: float | None | EllipsisType = ...) -> Limits:
         """These limits with the parsed values given (``...`` keeps one as it is)."""
         new = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu)) if v is not ...}
         return replace(self, **new)
@@ -130,5 +130,5 @@ class Limits:
         return {"memory_limit": self.memory, "pids_limit": self.pids, "cpu_limit": self.cpu}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Limits":
+    def from_dict(cls, d: dict) -> Limits:
         return cls.parse(d.get("memory_limit"), d.get("pids_limit"), d.get("cpu_limit"))
