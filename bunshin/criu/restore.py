@@ -139,20 +139,21 @@ def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
     try:
         chan.start()
         chan.ping(10)
+        origin = f"image:{src}"
+        rootfs = Rootfs(lowers=tuple(Path(p) for p in lowers), kind="fork", source=f"fork of {origin}")
+        meta = Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(), init_pid=init_pid,
+                    cgroup=cg.name, rootfs=rootfs.source, lowers=list(lowers), parent=origin)
+        d.write_meta(meta)
+        body = Body(d, cg, meta, rootfs, init_pid=init_pid, pidfd=pidfd, init_is_child=True,
+                    channel=chan)
+        body.open_root()
+        return body
     except BaseException:
         chan.close()
         for m in masters.values():
             os.close(m)
         masters.clear()
         raise
-    origin = f"image:{src}"
-    rootfs = Rootfs(lowers=tuple(Path(p) for p in lowers), kind="fork", source=f"fork of {origin}")
-    meta = Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(), init_pid=init_pid,
-                cgroup=cg.name, rootfs=rootfs.source, lowers=list(lowers), parent=origin)
-    d.write_meta(meta)
-    body = Body(d, cg, meta, rootfs, init_pid=init_pid, pidfd=pidfd, init_is_child=True, channel=chan)
-    body.open_root()
-    return body
 
 
 def _ksm_on() -> None:
