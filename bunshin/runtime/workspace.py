@@ -144,6 +144,13 @@ class Workspace:
     All methods are thread-safe.
     """
 
+    _config: WorkspaceConfig
+    _body: Body
+    _shells: list[Shell]
+    _shell_lock: threading.Lock  # guards _shells and _calls
+    _calls: int  # exec() calls in flight: their pipes lead to us, a fork cannot carry them
+    _spares: slots.Spares | None  # host-side parts of the next fork (slots.py)
+
     # -- creation -----------------------------------------------------------------------
     def __init__(self) -> None:  # use Workspace.create()
         self._closed = True
@@ -160,8 +167,8 @@ class Workspace:
         self._config = config
         self._body = body
         self._shell_lock = threading.Lock()
-        self._calls = 0  # exec() calls in flight: their pipes lead to us, a fork cannot carry them
-        self._spares: slots.Spares | None = None  # host-side parts of the next fork (slots.py)
+        self._calls = 0
+        self._spares = None
         self._shells = [Shell.of_copy(self, s) for s in sessions]
         _live.add(self)
         return self
@@ -469,7 +476,7 @@ class Workspace:
 
     def _oom_kills(self) -> int:
         try:
-            return self._body.cgroup.stats().oom_kills
+            return self._body.cgroup.stats().oom_kills or 0  # None: no memory controller
         except Exception:  # noqa: BLE001 - accounting must not break a tool call
             return 0
 

@@ -77,9 +77,9 @@ def is_clean(ws: Workspace) -> bool:
 
 def clean_template(ws: Workspace) -> Template | None:
     """A new handle on ``ws``'s template if ``ws`` is still a fresh fork of it, else None."""
-    if not is_clean(ws):
-        return None
     core = ws.body.template
+    if core is None or not is_clean(ws):
+        return None
     try:
         core.acquire()
     except WorkspaceClosed:
