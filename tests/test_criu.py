@@ -388,3 +388,21 @@ def test_a_restored_state_can_be_saved_again(family, tmp_path):
     assert w3.shells[0].run("echo $V $PWD").stdout == b"gen1-gen2 /tmp\n"
     # layers are not squashed: the fork's upper, the template's, and gen2's two
     assert criu.read_meta(tmp_path / "gen3")["layers"] == 4
+
+
+def test_dump_and_restore_are_symmetric(family, tmp_path):
+    """dump(config, body, terminals) -> images; restore(images) -> (config, body, sessions)."""
+    ws = bunshin.Workspace.create(memory_limit="96M", env={"ROLE": "agent"}, workdir="/tmp")
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("X=kept")
+    ws.cgroup.set_limits(pids_limit=64)  # changed live: the image carries it too
+    with ws.steady("wait for them"):
+        criu.dump(ws.config, ws.body, ws.terminals(), tmp_path / "img")
+    restored = criu.restore(tmp_path / "img")
+    w = bunshin.Workspace.from_body(*restored)
+    family.append(w)
+    assert restored.config == ws.config
+    assert restored.body.cgroup.limits == ws.cgroup.limits
+    assert [s.id for s in w.shells] == [sh.id]
+    assert w.shells[0].run("echo $X $ROLE").stdout == b"kept agent\n"
