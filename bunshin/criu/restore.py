@@ -104,6 +104,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         body = _body(src, alloc.dir, cg, init_pid, pidfd, ours, masters, lowers)
         pidfd, ours = -1, None  # the body owns them now
         sessions = session_copies([(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]], masters)
+        for m in set(masters.values()) - {sc.master for sc in sessions}:
+            os.close(m)
     except BaseException as e:
         if pidfd >= 0:
             reap_init(pidfd, is_child=True, grace=0)

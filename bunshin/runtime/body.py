@@ -133,11 +133,5 @@ class SessionCopy(NamedTuple):
 
 def session_copies(sessions: Iterable[tuple[int, int, str]], masters: dict[int, int]) -> list[SessionCopy]:
     """The copies of ``sessions`` ((pty index, bash pid, id) of the source's, in its order) that
-    have a terminal in ``masters`` (pty index -> master fd); the masters of no session are
-    closed."""
-    out = [SessionCopy(masters[idx], pid, sid) for idx, pid, sid in sessions if idx in masters]
-    taken = {sc.master for sc in out}
-    for m in masters.values():
-        if m not in taken:
-            os.close(m)
-    return out
+    have a terminal in ``masters`` (pty index -> master fd)."""
+    return [SessionCopy(masters[idx], pid, sid) for idx, pid, sid in sessions if idx in masters]
