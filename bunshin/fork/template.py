@@ -65,6 +65,8 @@ class TemplateCore(slots.Holder):
         self.lowers = (body.dir.upper, *body.rootfs.lowers)
         self.sysv_segments = sysv_shm.segments(body.init_pid)
         self.id = body.id
+        assert body.channel is not None  # a snapshot is of a running body
+        self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
         self.lock = threading.Lock()
         self.refs = 1
         self.closed = False
@@ -167,8 +169,8 @@ class TemplateCore(slots.Holder):
             try:
                 fit = earlyinit.mids_fit(self)
                 for s in todo:
-                    s.early = earlyinit.clone_into(s, tinit, self.body.channel.sock,
-                                                   self.config.hostname, self.pin)
+                    s.early = earlyinit.clone_into(s, tinit, self.ctl_sock, self.config.hostname,
+                                                   self.pin)
                     if fit:
                         earlyinit.make_mids(s.early, self, self.held, s.cg)
             except BaseException as e:  # noqa: BLE001 - the fork clones its init itself
@@ -410,7 +412,7 @@ class _Child:
             self.mids, ei.mids = ei.mids, {}
             return
         try:
-            ei = earlyinit.start(tracees[core.body.init_pid], core.body.channel.sock, mfd,
+            ei = earlyinit.start(tracees[core.body.init_pid], core.ctl_sock, mfd,
                                  self.host, self.cg, pin, f"workspace {self.d.id}")
             self.ci, self.chan, self.pidfd = ei.ci, ei.chan, ei.pidfd
         except BaseException:

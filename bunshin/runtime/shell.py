@@ -212,7 +212,8 @@ class Shell:
         cap = self._ws.config.max_output if max_output is None else max_output
         with self._lock:
             if self._exited:
-                raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} has exited; open a new one with ws.shell()")
+                raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} has exited; open a new one "
+                                  "with ws.shell()")
             if self._ws.closed:
                 raise WorkspaceClosed(f"workspace {self._ws.id} is closed")
             delim = f"__BUNSHIN_EOF_{self._nonce}__"
@@ -255,7 +256,8 @@ class Shell:
                 pass
         r = self._collect(time.monotonic() + 5, cap)
         if r is None:
-            raise BunshinError(f"shell {self.pid} in workspace {self._ws.id} is stuck after SIGKILL of its foreground job")
+            raise BunshinError(f"shell {self.pid} in workspace {self._ws.id} is stuck after SIGKILL of "
+                               "its foreground job")
         return r
 
     @property

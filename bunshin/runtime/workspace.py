@@ -108,7 +108,8 @@ def _check_env(env: Mapping[str, str] | None, what: str) -> dict[str, str]:
         raise ToolCallError(f"{what} must be a mapping of str to str, got {type(env).__name__}")
     for k, v in env.items():
         if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\0" in k + v:
-            raise ToolCallError(f"{what}: bad entry {k!r}={v!r}; names are non-empty str without '=' and values are str")
+            raise ToolCallError(f"{what}: bad entry {k!r}={v!r}; names are non-empty str without '=' "
+                                "and values are str")
     return dict(env)
 
 
@@ -201,8 +202,10 @@ class Workspace:
         if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.match(hostname)):
             raise BunshinError(f"hostname must be a valid host name (letters, digits, '-'; ≤ 63), got {hostname!r}")
         max_output = _check_max_output(max_output)
-        if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int) or pids_limit < 1):
-            raise LimitError(f"pids_limit must be an int ≥ 1 (processes + threads in the workspace), got {pids_limit!r}")
+        if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
+                                       or pids_limit < 1):
+            raise LimitError("pids_limit must be an int ≥ 1 (processes + threads in the workspace), "
+                             f"got {pids_limit!r}")
         limits = Limits.parse(memory_limit, pids_limit)
         rfs = _rootfs.resolve(rootfs)
         a = allocate(limits, rootfs=rfs.source, lowers=[str(p) for p in rfs.lowers])
@@ -250,7 +253,8 @@ class Workspace:
         except WorkspaceDied as e:
             msg = str(e)
             if "mount overlay" in msg:
-                raise RootfsError(f"{msg}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay lower layer") from None
+                raise RootfsError(f"{msg}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
+                                  "lower layer") from None
             raise
         b.meta.init_pid = pid
         d.write_meta(b.meta)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 from types import EllipsisType
 
@@ -122,8 +122,8 @@ class Limits:
     def changed(self, memory: int | None | EllipsisType = ..., pids: int | None | EllipsisType = ...,
                 cpu: float | None | EllipsisType = ...) -> Limits:
         """These limits with the parsed values given (``...`` keeps one as it is)."""
-        new = {k: v for k, v in (("memory", memory), ("pids", pids), ("cpu", cpu)) if v is not ...}
-        return replace(self, **new)
+        return Limits(self.memory if memory is ... else memory, self.pids if pids is ... else pids,
+                      self.cpu if cpu is ... else cpu)
 
     def to_dict(self) -> dict:
         """The keyword arguments of :meth:`CgroupBackend.create` (and an image's metadata)."""
