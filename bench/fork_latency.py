@@ -53,9 +53,9 @@ from bunshin.criu_locate import find_criu  # noqa: E402
 MEDIUM_MIB = 256
 # Each ws.fork() nests the source workspace one pid namespace deeper (its init's NSpid grows by
 # one per snapshot) and the kernel allows 32 levels: at the limit a ws.fork() first moves the
-# workspace back to the top level through CRIU (~0.3 s, runtime/forking.py), which is not what
-# this figure is about. An injected clone can only be made deeper than its source (README,
-# "Forking"), so the source continues as a fork; ws.fork() is therefore sampled at most this
+# workspace back to the top level through CRIU (~0.3 s, Workspace._rebase_if_deep), which is not what
+# this figure is about. An injected clone can only be made deeper than its source (docs/design.md,
+# "Cloning a process"), so the source continues as a fork; ws.fork() is therefore sampled at most this
 # many times per workspace (and the JSON says so).
 WS_FORK_MAX = 24
 GROUP = 8  # children of one tpl.fork() call in the group figure

@@ -5,7 +5,7 @@ The workload is the medium one of fork_latency.py: init + a bash session + a Pyt
   * forks: one workspace, snapshotted once (tpl = ws.snapshot()), then tpl.fork() until n
     children exist. Counted: the n children + the source workspace (which continues as a fork
     of the template) + the frozen template's processes, which hold the original pages. The
-    template is not a Workspace: its pids come from its cgroup (Template._core.parts['cg']).
+    template is not a Workspace: its pids come from its cgroup (Template._core.body.cgroup).
     So "n forks" means n + 1 live workspaces and one frozen copy.
   * independent: n workspaces created one by one, each starting the same workload.
 Two totals per point:
@@ -50,7 +50,7 @@ def measure_forks(ns: list[int]) -> tuple[dict, list[dict]]:
                "cgroup_bytes": _cg_bytes(ld.ws.cgroup), "processes": len(ld.ws.host_pids())}
         tpl = ld.ws.snapshot()
         try:
-            tcg = tpl._core.parts["cg"]  # the frozen processes' cgroup: not public API
+            tcg = tpl._core.body.cgroup  # the frozen processes' cgroup: not public API
             for n in ns:
                 t = time.perf_counter()
                 kids += tpl.fork(n - len(kids))

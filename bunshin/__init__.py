@@ -22,7 +22,7 @@ _LAZY = {
     "Workspace": "bunshin.runtime.workspace",
     "Result": "bunshin.runtime.result",
     "Shell": "bunshin.runtime.shell",
-    "Template": "bunshin.fork.template",
+    "Template": "bunshin.runtime.template",
     "PrefixCache": "bunshin.cache.prefix",
     "ToolCall": "bunshin.cache.toolcall",
     "SpeculativeExecutor": "bunshin.speculate.executor",

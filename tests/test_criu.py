@@ -63,8 +63,8 @@ def _busy_workspace() -> tuple[bunshin.Workspace, dict]:
 
 def _check_state(w, expect: dict, tag: str) -> None:
     assert {p.pid: p.cmdline for p in w.processes()} == expect["procs"]
-    assert len(w._shells) == 1
-    sh = w._shells[0]
+    assert len(w.shells) == 1
+    sh = w.shells[0]
     r = sh.run("echo $X $PWD; greet you; umask")
     assert r.stdout.decode().splitlines() == ["42 /tmp", "hi you", "0027"], r
     hist = sh.run("history").stdout.decode().splitlines()
@@ -104,7 +104,7 @@ def test_round_trip_keeps_processes_pids_files_shell_and_repl(family, tmp_path):
     (kid,) = a.fork(1)
     family.append(kid)
     assert kid.read_file("/work/state.txt") == b"changed in a\n"
-    assert kid._shells[0].run("echo $X").stdout == b"42\n"
+    assert kid.shells[0].run("echo $X").stdout == b"42\n"
 
 
 def test_close_cleans_everything_and_a_restore_can_be_repeated(no_leaks, tmp_path):
@@ -144,7 +144,7 @@ def test_concurrent_restores_from_threads(family, tmp_path):
     assert not errs, errs
     assert len({w.init_pid for w in got}) == 3
     for w in got:
-        assert w._shells[0].run("echo $Y").stdout == b"ok\n"
+        assert w.shells[0].run("echo $Y").stdout == b"ok\n"
 
 
 def test_template_save_load_fork(family, tmp_path):
@@ -375,9 +375,9 @@ def test_a_restored_state_can_be_saved_again(family, tmp_path):
         criu.dump_workspace(ws, tmp_path / "gen1")
     w1 = criu.restore_workspace(tmp_path / "gen1")
     family.append(w1)
-    w1._shells[0].run("V=${V}-gen2")
+    w1.shells[0].run("V=${V}-gen2")
     criu.dump_workspace(w1, tmp_path / "gen2")  # a restored workspace dumps like any other
-    assert w1._shells[0].run("echo $V").stdout == b"gen1-gen2\n"
+    assert w1.shells[0].run("echo $V").stdout == b"gen1-gen2\n"
     tpl = bunshin.Template.load(tmp_path / "gen2")
     try:
         tpl.save(tmp_path / "gen3")  # and so does a loaded template
@@ -385,6 +385,24 @@ def test_a_restored_state_can_be_saved_again(family, tmp_path):
         tpl.close()
     w3 = criu.restore_workspace(tmp_path / "gen3")
     family.append(w3)
-    assert w3._shells[0].run("echo $V $PWD").stdout == b"gen1-gen2 /tmp\n"
+    assert w3.shells[0].run("echo $V $PWD").stdout == b"gen1-gen2 /tmp\n"
     # layers are not squashed: the fork's upper, the template's, and gen2's two
     assert criu.read_meta(tmp_path / "gen3")["layers"] == 4
+
+
+def test_dump_and_restore_are_symmetric(family, tmp_path):
+    """dump(config, body, terminals) -> images; restore(images) -> (config, body, sessions)."""
+    ws = bunshin.Workspace.create(memory_limit="96M", env={"ROLE": "agent"}, workdir="/tmp")
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("X=kept")
+    ws.cgroup.set_limits(pids_limit=64)  # changed live: the image carries it too
+    with ws.steady("wait for them"):
+        criu.dump(ws.config, ws.body, ws.terminals(), tmp_path / "img")
+    restored = criu.restore(tmp_path / "img")
+    w = bunshin.Workspace.from_body(*restored)
+    family.append(w)
+    assert restored.config == ws.config
+    assert restored.body.cgroup.limits == ws.cgroup.limits
+    assert [s.id for s in w.shells] == [sh.id]
+    assert w.shells[0].run("echo $X $ROLE").stdout == b"kept agent\n"

@@ -32,7 +32,7 @@ def test_fork_keeps_processes_pids_and_shell_state(family):
     family.extend(kids)
     for w in [ws, *kids]:
         assert {p.pid: p.cmdline for p in w.processes()} == before
-        s = w._shells[0]
+        s = w.shells[0]
         r = s.run("echo $X $PWD; greet you; umask; ulimit -n; jobs")
         assert r.stdout.decode().splitlines()[:4] == ["42 /tmp", "hi you", "0027", "777"], r
         assert b"Running" in r.stdout and b"sleep 1000" in r.stdout
@@ -89,7 +89,7 @@ def test_open_files_keep_offsets_flags_and_deleted_files(family):
     (kid,) = ws.fork(1)
     family.append(kid)
     for w, tag in ((ws, "parent"), (kid, "child")):
-        s = w._shells[0]
+        s = w.shells[0]
         assert s.run("read -n 2 y <&5; echo $y").stdout == b"de\n"  # offset 3 was kept
         s.run(f"echo {tag} >&6")
         assert s.run("cat <&8").stdout == b"ghost data"  # deleted but open
@@ -188,7 +188,7 @@ def test_snapshot_fork_many_and_restore(family):
         kids = tpl.fork(3)
         family.extend(kids)
         for k in kids:
-            assert k._shells[0].run("echo $N; cat /state").stdout == b"1\nv1\n"
+            assert k.shells[0].run("echo $N; cat /state").stdout == b"1\nv1\n"
         assert sh.run("echo $N; cat /state").stdout == b"2\nv2\n"
         ws.restore(tpl)  # rollback, same object and shell session
         assert sh.run("echo $N; cat /state; test -e /extra || echo no-extra").stdout == b"1\nv1\nno-extra\n"
@@ -258,7 +258,7 @@ def test_concurrent_forks_of_one_template(family):
         assert not errors and len(out) == 6
         assert len({w.id for w in out}) == 6
         for w in out:
-            assert w._shells[0].run("echo $V").stdout == b"shared\n"
+            assert w.shells[0].run("echo $V").stdout == b"shared\n"
     finally:
         tpl.close()
 
@@ -337,7 +337,7 @@ def test_parent_links(family):
         else:
             assert all(ppid == 1 for pid, ppid in after.items() if pid != 1), w
     kid = kids[0]
-    s = kid._shells[0]
+    s = kid.shells[0]
     jobs = [int(x) for x in s.run("jobs -p").stdout.split()]
     assert all(int(ws_status(kid, j, "PPid")) == (bash if exact else 1) for j in jobs)
     if backend().join_session is not None:  # in the shell's session, each job its own group
@@ -382,7 +382,7 @@ def test_nesting_limit_is_a_clear_error_without_rebase(family, monkeypatch):
             for k in ws.fork(1):
                 k.close()
     assert _pid_ns_level(ws) == 32
-    assert ws._shells[0].run("echo $V").stdout == b"deep\n"
+    assert ws.shells[0].run("echo $V").stdout == b"deep\n"
 
 
 def test_a_workspace_at_the_nesting_limit_goes_back_to_the_top_and_forks_on(family):
@@ -402,7 +402,7 @@ def test_a_workspace_at_the_nesting_limit_goes_back_to_the_top_and_forks_on(fami
     levels = []
     for _ in range(40):
         (kid,) = ws.fork(1)
-        assert kid._shells[0].run("echo $V").stdout == b"deep\n"
+        assert kid.shells[0].run("echo $V").stdout == b"deep\n"
         kid.close()
         levels.append(_pid_ns_level(ws))
     assert max(levels) == 32 and levels[-1] < 32  # it reached the limit, then went back up
@@ -493,7 +493,7 @@ def test_the_kernel_reaps_the_inits_of_closed_children(ws):
     tpl = ws.snapshot()
     kids: list[bunshin.Workspace] = []
     try:
-        tinit = tpl._core.parts["init_pid"]
+        tinit = tpl._core.body.init_pid
         assert _ignores_sigchld(tinit)
         kids += tpl.fork(3)
         for k in kids:
@@ -524,7 +524,7 @@ def test_template_reaps_the_inits_of_closed_children_where_its_init_would_not_ig
     tpl = ws.snapshot()
     kids: list[bunshin.Workspace] = []
     try:
-        tinit = tpl._core.parts["init_pid"]
+        tinit = tpl._core.body.init_pid
         assert not _ignores_sigchld(tinit)
         for k in tpl.fork(REAP_AT - 1):
             k.close()

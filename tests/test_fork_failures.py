@@ -74,7 +74,7 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
             assert not ws.cgroup.frozen()
             assert _snapshot_of_state() == before
         (kid,) = ws.fork(1)  # and it still forks
-        assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+        assert kid.shells[0].run("echo $V").stdout == b"intact\n"
         kid.close()
     finally:
         ws.close()
@@ -137,7 +137,7 @@ def test_process_traced_by_someone_else_fails_cleanly(no_leaks):
             other.stdin.close()
             other.wait()
         (kid,) = ws.fork(1)  # once the debugger is gone it forks
-        assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+        assert kid.shells[0].run("echo $V").stdout == b"intact\n"
         kid.close()
     finally:
         ws.close()
@@ -151,7 +151,7 @@ def test_fork_at_the_pids_limit_says_so_and_the_source_runs_on(no_leaks):
         sh = ws.shell()  # init + bash + the sleep: the limit
         sh.run("V=intact; sleep 1000 &")
         procs = [p.pid for p in ws.processes()]
-        assert ws._cg.stats().pids_current == 3
+        assert ws.cgroup.stats().pids_current == 3
         with pytest.raises(ForkError, match=r"at its pids limit \(3 of 3 processes and threads\).*"
                                             r"pids_limit of at least 5") as e:
             ws.fork(1)
@@ -194,7 +194,7 @@ def test_a_child_that_cannot_get_its_pid_fails_cleanly(no_leaks, monkeypatch):
         (kid,) = ws.fork(1)
         try:  # (the sh of the pipeline may be gone in it: its wait4 finds no child there)
             assert vpid in [p.pid for p in kid.processes()]
-            assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+            assert kid.shells[0].run("echo $V").stdout == b"intact\n"
         finally:
             kid.close()
     finally:
@@ -232,7 +232,7 @@ def test_a_process_that_cannot_clone_itself_is_refused_before_anything_is_made(n
         ws.wait(pid)
         (kid,) = ws.fork(1)  # without it, it forks
         try:
-            assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+            assert kid.shells[0].run("echo $V").stdout == b"intact\n"
         finally:
             kid.close()
     finally:

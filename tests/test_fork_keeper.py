@@ -53,23 +53,23 @@ def test_template_is_held_between_forks_and_let_go_on_close(family):
         assert engine_tid in me
         for pid in tpl.host_pids():
             assert _tracer(pid) == engine_tid, pid  # seized by the engine's thread, not us
-        assert wait_for(core.parts["cg"].frozen, 5)  # frozen, as without it (once idle)
+        assert wait_for(core.body.cgroup.frozen, 5)  # frozen, as without it (once idle)
         family += tpl.fork(2)
         for k in family[1:]:
-            assert k._shells[0].run("echo $V $PWD").stdout == b"kept /tmp\n"
+            assert k.shells[0].run("echo $V $PWD").stdout == b"kept /tmp\n"
         mids = [mid.pid for s in _wait_settled(core, 2) for mid in s.early.mids.values()]
         core.let_go()  # as after a failure: the next fork seizes again
         assert [_tracer(pid) for pid in tpl.host_pids()] == [0, 0]
         assert not any(os.path.exists(f"/proc/{pid}") for pid in mids)  # made ahead: reaped
         assert all(not s.early.mids for s in core.slots if s.early is not None)
         family += tpl.fork(1)
-        assert family[-1]._shells[0].run("echo $V").stdout == b"kept\n"
+        assert family[-1].shells[0].run("echo $V").stdout == b"kept\n"
         assert _tracer(tpl.host_pids()[0]) == engine_tid
     finally:
         tpl.close()
     # children live on: the template stays, frozen, no longer traced
     assert [_tracer(pid) for pid in tpl.host_pids()] == [0, 0]
-    assert core.parts["cg"].frozen()
+    assert core.body.cgroup.frozen()
     assert family[-1].run("echo alive").stdout == b"alive\n"
 
 
@@ -129,8 +129,8 @@ def test_childrens_inits_are_made_ahead_and_used(family, monkeypatch):
         # used, ended, reaped (in the engine's idle time)
         assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in mids), 5)
         for k in kids:
-            assert k._shells[0]._master == masters[k.init_pid][pty]  # the one made ahead
-            assert k._shells[0].run("echo $W; stty size").stdout == b"ahead\n45 123\n"
+            assert k.shells[0].master == masters[k.init_pid][pty]  # the one made ahead
+            assert k.shells[0].run("echo $W; stty size").stdout == b"ahead\n45 123\n"
             k.write_file("/tmp/own", k.id)
         for k, other in zip(kids, kids[::-1]):  # each init moved into its own root
             assert k.read_file("/tmp/own") == k.id.encode()
@@ -264,9 +264,9 @@ def test_a_failed_fork_of_a_held_template_lets_go_and_the_next_one_seizes_again(
         monkeypatch.setattr(engine, "fix_process", real)
         assert all(_file_id(fd) != was for fd, was in taken.items())  # its pty master closed
         assert [_tracer(pid) for pid in tpl.host_pids()] == [0, 0]  # let go, still frozen
-        assert tpl._core.parts["cg"].frozen()
+        assert tpl._core.body.cgroup.frozen()
         family += tpl.fork(1)
-        assert family[-1]._shells[0].run("echo $V").stdout == b"again\n"
+        assert family[-1].shells[0].run("echo $V").stdout == b"again\n"
     finally:
         tpl.close()
 
@@ -363,7 +363,7 @@ def test_intermediates_made_ahead_are_in_their_childs_cgroup_and_so_are_its_clon
         tpl = ws.snapshot()
         core = tpl._core
         try:
-            tcg = core.parts["cg"]  # the template's (ws goes on as a fork of it)
+            tcg = core.body.cgroup  # the template's (ws goes on as a fork of it)
             family += tpl.fork(1)
             engine_tid = _engine_tid()
             (s,) = _wait_settled(core, 1)
@@ -383,7 +383,7 @@ def test_intermediates_made_ahead_are_in_their_childs_cgroup_and_so_are_its_clon
                 assert moved == []  # no clone moved: each was born in the child's cgroup
             # the intermediates' zombies are gone when the fork returns: they would take the
             # pids the child's programs need (the tool call below could not start)
-            assert kid._cg.stats().pids_current == tasks
+            assert kid.cgroup.stats().pids_current == tasks
             assert kid.run("pgrep -c sleep").stdout == b"3\n"
             assert [_tracer(pid) for pid in tpl.host_pids()] == [engine_tid] * tasks
         finally:

@@ -78,7 +78,7 @@ def test_next_fork_takes_the_slots_and_close_removes_unused_ones():
 
 
 def _pids_max(ws: bunshin.Workspace) -> str:
-    cg = ws._cg
+    cg = ws.cgroup
     path = os.path.join(cg.path if isinstance(cg, cgroup.V2Cgroup) else cg._by["pids"], "pids.max")
     with open(path) as f:
         return f.read().strip()

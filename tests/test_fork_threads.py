@@ -120,12 +120,12 @@ def test_forks_of_a_threaded_process_fit_under_the_pids_limit(family):
     _wait(ws, "test -e /tmp/started")
     tpl = ws.snapshot()
     try:
-        assert tpl._core.parts["cg"].stats().pids_current == 18  # init, and 17 threads
+        assert tpl._core.body.cgroup.stats().pids_current == 18  # init, and 17 threads
         kids = tpl.fork(4)
         family += kids
         for k in kids:
             assert len(k.run(f"ls /proc/{pid}/task").stdout.split()) == 17
-            assert k._cg.stats().pids_current == 18
+            assert k.cgroup.stats().pids_current == 18
     finally:
         tpl.close()
 

@@ -224,7 +224,7 @@ def test_fixups_run_in_the_kernel(mode, monkeypatch):
         sh.run("mkdir -p /tmp/here && cd /tmp/here")
         (kid,) = ws.fork(1)
         try:
-            bash = kid._shells[0]
+            bash = kid.shells[0]
             r = bash.run("echo $$ $(pwd) $(ps -o sid= -p $$) $(tty); readlink /proc/$$/ns/net")
             pid, cwd, sid, tty, net = r.stdout.decode().split()
             assert (pid, cwd, sid) == (str(sh.pid), "/tmp/here", str(sh.pid)) and tty.startswith("/dev/pts/")
@@ -294,7 +294,7 @@ def test_clones_are_born_in_the_child(mode, monkeypatch, fork_verb):
                     for ns in ("mnt", "net", "ipc", "uts", "pid"):
                         assert (os.readlink(f"{init}/root/proc/{p.pid}/ns/{ns}")
                                 == os.readlink(f"{init}/ns/{ns}")), (p, ns)
-                bash = kid._shells[0]
+                bash = kid.shells[0]
                 r = bash.run("echo $(pwd) $(umask) $(readlink /proc/$$/root)")
                 assert r.stdout.decode().split() == ["/tmp/here", "0027", "/"]
                 if fork_verb == "1":
@@ -383,7 +383,7 @@ def test_forks_the_module_gives_up_on_fail_cleanly(mode, no_leaks):
                 outcomes[e.step] += 1
             else:
                 outcomes["made"] += 1
-                assert kid._shells[0].run("echo $V").stdout == b"intact\n"
+                assert kid.shells[0].run("echo $V").stdout == b"intact\n"
                 kid.close()
             assert [p.pid for p in ws.processes()] == procs
             assert sh.run("echo $V").stdout == b"intact\n"

@@ -37,7 +37,7 @@ def _live_forks(base) -> set:
 
 
 def test_commit_keeps_files_and_shell_state(ws):
-    sh = ws._shells[0]
+    sh = ws.shells[0]
     with ws.speculate() as spec:
         r = spec.shell().run("X=after; echo v1 > /work/f; cd /work")
         assert r.exit_code == 0
@@ -49,7 +49,7 @@ def test_commit_keeps_files_and_shell_state(ws):
 
 
 def test_rollback_restores_files_processes_shell(ws):
-    sh = ws._shells[0]
+    sh = ws.shells[0]
     with ws.speculate() as spec:
         spec.shell().run("X=after; echo v1 > /work/f; rm -f /work/f; touch /work/new")
         spec.ws.spawn(["sleep", "4242"])
@@ -72,7 +72,7 @@ def test_exception_rolls_back_and_propagates(ws):
         raise KeyError("boom")
     assert ws.read_file("/work/f") == b"v0\n"
     assert not _sleepers(ws)
-    assert ws._shells[0].run("echo $X").stdout == b"before\n"
+    assert ws.shells[0].run("echo $X").stdout == b"before\n"
     assert not _live_forks(ws)
 
 
@@ -86,7 +86,7 @@ def test_rollback_loop_does_not_deepen(ws):
             spec.rollback()
     assert len(tpls) == 1 and len(depths) == 1  # every block forked from the same template
     assert ws.read_file("/work/f") == b"v0\n"
-    assert ws._shells[0].run("echo $X").stdout == b"before\n"
+    assert ws.shells[0].run("echo $X").stdout == b"before\n"
 
 
 def test_commit_loop_and_nesting(ws):
@@ -101,7 +101,7 @@ def test_commit_loop_and_nesting(ws):
             inner.shell().run("Z=inner")
         assert outer.shell().run("echo $Y$Z").stdout == b"outerinner\n"
         outer.rollback()
-    assert ws._shells[0].run("echo [$Y$Z]").stdout == b"[]\n"
+    assert ws.shells[0].run("echo [$Y$Z]").stdout == b"[]\n"
 
 
 def test_misuse_is_reported(ws):
@@ -127,8 +127,8 @@ COUNTED = "echo run >> /work/count; X=spec; echo done"
 def test_executor_hit_runs_once_and_equals_fresh(ws):
     fresh = ws.fork(1)[0]
     try:
-        want = fresh._shells[0].run(COUNTED)
-        want_state = fresh._shells[0].run("echo $X; cat /work/count").stdout
+        want = fresh.shells[0].run(COUNTED)
+        want_state = fresh.shells[0].run("echo $X; cat /work/count").stdout
     finally:
         fresh.close()
     ex = bunshin.SpeculativeExecutor(lambda h: ["echo other > /work/o", COUNTED], max_inflight=2)
@@ -136,7 +136,7 @@ def test_executor_hit_runs_once_and_equals_fresh(ws):
                                    ToolCall("bash", {"command": COUNTED})]
     r = ex.call(ws, COUNTED)
     assert (r.stdout, r.exit_code) == (want.stdout, want.exit_code)
-    assert ws._shells[0].run("echo $X; cat /work/count").stdout == want_state == b"spec\nrun\n"
+    assert ws.shells[0].run("echo $X; cat /work/count").stdout == want_state == b"spec\nrun\n"
     assert ws.run("ls /work").stdout == b"count\nf\n"  # the other branch left nothing
     st = ex.stats
     assert (st.hits, st.misses, st.speculated) == (1, 0, 2)

@@ -140,7 +140,7 @@ class PrefixCache:
         """A session driving ``ws`` through the cache, at the root of ``task_id``'s trie."""
         from .session import CachedSession
 
-        self._check_open()
+        self.check_open()
         return CachedSession(self, ws, task_id)
 
     # -- state --------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class PrefixCache:
         if self.spill_dir is None:
             raise CacheError("this cache has no spill_dir; pass PrefixCache(..., spill_dir=...)")
         with self._cond:
-            self._check_open()
+            self.check_open()
             st = self._states.get(node)
             if st is None or st.pins:
                 raise CacheError(f"node {node.hex()} has no live state to spill (or it is in use)")
@@ -204,24 +204,68 @@ class PrefixCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- used by sessions ---------------------------------------------------------------
-    def _check_open(self) -> None:
+    # -- used by sessions (session.py) -------------------------------------------------
+    def claim(self, key: bytes) -> tuple[State | None, bool]:
+        """(node ``key``'s state, pinned once, or None; whether the caller now owns the node's
+        execution and must :meth:`release` it). Waits while another session executes it; a
+        spilled state is restored here."""
+        waited = False
+        with self._cond:
+            while True:
+                self.check_open()
+                st = self._states.get(key)
+                if st is not None:
+                    st.pins += 1
+                    return st, False
+                if key in self._inflight and not waited:
+                    self._stats.waits += 1
+                    waited = True
+                    self._cond.wait_for(lambda: key not in self._inflight or self._closed)
+                    continue
+                if waited:
+                    return None, False
+                self._inflight.add(key)
+                break
+        if key in self._spilled:
+            st = self.unspill(key)  # on disk: restore it rather than execute
+            if st is not None:
+                self.release(key)
+                return st, False
+        return None, True
+
+    def release(self, key: bytes) -> None:
+        """The owner of node ``key``'s execution (:meth:`claim`) is done with it."""
+        with self._cond:
+            self._inflight.discard(key)
+            self._cond.notify_all()
+
+    def unpin(self, st: State) -> None:
+        """A session is done with a state :meth:`claim` pinned."""
+        with self._cond:
+            st.pins -= 1
+
+    def check_open(self) -> None:
+        """CacheError once the cache is closed."""
         if self._closed:
             raise CacheError(f"prefix cache {self.store.path} is closed")
 
-    def _count(self, **inc: float) -> None:
+    def count(self, **inc: float) -> None:
+        """Add ``inc`` to the :class:`CacheStats` counters of those names."""
         with self._cond:
             for k, v in inc.items():
                 setattr(self._stats, k, getattr(self._stats, k) + v)
 
-    def _is_cacheable(self, call: ToolCall) -> bool:
+    def is_cacheable(self, call: ToolCall) -> bool:
+        """Whether ``call`` may be answered from, and recorded in, the cache."""
         return self.cacheable is None or bool(self.cacheable(call))
 
-    def _wants_snapshot(self, call: ToolCall, r: Result, dt: float) -> bool:
+    def wants_snapshot(self, call: ToolCall, r: Result, dt: float) -> bool:
+        """Whether the policy keeps the state after ``call`` (result ``r``, ``dt`` s)."""
         p = self.snapshot_policy
         return bool(p(call, r)) if callable(p) else dt >= p
 
-    def _sample_verify(self) -> bool:
+    def sample_verify(self) -> bool:
+        """Whether this hit is one of the ``verify`` share re-executed and compared."""
         with self._cond:
             return self.verify > 0 and self._rng.random() < self.verify
 
@@ -235,7 +279,7 @@ class PrefixCache:
         except CacheError as e:  # closed meanwhile: the record says less, nothing is lost
             log.debug("cache: %s", e)
 
-    def _admit(self, st: State, *, new: bool = True) -> None:
+    def admit(self, st: State, *, new: bool = True) -> None:
         """Keep ``st`` and evict whatever no longer fits the budget. ``new``: a fresh snapshot
         (counted), not a state restored from ``spill_dir``."""
         with self._cond:
@@ -268,10 +312,10 @@ class PrefixCache:
             holder = f"criu:{self._spilled[v.key].path}" if spilled else None
             self._mark_template(v.key, holder)
 
-    def _unspill(self, key: bytes) -> State | None:
+    def unspill(self, key: bytes) -> State | None:
         """Restore the spilled state of ``key`` into memory, pinned once; None if it fails
         (the caller then executes). The caller holds ``key`` in ``_inflight``."""
-        from ..fork.template import Template
+        from ..runtime.template import Template
         from .states import template_cost
 
         sp = self._spilled.get(key)
@@ -292,17 +336,18 @@ class PrefixCache:
             raise
         st = State(key=key, parent=sp.parent, template=tpl, shell=sp.shell, result=sp.result,
                    exec_time=sp.exec_time, cost=cost, pins=1)
-        self._count(unspills=1)
-        self._admit(st, new=False)
+        self.count(unspills=1)
+        self.admit(st, new=False)
         return st
 
-    def _snapshot(self, ws: Workspace):
+    def snapshot_of(self, ws: Workspace):
+        """``ws.snapshot()``, timed and counted; None (logged) where it cannot be forked."""
         t = time.monotonic()
         try:
             tpl = ws.snapshot()
-            self._count(snapshot_seconds=time.monotonic() - t)
+            self.count(snapshot_seconds=time.monotonic() - t)
             return tpl
         except ForkError as e:
             log.info("cache: state not kept: %s", e)
-            self._count(snapshot_failures=1)
+            self.count(snapshot_failures=1)
             return None

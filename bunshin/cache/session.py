@@ -57,59 +57,36 @@ class CachedSession:
     def call(self, call: ToolCall | str) -> Result:
         """Run ``call`` (a :class:`ToolCall`, or a str: a bash command) through the cache."""
         cache = self.cache
-        cache._check_open()
+        cache.check_open()
         self.last_source = "exec"
         tc = as_tool_call(call)
         if tc.name not in cache.tools:
             raise UnknownTool(f"no tool named {tc.name!r}; registered: {sorted(cache.tools)}")
         parent = self.key
-        if parent is None or not cache._is_cacheable(tc):
-            cache._count(uncacheable=1)
+        if parent is None or not cache.is_cacheable(tc):
+            cache.count(uncacheable=1)
             self.key = None
             return self._execute(tc)
         key = child_key(parent, tc)
         cache.store.visit(parent, key, tc.canonical)
-        waited = False
-        st: State | None = None
-        with cache._cond:
-            while True:
-                cache._check_open()
-                st = cache._states.get(key)
-                if st is not None:
-                    st.pins += 1
-                    break
-                if key in cache._inflight and not waited:
-                    cache._stats.waits += 1
-                    waited = True
-                    cache._cond.wait_for(lambda: key not in cache._inflight or cache._closed)
-                    continue
-                if not waited:
-                    cache._inflight.add(key)
-                break
-        if st is None and not waited and key in cache._spilled:
-            st = cache._unspill(key)  # on disk: restore it rather than execute
-            if st is not None:
-                with cache._cond:
-                    cache._inflight.discard(key)
-                    cache._cond.notify_all()
+        st, owner = cache.claim(key)
         if st is not None:
             return self._hit(tc, key, st)
-        return self._miss(tc, parent, key, owner=not waited)
+        return self._miss(tc, parent, key, owner=owner)
 
     def _hit(self, tc: ToolCall, key: bytes, st: State) -> Result:
         cache = self.cache
         try:
-            if cache._sample_verify():
+            if cache.sample_verify():
                 fresh = self._miss(tc, st.parent, key, owner=False, snapshot=False)
-                cache._count(verified=1, mismatches=0 if _same_output(fresh, st.result) else 1)
+                cache.count(verified=1, mismatches=0 if _same_output(fresh, st.result) else 1)
                 return fresh
             self.ws.restore(st.template)
         finally:
-            with cache._cond:
-                st.pins -= 1
+            cache.unpin(st)
         self._adopt_shell(st.shell)
         self.last_source = "cache"
-        cache._count(hits=1, saved_seconds=st.exec_time)
+        cache.count(hits=1, saved_seconds=st.exec_time)
         self.key = key
         return st.result
 
@@ -119,7 +96,7 @@ class CachedSession:
         if ident is None:
             return
         pid, _nonce = ident
-        for sh in list(self.ws._shells):
+        for sh in self.ws.shells:
             if sh.pid == pid and sh.alive:
                 self._shell = sh
                 return
@@ -141,23 +118,21 @@ class CachedSession:
                 d["result"], d["exec_time"] = rec, dt
             cache.store.update(key, fn)
             if snapshot:
-                cache._count(misses=1)
-            if snapshot and not rec["record_truncated"] and cache._wants_snapshot(tc, r, dt):
-                tpl = cache._snapshot(self.ws)
+                cache.count(misses=1)
+            if snapshot and not rec["record_truncated"] and cache.wants_snapshot(tc, r, dt):
+                tpl = cache.snapshot_of(self.ws)
                 if tpl is not None:
                     sh = self._shell if self._shell is not None and self._shell.alive else None
-                    ident = (sh.pid, sh._nonce) if sh is not None else None
+                    ident = (sh.pid, sh.id) if sh is not None else None
                     try:
                         cost = template_cost(tpl)
                     except BaseException:
                         tpl.close()
                         raise
-                    cache._admit(State(key=key, parent=parent, template=tpl, shell=ident, result=r,
+                    cache.admit(State(key=key, parent=parent, template=tpl, shell=ident, result=r,
                                        exec_time=dt, cost=cost))
         finally:
             if owner:
-                with cache._cond:
-                    cache._inflight.discard(key)
-                    cache._cond.notify_all()
+                cache.release(key)
         self.key = key
         return r

@@ -26,7 +26,7 @@ from ..memory.pagemap import PAGE_SIZE
 from ..runtime.result import Result
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
+    from ..runtime.template import Template
 
 __all__ = ["State", "StateTable", "template_cost"]
 

@@ -1,4 +1,5 @@
-"""Dumping a workspace (``dump_workspace``) or a template (``save``) into an image directory."""
+"""Dumping a workspace's body (``dump``), a workspace (``dump_workspace``) or a template
+(``save``) into an image directory."""
 
 from __future__ import annotations
 
@@ -15,18 +16,23 @@ from ..fork.plan import proc_status
 from . import externals, images, initfds, runner
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
+    from ..runtime.body import Body
+    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
+    from ..runtime.workspace_config import WorkspaceConfig
+
+#: ((pty index, bash pid, session id), master fd) of each shell session to dump
+Terminals = list[tuple[tuple[int, int, str], int]]
 
 log = logging.getLogger("bunshin.criu")
 
 
-def _layers(ws: Workspace) -> tuple[list[Path], list[str]]:
+def _layers(body: Body) -> tuple[list[Path], list[str]]:
     """(the workspace's own layers, topmost first; the rootfs lowers below them)."""
     state = config.state_dir().resolve()
-    own = [ws._dir.upper]
+    own = [body.dir.upper]
     rootfs: list[str] = []
-    for p in ws.rootfs.lowers:
+    for p in body.rootfs.lowers:
         rp = Path(p).resolve()
         if not rootfs and (rp == state or state in rp.parents):
             own.append(Path(p))  # a template's layer: as ephemeral as the workspace
@@ -35,8 +41,8 @@ def _layers(ws: Workspace) -> tuple[list[Path], list[str]]:
     return own, rootfs
 
 
-def _freezer_dir(ws: Workspace) -> str | None:
-    dirs = ws.cgroup.dirs()
+def _freezer_dir(body: Body) -> str | None:
+    dirs = body.cgroup.dirs()
     for d in dirs:
         if "/freezer/" in d:
             return d
@@ -50,17 +56,20 @@ def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     own overlay layers (copied), its configuration and shell sessions. No tool call may run
     meanwhile (as for ``ws.snapshot()``). Returns the metadata written (``meta.json``).
     """
+    with ws.steady("wait for them before dumping (their pipes lead to the trainer)"):
+        return dump(ws.config, ws.body, ws.terminals(), path)
+
+
+def dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, path: str | os.PathLike) -> dict:
+    """Write a workspace's body, settings and shell sessions (``terminals``) into ``path`` (new
+    or empty directory); nothing may use the body meanwhile. :func:`restore.restore` gives
+    them back. Returns the metadata written."""
     info = runner.criu()
     start = time.perf_counter()
     existed = Path(path).exists()
     out = images.prepare(path)
     try:
-        with ws._close_lock:
-            ws._live_chan()
-            if ws._calls:
-                raise ForkError(f"workspace {ws.id}: {ws._calls} tool call(s) running; wait for them "
-                                "before dumping (their pipes lead to the trainer)")
-            meta = _dump_locked(ws, out, info)
+        meta = _dump(cfg, body, terminals, out, info)
     except BaseException as e:
         if isinstance(e, CheckpointError):
             runner.keep_log(e, "dump")
@@ -68,38 +77,39 @@ def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
         raise
     meta["dump_seconds"] = time.perf_counter() - start
     images.write_meta(out, meta)
-    log.info("dumped workspace %s into %s in %.0f ms", ws.id, out, meta["dump_seconds"] * 1e3)
+    log.info("dumped workspace %s into %s in %.0f ms", body.id, out, meta["dump_seconds"] * 1e3)
     return meta
 
 
-def _dump_locked(ws: Workspace, out: Path, info) -> dict:
-    shells = [sh for sh in list(ws._shells) if sh.alive]
-    idents = [sh._identity() for sh in shells]  # (pty index, bash pid, nonce)
-    masters = {idx: sh._master for (idx, _pid, _n), sh in zip(idents, shells)}
-    own, rootfs_lowers = _layers(ws)
-    prep = initfds.prepare(ws.init_pid, ws._chan._sock, masters)
-    cg = ws.cgroup
+def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, info) -> dict:
+    idents = [ident for ident, _master in terminals]  # (pty index, bash pid, session id)
+    masters = {ident[0]: master for ident, master in terminals}
+    own, rootfs_lowers = _layers(body)
+    init_pid = body.init_pid
+    assert body.channel is not None
+    prep = initfds.prepare(init_pid, body.channel.sock, masters)
+    cg = body.cgroup
     try:
         cg.freeze()
         try:
             pids = cg.pids()
             _refuse_group_stopped(pids)
-            exts = externals.scan(ws.init_pid, pids, ws._dir.path)
+            exts = externals.scan(init_pid, pids, body.dir.path)
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
                 dst.mkdir()
                 images.copy_layer(layer, dst)
             logfile = out / "criu" / "dump.log"
-            argv = [info.path, "dump", "-t", str(ws.init_pid), "-D", str(out / "criu"),
+            argv = [info.path, "dump", "-t", str(init_pid), "-D", str(out / "criu"),
                     "-o", "dump.log", "-v4", "--leave-running", "--network-lock", "skip",
                     "--tcp-established", "--file-locks",
                     "--external", f"unix[{prep.stand_in_ino}]"]
-            frz = _freezer_dir(ws)
+            frz = _freezer_dir(body)
             if frz:
                 argv += ["--freeze-cgroup", frz]
             for e in exts:
                 argv += ["--external", e.key]
-            runner.run(argv, what=f"CRIU dump of workspace {ws.id}", logfile=logfile,
+            runner.run(argv, what=f"CRIU dump of workspace {body.id}", logfile=logfile,
                        env=runner.environ())
         finally:
             cg.thaw()
@@ -107,18 +117,17 @@ def _dump_locked(ws: Workspace, out: Path, info) -> dict:
         initfds.undo(prep)
     return {
         "criu_version": runner.version_string(info),
-        "workspace": ws.id,
+        "workspace": body.id,
         "created": time.time(),
-        "init_pid": ws.init_pid,
+        "init_pid": init_pid,
         "processes": len(pids),
-        "config": {"env": ws._env, "workdir": ws._workdir, "max_output": ws._max_output,
-                   "limits": ws._limits, "hostname": ws._hostname, "run_shell": ws._run_shell},
+        "config": cfg.to_dict(),
         "shells": [[idx, pid, nonce, prep.master_fds[idx]] for idx, pid, nonce in idents],
         "ctl_socket_ino": prep.stand_in_ino,
         "externals": [e.to_dict() for e in exts],
         "layers": len(own),
         "rootfs_lowers": rootfs_lowers,
-        "rootfs_source": str(ws.rootfs.source),
+        "rootfs_source": str(body.rootfs.source),
         "init_binary": _init_binary(),
     }
 
@@ -161,4 +170,4 @@ def save(tpl: Template, path: str | os.PathLike) -> dict:
         kid.close()
 
 
-__all__ = ["CheckpointError", "dump_workspace", "save"]
+__all__ = ["CheckpointError", "dump", "dump_workspace", "save"]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from ..compel import Tracee
 from ..errors import CheckpointError
+from ..fork.resources.sharing import getfd_here
 
 _SYS_close, _SYS_recvmsg, _SYS_setsid, _SYS_prctl, _SYS_dup3 = 3, 47, 112, 157, 292
 _MSG_CMSG_CLOEXEC = 0x40000000
@@ -186,8 +187,6 @@ def mark_mergeable(pids: list[int]) -> int:
 
 
 def _getfd(pid: int, fd: int) -> int:
-    from ..fork.resources.sharing import getfd_here
-
     try:
         return getfd_here(pid, fd)
     except OSError as e:

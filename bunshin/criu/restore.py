@@ -1,5 +1,5 @@
-"""Restoring images: ``restore_workspace`` (a running, independent Workspace: the CRIU baseline)
-and ``load`` (a frozen Template, forkable with the live-fork engine).
+"""Restoring images: ``restore`` gives back what ``dump.dump`` wrote, a running body with its
+settings and shell sessions (bunshin/criu/workspaces.py makes a Workspace or Template of it).
 
 Each restore gets its own state directory, cgroup and overlay (copies of the image's layers,
 in the state file system, as read-only lowers under a fresh upper: overlayfs refuses a lower
@@ -20,15 +20,16 @@ import shlex
 import socket
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from ..errors import BunshinError, CheckpointError
+from ..runtime.body import Body, SessionCopy, allocate, session_copies
+from ..runtime.channel import Channel
+from ..runtime.reap import reap_init
+from ..runtime.rootfs.model import Rootfs
+from ..runtime.state import Meta, own_start_time
+from ..runtime.workspace_config import WorkspaceConfig
 from . import externals, images, initfds, runner
-
-if TYPE_CHECKING:
-    from ..fork.template import Template
-    from ..runtime.workspace import Workspace
 
 log = logging.getLogger("bunshin.criu")
 
@@ -37,8 +38,17 @@ _SCRIPT = ('for f in $BX_CGROUPS; do echo $$ > "$f" || exit 71; done; '
 _KSM_RUN = Path("/sys/kernel/mm/ksm/run")
 
 
-def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspace:
-    """A running Workspace restored from the images at ``path`` (see :func:`dump_workspace`).
+class Restored(NamedTuple):
+    """What :func:`restore` gives back (``Workspace.from_body(*restored)`` is its handle)."""
+
+    config: WorkspaceConfig
+    body: Body
+    sessions: list[SessionCopy]
+
+
+def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
+    """A running body restored from the images at ``path`` (see :func:`dump.dump`), with the
+    settings and shell sessions dumped with it; the caller owns all of it.
 
     Independent of the original and of other restores (own pid, mount, net, ipc and uts
     namespaces, cgroup and upper layer); the same PIDs, files, shell sessions and memory
@@ -48,24 +58,17 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspac
     errors: :class:`ImageError` (missing, corrupt, foreign images), :class:`CriuError` (no
     CRIU ≥ 4), :class:`CheckpointError` (CRIU failed; its log is kept in the message).
     """
-    from ..runtime import cgroup as _cgroup
-    from ..runtime.state import Meta, WorkspaceDir, own_start_time
-
     src = Path(path).absolute()
     meta = images.read_meta(src)
     info = runner.criu()
     start = time.perf_counter()
-    d = WorkspaceDir.create()
-    # owned from the start, so that `bunshin gc` elsewhere leaves a restore in progress alone
-    d.write_meta(Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(),
-                      cgroup=f"ws-{d.id}", rootfs=f"image:{src}"))
-    cg = None
+    cfg = WorkspaceConfig.from_dict(meta["config"])
+    alloc = allocate(cfg.limits, rootfs=f"image:{src}")
+    d, cg = alloc.dir, alloc.cgroup
     fds: list[int] = []
     ours = theirs = None
     pidfd = -1
     try:
-        cfg = meta["config"]
-        cg = _cgroup.backend().create(f"ws-{d.id}", **cfg["limits"])
         lowers = []
         for i in range(meta["layers"]):  # copied: overlayfs refuses a lower nested in another
             lower = d.path / f"lower{i}"
@@ -98,23 +101,19 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspac
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
         masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
-        ws = _workspace(src, meta, d, cg, init_pid, pidfd, ours, masters, lowers)
-        pidfd, cg, ours = -1, None, None  # the workspace owns them now
+        body = _body(src, alloc.dir, cg, init_pid, pidfd, ours, masters, lowers)
+        pidfd, ours = -1, None  # the body owns them now
+        sessions = session_copies([(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]], masters)
+        for m in set(masters.values()) - {sc.master for sc in sessions}:
+            os.close(m)
     except BaseException as e:
         if pidfd >= 0:
-            from ..runtime.reap import reap_init
-
             reap_init(pidfd, is_child=True, grace=0)
-        if cg is not None:
-            try:
-                cg.destroy()
-            except BunshinError as ce:
-                log.warning("restore of %s: %s", src, ce)
         if ours is not None:
             ours.close()
         if isinstance(e, CheckpointError):
             runner.keep_log(e, "restore")
-        d.remove()
+        alloc.destroy()
         raise
     finally:
         for fd in fds:
@@ -124,39 +123,39 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspac
     try:
         if ksm:
             _ksm_on()
-            initfds.mark_mergeable(ws.host_pids())
+            initfds.mark_mergeable(cg.pids())
     except BaseException:
-        ws.close()
+        for sc in sessions:
+            os.close(sc.master)
+        body.close()
         raise
-    log.info("restored workspace %s from %s in %.1f ms", ws.id, src, (time.perf_counter() - start) * 1e3)
-    return ws
+    log.info("restored workspace %s from %s in %.1f ms", body.id, src, (time.perf_counter() - start) * 1e3)
+    return Restored(cfg, body, sessions)
 
 
-def _workspace(src: Path, meta: dict, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
-               masters: dict[int, int], lowers: list[str]) -> Workspace:
-    from ..runtime.channel import Channel
-    from ..runtime.workspace import Workspace
-
+def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
+          masters: dict[int, int], lowers: list[str]) -> Body:
+    """The restored body (its init our child), as a fork's child's would be of a template
+    whose layers are the image's."""
     chan = Channel(ctl, f"workspace {d.id}")
     try:
         chan.start()
         chan.ping(10)
+        origin = f"image:{src}"
+        rootfs = Rootfs(lowers=tuple(Path(p) for p in lowers), kind="fork", source=f"fork of {origin}")
+        meta = Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(), init_pid=init_pid,
+                    cgroup=cg.name, rootfs=rootfs.source, lowers=list(lowers), parent=origin)
+        d.write_meta(meta)
+        body = Body(d, cg, meta, rootfs, init_pid=init_pid, pidfd=pidfd, init_is_child=True,
+                    channel=chan)
+        body.open_root()
+        return body
     except BaseException:
         chan.close()
         for m in masters.values():
             os.close(m)
+        masters.clear()
         raise
-    # The same construction as a fork's (a stand-in for the template); then no template.
-    cfg = meta["config"]
-    origin = SimpleNamespace(config=cfg, lowers=[Path(p) for p in lowers], id=f"image:{src}",
-                             shells=[(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]])
-    ws = Workspace._from_fork(origin, d, cg, init_pid, pidfd, chan, masters, cfg["hostname"])
-    ws._template = None
-    ws._init_is_child = True
-    for m in masters.values():
-        if not any(sh._master == m for sh in ws._shells):
-            os.close(m)
-    return ws
 
 
 def _ksm_on() -> None:
@@ -168,14 +167,4 @@ def _ksm_on() -> None:
         raise BunshinError(f"cannot start KSM ({_KSM_RUN}): {e.strerror}; is CONFIG_KSM set?") from None
 
 
-def load(path: str | os.PathLike) -> Template:
-    """A frozen Template restored from images: restore once, then freeze it as a template
-    (``ws.snapshot()``), so that ``tpl.fork(n)`` shares its memory among the children."""
-    ws = restore_workspace(path)
-    try:
-        return ws.snapshot()
-    finally:
-        ws.close()
-
-
-__all__ = ["load", "restore_workspace"]
+__all__ = ["Restored", "restore"]

@@ -33,7 +33,6 @@ from .. import config
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from ..runtime.channel import Channel
-from ..runtime.forking import child_meta
 from ..runtime.state import Meta
 from ..runtime.reap import wait_exit_pidfd
 from . import cloners, engine
@@ -107,11 +106,11 @@ def settle(ei: EarlyInit, core, slot: "Slot", pin: "Pinned") -> None:
     the others only, beside the engine), open the masters of the child's shell ptys in its
     devpts (~0.15 ms a fork) and write the child's meta file (~0.1 ms)."""
     ei.chan.wait_ready(10)
-    pin.release_clone(core.parts["init_pid"], ei.ci)
-    slaves = f"/proc/{core.parts['init_pid']}/root/dev/pts"
+    pin.release_clone(core.body.init_pid, ei.ci)
+    slaves = f"/proc/{core.body.init_pid}/root/dev/pts"
     for index in core.trainer_ptys():
         ei.masters[index] = ptys.open_master(ei.ci.pid, index, f"{slaves}/{index}")
-    meta = child_meta(core, slot.dir, slot.cg, ei.ci.pid)
+    meta = core.child_meta(slot.dir, slot.cg, ei.ci.pid)
     slot.dir.write_meta(meta)
     ei.meta = meta
 
@@ -140,7 +139,7 @@ def mids_fit(core) -> bool:
     """Whether a child's cgroup can hold its intermediates made ahead: until the fork has
     cloned through them all, they are there beside its clones (at most the template's tasks
     and one intermediate per other process)."""
-    limit = core.config["limits"].get("pids_limit")
+    limit = core.config.limits.pids
     return limit is None or sum(len(pl.threads) for pl in core.plans) + len(core.plans) - 1 <= limit
 
 

@@ -148,7 +148,7 @@ class VforkInFlight(ForkError):
     """A process shares its memory with its parent without being its thread: a vfork() (or
     posix_spawn) whose child has not called exec or _exit yet. The parent cannot reach a ptrace
     stop until its child does (it waits killable, not interruptible), and one address space
-    cannot become two in a fork: the snapshot waits for the exec (template.snapshot_parts)."""
+    cannot become two in a fork: the snapshot waits for the exec (template.snapshot_body)."""
 
     def __init__(self, pairs: list[tuple[ProcPlan, ProcPlan]]) -> None:
         parent, child = pairs[0]

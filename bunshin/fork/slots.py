@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import BunshinError
+from ..runtime.body import allocate
+from ..runtime.cgroup.limits import Limits
+from . import engine
 from .perprocess import PerProcess
 
 if TYPE_CHECKING:
@@ -72,33 +75,18 @@ class Slot(Spare):
         super().destroy()
 
 
-def _spare(limits: dict, rootfs: str, lowers: list[str], parent: str | None) -> Spare:
-    from ..runtime import cgroup
-    from ..runtime.state import Meta, WorkspaceDir, own_start_time
-
-    d = WorkspaceDir.create()
-    cg = None
-    try:
-        cg = cgroup.backend().create(f"ws-{d.id}", **limits)
-        d.write_meta(Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(),
-                          cgroup=cg.name, rootfs=rootfs, lowers=lowers, parent=parent))
-        return Spare(d, cg)
-    except BaseException:
-        if cg is not None:
-            cg.destroy()
-        d.remove()
-        raise
+def _spare(limits: Limits, rootfs: str, lowers: list[str], parent: str | None) -> Spare:
+    a = allocate(limits, rootfs=rootfs, lowers=lowers, parent=parent)
+    return Spare(a.dir, a.cgroup)
 
 
 def make(core: "TemplateCore") -> Slot:
     """A state directory, cgroup and overlay root for one child of ``core``: made ahead by the
     thread, or by a fork that finds none ready (from a spare of the forked workspace when it
     has one). On failure nothing is left."""
-    from . import engine
-
     sp = core.spares.take() if core.spares is not None else None
     if sp is None:
-        sp = _spare(core.config["limits"], "slot", [str(p) for p in core.lowers], core.id)
+        sp = _spare(core.config.limits, "slot", [str(p) for p in core.lowers], core.id)
     try:
         return Slot(sp.dir, sp.cg, engine.overlay_fd(core.lowers, sp.dir.upper, sp.dir.work))
     except BaseException:
@@ -141,8 +129,8 @@ class Holder:
 class Spares(Holder):
     """The spares of one workspace (see the module's docstring)."""
 
-    def __init__(self, limits: dict, owner: str) -> None:
-        self.limits, self.id = dict(limits), owner
+    def __init__(self, limits: Limits, owner: str) -> None:
+        self.limits, self.id = limits, owner
         self.lock = threading.Lock()
         self.slots: list[Spare] = []
         self.slots_closed = False

@@ -1,4 +1,4 @@
-"""Templates: a workspace frozen at one moment, forkable many times.
+"""Template cores: a workspace's body frozen at one moment, forkable many times.
 
 Snapshotting a workspace freezes its processes in place (cgroup freezer); they become the
 template and its upper layer becomes a read-only lower layer of every child. The workspace
@@ -9,6 +9,10 @@ its handle or any child created from it does (its layer is under them).
 Forks run in the fork engine's thread (keeper.py). While the handle is open, that thread keeps
 the template's processes seized between forks, and clones the next children's inits into the
 slots made ahead (earlyinit.py, slots.py), so a fork starts with its children's inits running.
+
+A fork makes bodies (bunshin.runtime.body); the handle on each (a Workspace) is made by the
+``build`` function the core was given when it was snapshotted (bunshin.runtime.workspace), and
+the public Template handle is bunshin.runtime.template's.
 """
 
 from __future__ import annotations
@@ -20,20 +24,25 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
+from ..runtime.body import Body, SessionCopy, session_copies
+from ..runtime.reap import wait_exit_pidfd
+from ..runtime.rootfs.model import Rootfs
+from ..runtime.state import Meta, own_start_time
+from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
-from ..runtime.reap import reap_init, wait_exit_pidfd
 from .resources import ptys, sysv_shm
 from .plan import VforkInFlight, plan_tree
 
-if TYPE_CHECKING:
-    from ..runtime.workspace import Workspace
-
 log = logging.getLogger("bunshin.fork")
 
-__all__ = ["Template"]
+__all__ = ["Build", "TemplateCore", "check_n", "snapshot_body"]
+
+#: What makes the handle on a forked body (a Workspace): given the core's config, the body
+#: and its copies of the source's shell sessions, in the source's order.
+Build = Callable[[WorkspaceConfig, Body, "list[SessionCopy]"], Any]
 
 # Where the template's init cannot be made to ignore SIGCHLD (seize.ignore_children), the
 # inits of closed children stay its zombies until a fork reaps them inside it; a reap costs a
@@ -45,22 +54,26 @@ REAP_AT = 8
 class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
-    def __init__(self, parts: dict, plans, shells: list[tuple[int, int, str]], config: dict) -> None:
-        self.parts = parts  # dir, cg, init_pid, pidfd, init_is_child, chan, root_fd, rootfs, template
+    def __init__(self, body: Body, plans, shells: list[tuple[int, int, str]],
+                 config: WorkspaceConfig, build: Build) -> None:
+        self.body = body  # frozen: its processes are the template
         self.plans = plans
-        self.shells = shells  # (pty index, bash pid, nonce) of the source's shell sessions
+        self.shells = shells  # (pty index, bash pid, session id) of the source's shell sessions
         self.masters: list[int] = []  # the source's pty masters: the frozen shells' terminals
-        self.config = config  # env, workdir, max_output, limits, run_shell
-        self.lowers = (parts["dir"].upper, *parts["rootfs"].lowers)
-        self.sysv_segments = sysv_shm.segments(parts["init_pid"])
-        self.id = parts["dir"].id
+        self.config = config
+        self.build = build
+        self.lowers = (body.dir.upper, *body.rootfs.lowers)
+        self.sysv_segments = sysv_shm.segments(body.init_pid)
+        self.id = body.id
+        assert body.channel is not None  # a snapshot is of a running body
+        self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
         self.lock = threading.Lock()
         self.refs = 1
         self.closed = False
         self.slots: list[slots.Slot] = []  # host-side parts of the next children (slots.py)
         self.slots_closed = False
         self.spares: slots.Spares | None = None  # the snapshotted workspace's, for a first fork
-        self.child_rootfs = None  # every child's ws.rootfs (runtime/forking.py makes it once)
+        self._child_rootfs: Rootfs | None = None
         self._depth_ok = False
         self.dev_shm_used: bool | None = None  # its /dev/shm is not empty (asked at a first fork)
         self.reap_due = 0  # children closed (or removed by a failed fork) since the last reap
@@ -84,6 +97,20 @@ class TemplateCore(slots.Holder):
             while tmp in used:
                 tmp -= 1
             self.tmp_pids[pl.hostpid] = tmp
+
+    def child_rootfs(self) -> Rootfs:
+        """What each child's ``ws.rootfs`` says: made (and its layers checked, ~0.3 ms) once,
+        as the template's layers never change."""
+        if self._child_rootfs is None:
+            self._child_rootfs = Rootfs(lowers=tuple(self.lowers), kind="fork",
+                                        source=f"fork of {self.id}")
+        return self._child_rootfs
+
+    def child_meta(self, d, cg, init_pid: int) -> Meta:
+        """What a child's meta file says (written at the fork, or ahead with its init)."""
+        return Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(), init_pid=init_pid,
+                    cgroup=cg.name, rootfs=self.child_rootfs().source,
+                    lowers=[str(p) for p in self.lowers], parent=self.id)
 
     def trainer_ptys(self) -> set[int]:
         """Indexes of the ptys whose masters a child's Workspace holds (its shell sessions')."""
@@ -137,13 +164,12 @@ class TemplateCore(slots.Holder):
             todo = [s for s in self.slots if s.early is None and s.mount_fd >= 0]
             if not todo:
                 return
-            p = self.parts
-            tinit = self.held[p["init_pid"]]  # thaws the template (_Waking): the clones run in it
+            tinit = self.held[self.body.init_pid]  # thaws the template (_Waking): the clones run in it
             self.pin.repin_engine()
             try:
                 fit = earlyinit.mids_fit(self)
                 for s in todo:
-                    s.early = earlyinit.clone_into(s, tinit, p["chan"]._sock, self.config["hostname"],
+                    s.early = earlyinit.clone_into(s, tinit, self.ctl_sock, self.config.hostname,
                                                    self.pin)
                     if fit:
                         earlyinit.make_mids(s.early, self, self.held, s.cg)
@@ -168,46 +194,32 @@ class TemplateCore(slots.Holder):
 
     def _destroy(self) -> None:
         self.let_go()  # a Template handle closing did; at exit, or after a failure, maybe not
-        p = self.parts
-        p["chan"].close()
         for m in self.masters:
             os.close(m)
-        try:
-            p["cg"].kill_all()
-        except BunshinError as e:
-            log.warning("template %s: %s", self.id, e)
-        if p["pidfd"] >= 0:  # frozen: no shutdown to wait for
-            reap_init(p["pidfd"], is_child=p["init_is_child"], grace=0)
-        if p["root_fd"] >= 0:
-            os.close(p["root_fd"])
-        p["cg"].destroy()
-        p["dir"].remove()
-        parent = p.get("template")
-        if parent is not None:
-            parent.release()
+        self.body.close(frozen=True)
 
     # -- forking --------------------------------------------------------------------------
-    def fork(self, n: int, on_fork: Callable[["Workspace"], None] | None = None,
-             hostnames: Sequence[str] | None = None, keep: bool = False) -> list["Workspace"]:
-        """``n`` new workspaces, each a copy-on-write clone of the template, made in the fork
-        engine's thread. ``keep``: leave the template's processes seized by that thread for the
-        next fork (until :meth:`let_go`)."""
+    def fork(self, n: int, on_fork: Callable[[Any], None] | None = None,
+             hostnames: Sequence[str] | None = None, keep: bool = False) -> list:
+        """``n`` new workspaces (what ``build`` makes of each child's body), each a
+        copy-on-write clone of the template, made in the fork engine's thread. ``keep``: leave
+        the template's processes seized by that thread for the next fork (until
+        :meth:`let_go`)."""
         return keeper.engine().run(self._fork, n, on_fork, hostnames, keep, abandon=_close_all)
 
-    def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool) -> list["Workspace"]:
-        kids: list[Workspace] = []
+    def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool) -> list:
+        kids: list = []
         failed: BaseException | None = None
         with self.lock:
             if self.closed:
                 raise WorkspaceClosed(f"template {self.id} is closed")
-            p = self.parts
             if not self._depth_ok:  # the template's nesting never changes: check once
-                engine.check_depth(p["init_pid"])
+                engine.check_depth(self.body.init_pid)
                 self._depth_ok = True
             tracees, pin = self._stop()
             try:
                 if self.reap_due >= REAP_AT:
-                    self.reap_due -= seize.reap_children(tracees[p["init_pid"]], self.reap_due)
+                    self.reap_due -= seize.reap_children(tracees[self.body.init_pid], self.reap_due)
                     self.reap_due = max(self.reap_due, 0)
                 self._fork_many(tracees, pin, on_fork,
                                 [hostnames[i] if hostnames else None for i in range(n)], kids)
@@ -235,13 +247,13 @@ class TemplateCore(slots.Holder):
         if self.held is not None and self.pin is not None:
             self.pin.repin_engine()  # another template's let_go may have unpinned it
             return self.held, self.pin
-        tracees = seize.seize_all(self.parts["cg"], self.plans)
+        tracees = seize.seize_all(self.body.cgroup, self.plans)
         try:
             if self.autoreap is None:
-                self.autoreap = seize.ignore_children(tracees[self.parts["init_pid"]])
+                self.autoreap = seize.ignore_children(tracees[self.body.init_pid])
             pin = seize.Pinned(tracees)
         except BaseException:
-            seize.release_all(self.parts["cg"], tracees)
+            seize.release_all(self.body.cgroup, tracees)
             raise
         self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
         self.awake = True  # seize_all thawed the group
@@ -262,12 +274,12 @@ class TemplateCore(slots.Holder):
     # to the engine's idle time, off the caller's wait; forks that come first find them thawed.
     def _wake(self) -> None:
         if not self.awake:
-            self.parts["cg"].thaw()
+            self.body.cgroup.thaw()
             self.awake = True
 
     def _doze(self) -> None:
         if self.awake:
-            self.parts["cg"].freeze()  # ptrace-stopped tasks freeze at once
+            self.body.cgroup.freeze()  # ptrace-stopped tasks freeze at once
             self.awake = False
 
     def _doze_idle(self) -> None:
@@ -307,11 +319,11 @@ class TemplateCore(slots.Holder):
         for s in self.slots:  # intermediates made ahead live only while held
             if s.early is not None:
                 earlyinit.drop_mids(s.early.mids, held)
-        seize.release_all(self.parts["cg"], held)
+        seize.release_all(self.body.cgroup, held)
         self.awake = False
 
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
-                   done: list["Workspace"]) -> None:
+                   done: list) -> None:
         """Every child's init first, then each template process cloned into all the children
         at once (one FORK call with the module), then each child finished and handed out
         into ``done``. On failure the children not yet handed out are removed completely; the
@@ -372,6 +384,7 @@ class _Child:
         self.core, self.tracees, self.pin, self.cloner = core, tracees, pin, cloner
         self.clones: list = []
         self.ci = self.chan = self.ws = self.ctx = None
+        self.body: Body | None = None
         self.pidfd = -1
         self.meta = None
         self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
@@ -391,7 +404,7 @@ class _Child:
             except OSError as e:
                 raise ForkError(f"cannot create the child's directory: {e}") from None
         self.d, self.cg, mfd = slot.dir, slot.cg, slot.mount_fd
-        self.host = hostname or core.config["hostname"]
+        self.host = hostname or core.config.hostname
         if slot.early is not None:  # its init is in its root already (earlyinit.py)
             ei, slot.early = slot.early, None
             self.settled = True  # earlyinit.settle
@@ -400,7 +413,7 @@ class _Child:
             self.mids, ei.mids = ei.mids, {}
             return
         try:
-            ei = earlyinit.start(tracees[core.parts["init_pid"]], core.parts["chan"]._sock, mfd,
+            ei = earlyinit.start(tracees[core.body.init_pid], core.ctl_sock, mfd,
                                  self.host, self.cg, pin, f"workspace {self.d.id}")
             self.ci, self.chan, self.pidfd = ei.ci, ei.chan, ei.pidfd
         except BaseException:
@@ -416,7 +429,7 @@ class _Child:
         if self.settled:
             return
         self.chan.wait_ready(10)
-        self.pin.release_clone(self.core.parts["init_pid"], self.ci)
+        self.pin.release_clone(self.core.body.init_pid, self.ci)
         self.settled = True
 
     def ready(self) -> None:
@@ -426,11 +439,12 @@ class _Child:
             return
         core = self.core
         self.settle()
+        tinit = core.body.init_pid
         if core.dev_shm_used is None:
-            core.dev_shm_used = engine.dev_shm_used(core.parts["init_pid"])
+            core.dev_shm_used = engine.dev_shm_used(tinit)
         if core.dev_shm_used:
-            engine.copy_dev_shm(core.parts["init_pid"], self.ci.pid)
-        sysv_shm.copy_segments(core.parts["init_pid"], self.ci.pid, core.sysv_segments)
+            engine.copy_dev_shm(tinit, self.ci.pid)
+        sysv_shm.copy_segments(tinit, self.ci.pid, core.sysv_segments)
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
                                   cloner=self.cloner,
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
@@ -454,8 +468,6 @@ class _Child:
             self.pin.release_clone(pl.hostpid, c)
 
     def finish(self) -> None:
-        from ..runtime.workspace import Workspace
-
         self.ready()  # a workspace of its init alone has had no fixup to wait for it
         core = self.core
         clones = {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)}
@@ -463,12 +475,20 @@ class _Child:
         self.cloner.join_sessions(core.plans, clones)
         engine.finish_child(self.ctx)
         masters = self.ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
-        self.ws = Workspace._from_fork(core, self.d, self.cg, self.ci.pid, self.pidfd, self.chan,
-                                       masters, self.host, self.meta)
+        meta = self.meta
+        if meta is None:
+            meta = core.child_meta(self.d, self.cg, self.ci.pid)
+            self.d.write_meta(meta)
+        body = Body(self.d, self.cg, meta, core.child_rootfs(), init_pid=self.ci.pid,
+                    pidfd=self.pidfd, init_is_child=False, channel=self.chan)
+        body.open_root()
+        body.template = core
         core.refs += 1  # core.lock is held by fork()
-        self.pidfd, self.chan, self.cg = -1, None, None  # owned by ws now
+        self.body = body
+        self.pidfd, self.chan, self.cg = -1, None, None  # owned by the body now
+        self.ws = core.build(core.config, body, session_copies(core.shells, masters))
 
-    def hand_out(self, on_fork) -> "Workspace":
+    def hand_out(self, on_fork):
         """``on_fork``, then let the clones run: the workspace is the caller's."""
         if on_fork is not None:
             on_fork(self.ws)
@@ -486,7 +506,7 @@ class _Child:
         earlyinit.drop_mids(self.mids, self.tracees)  # before the init, whose namespace they hold
         if self.ws is not None:  # finished: the workspace owns the rest
             ws, self.ws = self.ws, None
-            ws._template = None  # we hold the lock: give the reference back by hand
+            self.body.template = None  # we hold the lock: give the reference back by hand
             self.core.refs -= 1
             ws.close()
             return
@@ -519,12 +539,14 @@ class _Child:
             self.d = None
 
 
-def snapshot_parts(parts: dict, config: dict, shells: list[tuple[int, int, str]]) -> TemplateCore:
-    """Freeze a workspace's processes and plan their fork; on failure thaw and raise."""
-    cg = parts["cg"]
+def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
+                  build: Build) -> TemplateCore:
+    """Freeze a workspace's processes and plan their fork; on failure thaw and raise. The
+    core owns ``body`` once made."""
+    cg = body.cgroup
     cg.freeze()
     try:
-        return TemplateCore(parts, _plan_settled(cg), shells, config)
+        return TemplateCore(body, _plan_settled(cg), shells, config, build)
     except BaseException:
         cg.thaw()
         raise
@@ -553,80 +575,15 @@ def _plan_settled(cg) -> list:
             spell = min(spell * 2, 0.05)
 
 
-class Template:
-    """A frozen workspace state. ``fork(n)`` makes live copies; ``close()`` when done.
-
-    Children outlive the handle: the frozen state is kept until the last child closes.
-    """
-
-    def __init__(self, core: TemplateCore) -> None:
-        self._core = core
-        self._closed = False
-
-    @property
-    def id(self) -> str:
-        return self._core.id
-
-    def fork(self, n: int = 1, on_fork: Callable[["Workspace"], None] | None = None) -> list["Workspace"]:
-        """``n`` live workspaces in the template's state (memory shared copy-on-write).
-        ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
-        thread (keeper.py): it must not wait for a fork made by another thread (forks run
-        there one at a time; calling fork() from on_fork is fine for another template)."""
-        if self._closed:
-            raise WorkspaceClosed(f"template {self.id} is closed")
-        _check_n(n)
-        kids = self._core.fork(n, on_fork, keep=True)
-        slots.request(self._core, n)  # the next call's host-side parts, made meanwhile
-        return kids
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write this frozen state to ``path`` (a new or empty directory) with CRIU; see
-        :mod:`bunshin.criu`. The template is left as it was."""
-        if self._closed:
-            raise WorkspaceClosed(f"template {self.id} is closed")
-        from .. import criu
-
-        criu.save(self, path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Template":
-        """A frozen template restored from images written by :meth:`save` (or
-        ``bunshin.criu.dump_workspace``); fork it as any other."""
-        from .. import criu
-
-        return criu.load(path)
-
-    def host_pids(self) -> list[int]:
-        """Host pids of the template's frozen processes (for accounting)."""
-        return [pl.hostpid for pl in self._core.plans]
-
-    def close(self) -> None:
-        """Drop this handle; the frozen processes go when no child needs them."""
-        if not self._closed:
-            self._closed = True
-            self._core.let_go()  # no more forks: the engine's thread stops holding them
-            self._core.close_slots()
-            self._core.release()
-
-    def __enter__(self) -> "Template":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<Template {self.id} {len(self._core.plans)} processes{' closed' if self._closed else ''}>"
-
-
 def _at_pids_limit(core: TemplateCore, e: BaseException) -> ForkError | None:
     """What to say of a clone the template's pids limit refused (the kernel says only EAGAIN):
     a fork's child init, and each intermediate, is born in the template's cgroup and moved to
     the child's after, so a fork needs two pids free there."""
-    limit = core.config["limits"].get("pids_limit")
+    limit = core.config.limits.pids
     if limit is None or not isinstance(e, ForkError) or e.errno != errno.EAGAIN:
         return None
     try:
-        now = core.parts["cg"].stats().pids_current
+        now = core.body.cgroup.stats().pids_current
     except (BunshinError, OSError):
         return None
     if now is None or now + 2 <= limit:
@@ -638,12 +595,12 @@ def _at_pids_limit(core: TemplateCore, e: BaseException) -> ForkError | None:
                      "process, before forking", pid=e.pid, step=e.step, errno=e.errno)
 
 
-def _close_all(kids: list["Workspace"]) -> None:
+def _close_all(kids: list) -> None:
     """What a fork made for a caller that stopped waiting for it (KeyboardInterrupt)."""
     for k in kids:
         k.close()
 
 
-def _check_n(n: int) -> None:
+def check_n(n: int) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ForkError(f"n must be an int ≥ 1 (how many children), got {n!r}")

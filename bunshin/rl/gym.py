@@ -34,8 +34,8 @@ from .types import History, RolloutError, Task, Turn
 from .workspaces import build, rollout_shell
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
     from ..runtime.shell import Shell
+    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
 
 __all__ = ["ENV_ID", "AnyText", "WorkspaceEnv"]

@@ -38,7 +38,7 @@ from pydantic import BaseModel
 from .types import RolloutError
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
+    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
 
 __all__ = ["BunshinEnvironment", "BunshinEnvironmentConfig"]

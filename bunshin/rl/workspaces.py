@@ -23,8 +23,8 @@ from ..cache.tools import BUILTIN_TOOLS, ToolContext, run_tool
 from .types import RolloutError, Task
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
     from ..runtime.shell import Shell
+    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
 
 log = logging.getLogger("bunshin.rl")
@@ -64,7 +64,7 @@ def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
 
 def rollout_shell(ws: Workspace, cwd: str) -> Shell:
     """The workspace's session shell carried over from the setup, else a new one in ``cwd``."""
-    live = [s for s in ws._shells if s.alive]
+    live = [s for s in ws.shells if s.alive]
     return live[0] if live else ws.shell(cwd=cwd)
 
 

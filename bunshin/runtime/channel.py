@@ -61,6 +61,12 @@ class Channel:
         self._reader: threading.Thread | None = None
 
     # -- start-up ---------------------------------------------------------------------
+    @property
+    def sock(self) -> socket.socket:
+        """The trainer's end of the control socket (a fork clones the init's end; a CRIU dump
+        swaps it for a while)."""
+        return self._sock
+
     def wait_ready(self, timeout: float) -> int:
         """Wait for init's READY (or FATAL) and start the reader thread. Returns init's pid."""
         self._sock.settimeout(timeout)

@@ -18,13 +18,15 @@ import struct
 import termios
 import threading
 import time
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..errors import BunshinError, ShellExited, ToolCallError, WorkspaceClosed
 from .capture import Capture
 from .result import Result, exit_code_from_status
 
 if TYPE_CHECKING:
+    from .body import SessionCopy
     from .workspace import Workspace
 
 __all__ = ["Shell"]
@@ -37,7 +39,7 @@ _TIOCSPTLCK = 0x40045431
 class Shell:
     """A bash session that keeps its state (cwd, variables, functions, history, jobs)."""
 
-    def _init(self, ws: "Workspace", master: int, pid: int, nonce: str) -> None:
+    def _init(self, ws: Workspace, master: int, pid: int, nonce: str) -> None:
         self._ws = ws
         self._master = master
         self.pid = pid
@@ -49,8 +51,9 @@ class Shell:
         self._exit_status: int | None = None
 
     @classmethod
-    def _open(cls, ws: "Workspace", *, env: Mapping[str, str] | None, cwd: str | None) -> "Shell":
-        master = ws._open_in_root("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    def start(cls, ws: Workspace, *, env: Mapping[str, str] | None, cwd: str | None) -> Shell:
+        """A new session in ``ws`` (what :meth:`Workspace.shell` opens and keeps)."""
+        master = ws.open_path("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
         sh = None
         try:
             fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
@@ -60,9 +63,9 @@ class Shell:
                 fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
                 envd = {"TERM": "dumb", "PS1": "", "PS2": "", "HISTFILE": "/dev/null"}
                 envd.update(env or {})
-                envl = ws._call_env(envd)
+                envl = ws.tool_env(envd)
                 argv = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
-                pid = ws._live_chan().spawn(argv, envl, cwd or ws._workdir, [slave, slave, slave],
+                pid = ws.live_channel().spawn(argv, envl, cwd or ws.config.workdir, [slave, slave, slave],
                                             setsid=True, ctty=True)
             finally:
                 os.close(slave)
@@ -85,20 +88,40 @@ class Shell:
                 os.close(master)
             raise
 
-    def _identity(self) -> tuple[int, int, str]:
-        """(pty index, bash pid, nonce): what a fork needs to give a child this session."""
+    @property
+    def id(self) -> str:
+        """The session's id: a fork's (or restore's) copy of a session has the same."""
+        return self._nonce
+
+    @property
+    def master(self) -> int:
+        """The trainer's end of the session's terminal (-1 once closed)."""
+        return self._master
+
+    def terminal(self) -> tuple[int, int, str]:
+        """(pty index, bash pid, session id): what a fork or a CRIU dump needs to give a
+        child this session."""
         index = struct.unpack("I", fcntl.ioctl(self._master, _TIOCGPTN, b"\0" * 4))[0]
         return index, self.pid, self._nonce
 
     @classmethod
-    def _forked(cls, ws: "Workspace", master: int, pid: int, nonce: str) -> "Shell":
+    def of_copy(cls, ws: Workspace, copy: SessionCopy) -> Shell:
+        """The session ``copy`` (a forked or restored body's) in ``ws``, which owns it."""
         sh = cls.__new__(cls)
-        sh._init(ws, master, pid, nonce)
+        sh._init(ws, copy.master, copy.pid, copy.id)
         return sh
 
-    def _rebind(self, other: "Shell") -> int:
-        """Continue on ``other``'s terminal (after our workspace became a fork of a template).
-        Returns our previous master, which the caller keeps (a template's) or closes."""
+    def rebind(self, ws: Workspace, other: Shell | None) -> int:
+        """Belong to ``ws`` from here on (whose body was swapped for a fork's), continuing on
+        ``other``'s terminal (this session's copy there), or ended when it has none. Returns
+        the previous terminal's master (-1: none), which the caller keeps (a template's) or
+        closes."""
+        self._ws = ws
+        if other is self:
+            return -1
+        if other is None:
+            old, self._master, self._exited = self._master, -1, True
+            return old
         with self._lock:
             old, self._master, other._master = self._master, other._master, -1
             # the session may come from another lineage (a template of another workspace):
@@ -158,7 +181,7 @@ class Shell:
                     # bash may be gone while a background job still holds the terminal open,
                     # so the terminal alone cannot tell us it exited.
                     if self._exit_status is None:
-                        self._exit_status = self._ws._live_chan().poll_exit(self.pid)
+                        self._exit_status = self._ws.live_channel().poll_exit(self.pid)
                     if self._exit_status is not None:
                         out.feed(bytes(buf))
                         self._exited = True
@@ -186,10 +209,11 @@ class Shell:
             raise ToolCallError(f"cmd must be a str, got {type(cmd).__name__}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ToolCallError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        cap = self._ws._max_output if max_output is None else max_output
+        cap = self._ws.config.max_output if max_output is None else max_output
         with self._lock:
             if self._exited:
-                raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} has exited; open a new one with ws.shell()")
+                raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} has exited; open a new one "
+                                  "with ws.shell()")
             if self._ws.closed:
                 raise WorkspaceClosed(f"workspace {self._ws.id} is closed")
             delim = f"__BUNSHIN_EOF_{self._nonce}__"
@@ -207,7 +231,7 @@ class Shell:
             except _Eof as eof:
                 st = self._exit_status
                 if st is None:
-                    st = self._exit_status = self._ws._live_chan().wait_exit(self.pid, 5)
+                    st = self._exit_status = self._ws.live_channel().wait_exit(self.pid, 5)
                 code, sig = exit_code_from_status(st) if st is not None else (0, None)
                 return Result(bytes(eof.out.buf), b"", code, time.monotonic() - start,
                               truncated=bool(eof.out.dropped), signal=sig)
@@ -232,7 +256,8 @@ class Shell:
                 pass
         r = self._collect(time.monotonic() + 5, cap)
         if r is None:
-            raise BunshinError(f"shell {self.pid} in workspace {self._ws.id} is stuck after SIGKILL of its foreground job")
+            raise BunshinError(f"shell {self.pid} in workspace {self._ws.id} is stuck after SIGKILL of "
+                               "its foreground job")
         return r
 
     @property
@@ -243,22 +268,21 @@ class Shell:
         """End the session (SIGHUP then SIGKILL to its process group)."""
         if not self._exited and not self._ws.closed:
             try:
-                self._ws._live_chan().kill(self.pid, signal.SIGKILL, "pgrp")
+                self._ws.live_channel().kill(self.pid, signal.SIGKILL, "pgrp")
             except BunshinError:
                 pass
         self._exited = True
-        self._detach()
-        with self._ws._shell_lock:
-            if self in self._ws._shells:
-                self._ws._shells.remove(self)
+        self.detach()
+        self._ws.forget_shell(self)
 
-    def _detach(self) -> None:
+    def detach(self) -> None:
+        """Close the terminal's master (its workspace is closing: its processes go with it)."""
         if self._master >= 0:
             os.close(self._master)
             self._master = -1
         self._exited = True
 
-    def __enter__(self) -> "Shell":
+    def __enter__(self) -> Shell:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,26 +1,36 @@
-"""A workspace: namespaces + overlay root + cgroup + an init that launches tool calls."""
+"""A workspace: namespaces + overlay root + cgroup + an init that launches tool calls.
+
+A :class:`Workspace` is a handle on its settings (:class:`WorkspaceConfig`), its live parts
+(:class:`~bunshin.runtime.body.Body`) and its shell sessions. Forks and snapshots are made by
+bunshin/fork/ from the body; a rollback swaps the handle's body for a fork's.
+"""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
+import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from .. import _core
+from .. import _core, config, criu
 from .._core import _syscalls
 from ..errors import (
     BunshinError,
+    ForkError,
     LimitError,
     PermissionDenied,
     RootfsError,
@@ -29,19 +39,25 @@ from ..errors import (
     WorkspaceClosed,
     WorkspaceDied,
 )
-from . import cgroup as _cgroup
+from ..fork import engine, slots
+from ..fork.plan import proc_status
+from ..fork.template import check_n, snapshot_body
+from ..speculate.block import Speculation
 from . import rootfs as _rootfs
+from .body import Body, SessionCopy, allocate
 from .capture import DEFAULT_MAX_OUTPUT, Capture, pump
+from .cgroup.limits import Limits
 from .channel import Channel
-from .reap import reap_init
-from .forking import ForkingMixin
 from .result import Result, exit_code_from_status
-from .state import Meta, WorkspaceDir, own_start_time
+from .shell import Shell
+from .template import Template
+from .workspace_config import WorkspaceConfig
 
 if TYPE_CHECKING:
-    from .shell import Shell
+    from .cgroup.base import Cgroup
+    from .rootfs.model import Rootfs
 
-__all__ = ["Workspace", "ProcessInfo"]
+__all__ = ["ProcessInfo", "Workspace"]
 
 log = logging.getLogger("bunshin.workspace")
 
@@ -53,6 +69,7 @@ _NS_FLAGS = (
     | 0x04000000  # CLONE_NEWUTS
 )
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
+log_fork = logging.getLogger("bunshin.fork")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -61,7 +78,7 @@ DEFAULT_ENV = {
     "TERM": "xterm",
 }
 
-_live: "weakref.WeakSet[Workspace]" = weakref.WeakSet()
+_live: weakref.WeakSet[Workspace] = weakref.WeakSet()
 
 
 @atexit.register
@@ -91,7 +108,8 @@ def _check_env(env: Mapping[str, str] | None, what: str) -> dict[str, str]:
         raise ToolCallError(f"{what} must be a mapping of str to str, got {type(env).__name__}")
     for k, v in env.items():
         if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k or "\0" in k + v:
-            raise ToolCallError(f"{what}: bad entry {k!r}={v!r}; names are non-empty str without '=' and values are str")
+            raise ToolCallError(f"{what}: bad entry {k!r}={v!r}; names are non-empty str without '=' "
+                                "and values are str")
     return dict(env)
 
 
@@ -120,17 +138,41 @@ def _check_max_output(n: int) -> int:
     return n
 
 
-class Workspace(ForkingMixin):
+class Workspace:
     """A live, isolated Linux workspace that tool calls run in.
 
     Create one with :meth:`create`; use it as a context manager or call :meth:`close`.
     All methods are thread-safe.
     """
 
+    _config: WorkspaceConfig
+    _body: Body
+    _shells: list[Shell]
+    _shell_lock: threading.Lock  # guards _shells and _calls
+    _calls: int  # exec() calls in flight: their pipes lead to us, a fork cannot carry them
+    _spares: slots.Spares | None  # host-side parts of the next fork (slots.py)
+
     # -- creation -----------------------------------------------------------------------
     def __init__(self) -> None:  # use Workspace.create()
         self._closed = True
         self._close_lock = threading.Lock()
+
+    @classmethod
+    def from_body(cls, config: WorkspaceConfig, body: Body,
+                  sessions: Sequence[SessionCopy] = ()) -> Workspace:
+        """The handle on a body made elsewhere (a fork's child, a CRIU restore), with ``config``
+        and a :class:`Shell` for each of ``sessions``, in their order. It owns the body (and
+        the sessions' terminals) from here on."""
+        self = cls()
+        self._closed = False
+        self._config = config
+        self._body = body
+        self._shell_lock = threading.Lock()
+        self._calls = 0
+        self._spares = None
+        self._shells = [Shell.of_copy(self, s) for s in sessions]
+        _live.add(self)
+        return self
 
     @classmethod
     def create(
@@ -144,7 +186,7 @@ class Workspace(ForkingMixin):
         hostname: str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         ready_timeout: float = 30.0,
-    ) -> "Workspace":
+    ) -> Workspace:
         """Start a workspace.
 
         ``rootfs``: None for the embedded default (a read-only view of the host's system
@@ -160,56 +202,38 @@ class Workspace(ForkingMixin):
         if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.match(hostname)):
             raise BunshinError(f"hostname must be a valid host name (letters, digits, '-'; ≤ 63), got {hostname!r}")
         max_output = _check_max_output(max_output)
-        if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int) or pids_limit < 1):
-            raise LimitError(f"pids_limit must be an int ≥ 1 (processes + threads in the workspace), got {pids_limit!r}")
+        if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
+                                       or pids_limit < 1):
+            raise LimitError("pids_limit must be an int ≥ 1 (processes + threads in the workspace), "
+                             f"got {pids_limit!r}")
+        limits = Limits.parse(memory_limit, pids_limit)
         rfs = _rootfs.resolve(rootfs)
-
-        self = cls()
-        self._closed = False
-        self._template = None
-        self._init_is_child = True
-        self._limits = {"memory_limit": memory_limit, "pids_limit": pids_limit}
-        self._hostname = hostname or ""
-        self._env = {**DEFAULT_ENV, **env}
-        self._workdir = workdir
-        self._max_output = max_output
-        self._shell_lock = threading.Lock()
-        self._shells: list = []
-        self._calls = 0  # exec() calls in flight: their pipes lead to us, a fork cannot carry them
-        self._root_fd = -1
-        self._pidfd = -1
-        self._chan: Channel | None = None
-        self._cg = None
-        self._dir = WorkspaceDir.create()
-        self.id = self._dir.id
-        self.rootfs = rfs
-        owner_start = own_start_time()
-        self._meta = Meta(id=self.id, owner_pid=os.getpid(), owner_start=owner_start,
-                          cgroup=f"ws-{self.id}", rootfs=rfs.source,
-                          lowers=[str(p) for p in rfs.lowers])
+        a = allocate(limits, rootfs=rfs.source, lowers=[str(p) for p in rfs.lowers])
+        body = Body(a.dir, a.cgroup, a.meta, rfs)
+        config = WorkspaceConfig(env={**DEFAULT_ENV, **env}, workdir=workdir, max_output=max_output,
+                                 limits=limits, hostname=hostname or f"bunshin-{body.id[:6]}")
+        self = cls.from_body(config, body)
         try:
-            self._dir.write_meta(self._meta)
-            rfs.prepare_upper(self._dir.upper)
-            self._cg = _cgroup.backend().create(self._meta.cgroup, memory_limit=memory_limit,
-                                                pids_limit=pids_limit)
-            self._hostname = hostname or f"bunshin-{self.id[:6]}"
-            self._start_init(self._hostname, ready_timeout)
+            rfs.prepare_upper(body.dir.upper)
+            self._start_init(ready_timeout)
         except BaseException:
+            self._closed = True
+            _live.discard(self)
             self._teardown()
             raise
-        _live.add(self)
         log.info("workspace %s up (init host pid %d, rootfs %s)", self.id, self.init_pid, rfs.source)
         return self
 
-    def _start_init(self, hostname: str, ready_timeout: float) -> None:
-        d = self._dir
+    def _start_init(self, ready_timeout: float) -> None:
+        b = self._body
+        d = b.dir
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         logfd = os.open(d.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         argv = ["bunshin-init", "--root", str(d.root),
-                "--lower", ":".join(str(p) for p in self.rootfs.lowers),
-                "--upper", str(d.upper), "--work", str(d.work), "--hostname", hostname]
-        for f in self._cg.procs_files():
+                "--lower", ":".join(str(p) for p in b.rootfs.lowers),
+                "--upper", str(d.upper), "--work", str(d.work), "--hostname", self._config.hostname]
+        for f in b.cgroup.procs_files():
             argv += ["--cgroup", f]
         try:
             pid, pidfd = _syscalls.clone_exec(_NS_FLAGS, str(_core.init_path()), argv,
@@ -222,30 +246,68 @@ class Workspace(ForkingMixin):
             theirs.close()
             os.close(logfd)
             os.close(null)
-        self.init_pid = pid
-        self._pidfd = pidfd
-        self._chan = Channel(ours, f"workspace {self.id}")
+        b.init_pid, b.pidfd = pid, pidfd
+        b.channel = Channel(ours, f"workspace {self.id}")
         try:
-            self._chan.wait_ready(ready_timeout)
+            b.channel.wait_ready(ready_timeout)
         except WorkspaceDied as e:
             msg = str(e)
             if "mount overlay" in msg:
-                raise RootfsError(f"{msg}\nthe rootfs {self.rootfs.source!r} cannot be used as an overlay lower layer") from None
+                raise RootfsError(f"{msg}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
+                                  "lower layer") from None
             raise
-        self._meta.init_pid = pid
-        self._dir.write_meta(self._meta)
-        self._root_fd = os.open(f"/proc/{pid}/root", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._run_shell = "/bin/bash" if self._exists("/bin/bash") else "/bin/sh"
+        b.meta.init_pid = pid
+        d.write_meta(b.meta)
+        b.open_root()
+        self._config = replace(self._config,
+                               run_shell="/bin/bash" if self._exists("/bin/bash") else "/bin/sh")
 
     def _exists(self, path: str) -> bool:
         try:
-            os.close(self._open_in_root(path, _O_PATH))
+            os.close(self.open_path(path, _O_PATH))
             return True
         except ToolCallError:
             return False
 
+    # -- what it is made of -------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._body.id
+
+    @property
+    def init_pid(self) -> int:
+        """The host pid of the workspace's init."""
+        return self._body.init_pid
+
+    @property
+    def rootfs(self) -> Rootfs:
+        """The root file system the workspace runs (for a fork: its template's layers)."""
+        return self._body.rootfs
+
+    @property
+    def config(self) -> WorkspaceConfig:
+        """Its settings, carried by its forks and restores. The limits are its cgroup's at
+        this moment: ``ws.cgroup.set_limits(...)`` changes them for the next fork too."""
+        cfg, limits = self._config, self._body.cgroup.limits
+        if cfg.limits != limits:
+            cfg = self._config = replace(cfg, limits=limits)
+        return cfg
+
+    @property
+    def body(self) -> Body:
+        """Its live parts (init, channel, cgroup, directory, template); for bunshin's own
+        modules (fork, criu, speculate). A rollback replaces it."""
+        return self._body
+
+    @property
+    def shells(self) -> list[Shell]:
+        """Its open shell sessions, in the order they were opened. A fork's are the copies of
+        its source's, in the source's order; each copy has its original's :attr:`Shell.id`."""
+        with self._shell_lock:
+            return list(self._shells)
+
     # -- lifetime -----------------------------------------------------------------------
-    def __enter__(self) -> "Workspace":
+    def __enter__(self) -> Workspace:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -259,11 +321,12 @@ class Workspace(ForkingMixin):
     def closed(self) -> bool:
         return self._closed
 
-    def _live_chan(self) -> Channel:
+    def live_channel(self) -> Channel:
+        """The control channel to its init; :class:`WorkspaceClosed` once it is closed."""
         if self._closed:
             raise WorkspaceClosed(f"workspace {getattr(self, 'id', '?')} is closed; create or fork a new one")
-        assert self._chan is not None
-        return self._chan
+        assert self._body.channel is not None
+        return self._body.channel
 
     def close(self) -> None:
         """Kill every process of the workspace and remove its cgroup, mounts and files."""
@@ -275,34 +338,35 @@ class Workspace(ForkingMixin):
             self._teardown()
 
     def _teardown(self) -> None:
-        spares = self.__dict__.pop("_spares", None)
+        spares, self._spares = self._spares, None
         if spares is not None:
             spares.close_slots()
-        for sh in list(getattr(self, "_shells", [])):
-            sh._detach()
-        if self._chan is not None:
-            self._chan.shutdown()
-        if self._pidfd >= 0:
-            self._reap_init()
-        if self._root_fd >= 0:
-            os.close(self._root_fd)
-            self._root_fd = -1
-        if self._cg is not None:
-            self._cg.destroy()
-        self._dir.remove()
-        if self._template is not None:
-            self._template.release()
-            self._template = None
+        for sh in list(self._shells):
+            sh.detach()
+        self._body.close()
 
-    def _reap_init(self) -> None:
-        # Init's exit tears down the pid namespace: the kernel kills and reaps every member.
-        # It was asked to shut down; a forked init is reaped by its template's init, not us.
-        reap_init(self._pidfd, is_child=self._init_is_child, grace=5)
-        self._pidfd = -1
+    @contextlib.contextmanager
+    def steady(self, why: str) -> Iterator[None]:
+        """While inside: the workspace is open, no tool call runs (else ForkError: ``why``
+        they must end first) and no fork, snapshot, rollback or close starts. For reading its
+        body as a whole (a snapshot, a CRIU dump)."""
+        with self._close_lock:
+            self.live_channel()
+            if self._calls:
+                raise ForkError(f"workspace {self.id}: {self._calls} tool call(s) running; {why}")
+            yield
+
+    def terminals(self) -> list[tuple[tuple[int, int, str], int]]:
+        """((pty index, bash pid, session id), master fd) of each live shell session: what a
+        fork or a CRIU dump copies of them."""
+        shells = [sh for sh in self.shells if sh.alive]
+        return [(sh.terminal(), sh.master) for sh in shells]
 
     # -- tool calls ---------------------------------------------------------------------
-    def _call_env(self, env: Mapping[str, str] | None) -> list[str]:
-        merged = {**self._env, **_check_env(env, "env")}
+    def tool_env(self, env: Mapping[str, str] | None) -> list[str]:
+        """The environment (``NAME=value``) of a tool call given ``env``: the workspace's
+        :attr:`config` env updated with it; ToolCallError for a bad entry."""
+        merged = {**self._config.env, **_check_env(env, "env")}
         return [f"{k}={v}" for k, v in merged.items()]
 
     def run(
@@ -323,7 +387,7 @@ class Workspace(ForkingMixin):
         """
         if not isinstance(cmd, str):
             raise ToolCallError(f"cmd must be a str, got {type(cmd).__name__}")
-        return self.exec([self._run_shell, "-c", cmd], timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+        return self.exec([self._config.run_shell, "-c", cmd], timeout=timeout, env=env, cwd=cwd, stdin=stdin,
                          max_output=max_output)
 
     def exec(
@@ -339,10 +403,10 @@ class Workspace(ForkingMixin):
         """Run ``argv`` (no shell) and wait for it; see :meth:`run`."""
         _check_argv(argv)
         timeout = _check_timeout(timeout)
-        cap = self._max_output if max_output is None else _check_max_output(max_output)
-        chan = self._live_chan()
-        envl = self._call_env(env)
-        cwd = self._workdir if cwd is None else _check_abs(cwd, "cwd")
+        cap = self._config.max_output if max_output is None else _check_max_output(max_output)
+        chan = self.live_channel()
+        envl = self.tool_env(env)
+        cwd = self._config.workdir if cwd is None else _check_abs(cwd, "cwd")
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         in_fd = self._stdin_fd(stdin)
@@ -416,7 +480,7 @@ class Workspace(ForkingMixin):
 
     def _oom_kills(self) -> int:
         try:
-            return self._cg.stats().oom_kills
+            return self._body.cgroup.stats().oom_kills or 0  # None: no memory controller
         except Exception:  # noqa: BLE001 - accounting must not break a tool call
             return 0
 
@@ -434,13 +498,13 @@ class Workspace(ForkingMixin):
         (appended) or to /dev/null. Use :meth:`wait` and :meth:`kill` with the pid.
         """
         _check_argv(argv)
-        chan = self._live_chan()
-        envl = self._call_env(env)
-        cwd = self._workdir if cwd is None else _check_abs(cwd, "cwd")
+        chan = self.live_channel()
+        envl = self.tool_env(env)
+        cwd = self._config.workdir if cwd is None else _check_abs(cwd, "cwd")
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         out = null
         if log_path is not None:
-            out = self._open_in_root(_check_abs(log_path, "log_path"),
+            out = self.open_path(_check_abs(log_path, "log_path"),
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             return chan.spawn(list(argv), envl, cwd, [null, out, out])
@@ -452,37 +516,173 @@ class Workspace(ForkingMixin):
     def wait(self, pid: int, timeout: float | None = None) -> int | None:
         """Exit code (128 + signal when killed) of a process started by :meth:`spawn`, or
         None if it is still running after ``timeout`` seconds."""
-        st = self._live_chan().wait_exit(pid, _check_timeout(timeout))
+        st = self.live_channel().wait_exit(pid, _check_timeout(timeout))
         return None if st is None else exit_code_from_status(st)[0]
 
     def kill(self, pid: int, sig: int = signal.SIGTERM, *, group: bool = False) -> None:
         """Send ``sig`` to a workspace process (or its process group)."""
         if isinstance(pid, bool) or not isinstance(pid, int) or pid < 2:
             raise ToolCallError(f"pid must be a workspace pid ≥ 2 (1 is init), got {pid!r}")
-        err = self._live_chan().kill(pid, int(sig), "pgrp" if group else "pid")
+        err = self.live_channel().kill(pid, int(sig), "pgrp" if group else "pid")
         if err:
             raise SpawnError(f"workspace {self.id}: kill({pid}, {sig}): {os.strerror(err)}")
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
         """Signal every process in the workspace except its init."""
-        self._live_chan().kill(0, int(sig), "all")
+        self.live_channel().kill(0, int(sig), "all")
 
-    def shell(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> "Shell":
+    def shell(self, *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Shell:
         """A persistent bash session on a terminal: ``cd``, variables, functions, history
         and background jobs persist between :meth:`Shell.run` calls."""
-        from .shell import Shell
-
-        sh = Shell._open(self, env=env, cwd=cwd)
+        sh = Shell.start(self, env=env, cwd=cwd)
         with self._shell_lock:
             self._shells.append(sh)
         return sh
 
+    def forget_shell(self, sh: Shell) -> None:
+        """Drop a closed session from :attr:`shells` (:meth:`Shell.close` does)."""
+        with self._shell_lock:
+            if sh in self._shells:
+                self._shells.remove(sh)
+
+    # -- forking ------------------------------------------------------------------------
+    def fork(self, n: int = 1, on_fork: Callable[[Workspace], None] | None = None) -> list[Workspace]:
+        """``n`` live copies of this workspace: every process (same PIDs), file and terminal,
+        memory shared copy-on-write. This workspace keeps running, unchanged for the agent.
+        ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
+        thread (bunshin/fork/keeper.py): it must not wait for a fork made by another thread
+        (forks run there one at a time; calling fork() from on_fork is fine for another
+        workspace)."""
+        check_n(n)
+        tpl, kids = self._snapshot(n, on_fork)
+        tpl.close()
+        return kids
+
+    def snapshot(self) -> Template:
+        """Freeze this workspace's current state as a :class:`bunshin.Template` (forkable many
+        times). The workspace continues, as a fresh fork of the template."""
+        return self._snapshot(0, None)[0]
+
+    def _snapshot(self, n: int, on_fork) -> tuple[Template, list[Workspace]]:
+        """snapshot() and ``n`` more forks of the template in one pass over its processes (one
+        seize and release for all): the first fork becomes this workspace."""
+        self._rebase_if_deep()
+        with self.steady("their output pipes lead to this process and cannot be forked: wait for them"):
+            config = self.config
+            if self._spares is not None and self._spares.limits != config.limits:
+                self._spares.close_slots()  # made for limits changed since
+                self._spares = None
+            shells = [ident for ident, _master in self.terminals()]
+            body = self._body
+            core = snapshot_body(body, config, shells, type(self).from_body)  # freezes; raises with the body untouched
+            core.spares = self._spares
+            first = [True]
+
+            def hook(kid: Workspace) -> None:
+                if first[0]:  # this workspace's own continuation: not a user's child
+                    first[0] = False
+                elif on_fork is not None:
+                    on_fork(kid)
+
+            try:
+                # a snapshot's template is forked again: its processes stay seized for that
+                kids = core.fork(1 + n, hook, keep=n == 0)
+            except BaseException:
+                core.closed = True  # the body goes back to this workspace, alive
+                body.cgroup.thaw()
+                raise
+            core.masters = self._adopt(kids[0])
+            core.spares = None
+            if slots.enabled():  # the next ws.fork()/snapshot()'s directories and cgroups
+                if self._spares is None:
+                    self._spares = slots.Spares(config.limits, f"workspace {self.id}")
+                slots.request(self._spares, 1 + n)
+            return Template(core), kids[1:]
+
+    def _rebase_if_deep(self) -> None:
+        """Each snapshot moves the workspace one pid namespace down (it continues as a fork of
+        the template, and a clone can only be made below its source), and the kernel stops at
+        32 levels. At the limit the workspace goes back to the top level first: a CRIU dump and
+        restore into this same object (the same PIDs, files, shells and memory contents; its
+        memory is no longer shared with earlier templates; ~0.3 s here, once every 31
+        snapshots; the images go to /dev/shm for that while). Where CRIU cannot (_not_dumpable,
+        no usable CRIU, a failed dump or restore) a ForkError says why and the workspace runs
+        on; with ``BUNSHIN_REBASE=0`` the snapshot refuses with engine.check_depth's error."""
+        with self._close_lock:
+            self.live_channel()  # a closed workspace says so, as the snapshot would
+            if not engine.too_deep(self.init_pid) or not config.rebase():
+                return
+        why = _not_dumpable(self)
+        if why is not None:
+            raise ForkError(_cannot_rebase(self, engine.MAX_PID_NS_LEVEL, why), step="depth")
+        start = time.perf_counter()
+        scratch = tempfile.mkdtemp(prefix="bunshin-rebase-",
+                                   dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        try:
+            images = os.path.join(scratch, "images")
+            criu.dump_workspace(self, images)
+            kid = type(self).from_body(*criu.restore(images))
+        except BunshinError as e:
+            raise ForkError(_cannot_rebase(self, engine.MAX_PID_NS_LEVEL, str(e)), step="depth") from e
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        self.adopt(kid)
+        log_fork.info("workspace %s: moved back to the top pid namespace level (CRIU) in %.0f ms",
+                      self.id, (time.perf_counter() - start) * 1e3)
+
+    def restore(self, tpl: Template) -> None:
+        """Roll back: this workspace becomes a fresh fork of ``tpl`` (the same object; shell
+        sessions that existed in the template continue in their template state)."""
+        self.adopt(tpl.fork(1)[0])
+
+    def adopt(self, kid: Workspace) -> None:
+        """This workspace (the same object, its Shell objects rebound) becomes ``kid``, a fork;
+        its previous processes, cgroup and files are torn down. ``kid`` is spent."""
+        with self._close_lock:
+            if self._closed:
+                kid.close()
+                raise WorkspaceClosed(f"workspace {self.id} is closed")
+            old = self._body
+            masters = self._adopt(kid)
+        for m in masters:
+            os.close(m)
+        old.close()
+
+    def _adopt(self, kid: Workspace) -> list[int]:
+        """Take over ``kid``'s body and shell sessions (it is a fork of a template); ``kid`` is
+        spent. Returns the pty masters of our previous shells, for the caller to keep or
+        close."""
+        _live.discard(kid)
+        mine = {sh.pid: sh for sh in self._shells}
+        shells, old_masters = [], []
+        for ksh in kid._shells:
+            sh = mine.pop(ksh.pid, ksh)
+            old_masters.append(sh.rebind(self, ksh))
+            shells.append(sh)
+        for sh in mine.values():  # no copy in kid: ended
+            old_masters.append(sh.rebind(self, None))
+        with self._shell_lock:
+            self._shells = shells
+        self._body = kid._body
+        self._config = replace(self._config, run_shell=kid._config.run_shell)
+        kid._closed = True
+        kid._shells = []
+        return [m for m in old_masters if m >= 0]
+
+    def speculate(self) -> Speculation:
+        """``with ws.speculate() as spec:`` run calls on ``spec.ws``, a fork; leaving the block
+        keeps their state in this workspace, ``spec.rollback()`` or an exception drops it
+        exactly (see :mod:`bunshin.speculate.block`)."""
+        return Speculation(self)
+
     # -- files --------------------------------------------------------------------------
-    def _open_in_root(self, path: str, flags: int, mode: int = 0o644) -> int:
-        self._live_chan()
+    def open_path(self, path: str, flags: int, mode: int = 0o644) -> int:
+        """An fd (close-on-exec) of ``path`` opened with ``flags`` beneath the workspace's root:
+        symlinks resolve inside it, never outside. ToolCallError says why it cannot."""
+        self.live_channel()
         try:
             # openat2 rejects a mode without O_CREAT
-            return _syscalls.openat2(self._root_fd, path, flags | os.O_CLOEXEC,
+            return _syscalls.openat2(self._body.root_fd, path, flags | os.O_CLOEXEC,
                                      mode if flags & os.O_CREAT else 0, _syscalls.RESOLVE_IN_ROOT)
         except OSError as e:
             raise _file_error(self.id, path, e) from None
@@ -501,7 +701,7 @@ class Workspace(ForkingMixin):
             raise ToolCallError(f"data must be bytes or str, got {type(data).__name__}")
         if parents:
             self._makedirs(str(PurePosixPath(path).parent))
-        fd = self._open_in_root(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        fd = self.open_path(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
             view = memoryview(data)
             while view:
@@ -512,7 +712,7 @@ class Workspace(ForkingMixin):
     def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Contents of ``path`` inside the workspace (at most ``max_bytes``)."""
         _check_abs(path, "path")
-        fd = self._open_in_root(path, os.O_RDONLY)
+        fd = self.open_path(path, os.O_RDONLY)
         try:
             if stat.S_ISDIR(os.fstat(fd).st_mode):
                 raise ToolCallError(f"workspace {self.id}: {path} is a directory")
@@ -533,7 +733,7 @@ class Workspace(ForkingMixin):
         for part in parts:
             parent = cur or "/"
             cur = f"{cur}/{part}"
-            dfd = self._open_in_root(parent, _O_PATH | os.O_DIRECTORY)
+            dfd = self.open_path(parent, _O_PATH | os.O_DIRECTORY)
             try:
                 os.mkdir(part, 0o755, dir_fd=dfd)
             except FileExistsError:
@@ -546,7 +746,7 @@ class Workspace(ForkingMixin):
     # -- inspection ---------------------------------------------------------------------
     def processes(self) -> list[ProcessInfo]:
         """Every process in the workspace (init included), by pid inside the workspace."""
-        self._live_chan()
+        self.live_channel()
         procdir = f"/proc/{self.init_pid}/root/proc"
         out = []
         page = os.sysconf("SC_PAGE_SIZE")
@@ -568,17 +768,40 @@ class Workspace(ForkingMixin):
 
     def host_pids(self) -> list[int]:
         """Host pids of every process in the workspace's cgroup."""
-        return self._cg.pids() if self._cg is not None else []
+        return self._body.cgroup.pids()
 
     @property
-    def cgroup(self):  # noqa: ANN201 - the backend's Cgroup type
+    def cgroup(self) -> Cgroup:
         """The workspace's cgroup (limits, stats, freezer)."""
-        return self._cg
+        return self._body.cgroup
 
     @property
-    def state_path(self):  # noqa: ANN201
+    def state_path(self):
         """Directory on the host holding the workspace's upper layer and metadata."""
-        return self._dir.path
+        return self._body.dir.path
+
+
+def _cannot_rebase(ws: Workspace, limit: int, why: str) -> str:
+    return (f"workspace {ws.id} is at the kernel's limit of {limit} nested pid namespaces and "
+            f"cannot be moved back to the top level through CRIU: {why}. Snapshot once "
+            "(tpl = ws.snapshot()) and use tpl.fork() or ws.restore(tpl) instead of snapshotting "
+            "a fork of a fork")
+
+
+def _not_dumpable(ws: Workspace) -> str | None:
+    """Why CRIU would refuse the workspace, known without trying: a process whose session
+    leader is outside its pid namespace (a shell's job started before a fork: its clone keeps
+    the template's session, docs/design.md), which CRIU cannot dump."""
+    for hp in ws.host_pids():
+        try:
+            st = proc_status(hp)
+        except OSError:
+            continue
+        if st.get("NSsid", "1").split()[-1] == "0" and st["NSpid"].split()[-1] != "1":
+            return (f"process {st['NSpid'].split()[-1]} ({st.get('Name', '?')}) is in a session "
+                    "whose leader is outside the workspace (a job its shell started before a fork)")
+    return None
+
 
 
 def _file_error(wsid: str, path: str, e: OSError) -> BunshinError:

@@ -20,9 +20,9 @@ import weakref
 from typing import TYPE_CHECKING
 
 from ..errors import WorkspaceClosed
+from ..runtime.template import Template
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
     from ..runtime.workspace import Workspace
 
 __all__ = ["adopt", "clean_template", "cpu_ns", "is_clean", "mark_clean"]
@@ -34,7 +34,7 @@ _fresh: weakref.WeakKeyDictionary[Workspace, tuple[str, int]] = weakref.WeakKeyD
 def adopt(ws: Workspace, kid: Workspace) -> None:
     """``ws`` becomes ``kid`` (a fork of a template ``ws`` may or may not descend from); ``kid``
     is spent, ``ws``'s previous processes are torn down. No tool call may run on either."""
-    ws._become(kid)
+    ws.adopt(kid)
     _fresh.pop(ws, None)
 
 
@@ -63,24 +63,23 @@ def mark_clean(ws: Workspace) -> None:
     """Record that ``ws`` is, right now, a fresh fork of its template."""
     usage = _settled_cpu(ws)
     if usage is not None:
-        _fresh[ws] = (ws._dir.id, usage)
+        _fresh[ws] = (ws.body.id, usage)
 
 
 def is_clean(ws: Workspace) -> bool:
     """Whether ``ws`` is still exactly the fresh fork :func:`mark_clean` saw."""
     mark = _fresh.get(ws)
-    if mark is None or ws.closed or ws._template is None or ws._template.closed:
+    core = ws.body.template
+    if mark is None or ws.closed or core is None or core.closed:
         return False
-    return mark == (ws._dir.id, cpu_ns(ws)) and not os.listdir(ws._dir.upper)
+    return mark == (ws.body.id, cpu_ns(ws)) and not os.listdir(ws.body.dir.upper)
 
 
 def clean_template(ws: Workspace) -> Template | None:
     """A new handle on ``ws``'s template if ``ws`` is still a fresh fork of it, else None."""
-    from ..fork.template import Template
-
-    if not is_clean(ws):
+    core = ws.body.template
+    if core is None or not is_clean(ws):
         return None
-    core = ws._template
     try:
         core.acquire()
     except WorkspaceClosed:

@@ -17,7 +17,7 @@ Depth: a snapshot moves ws one pid namespace deeper (the kernel allows 32). A bl
 while ws is still a fresh fork of its template (e.g. right after a rolled-back block) forks
 from that template instead, so a loop of rolled-back blocks stays at one depth. A committed
 block leaves ws one level deeper: after about 30 commits the snapshot on entry first moves ws
-back to the top level through CRIU (runtime/forking.py, ``_rebase_if_deep``); where CRIU
+back to the top level through CRIU (runtime/workspace.py, ``_rebase_if_deep``); where CRIU
 cannot, ``ForkError(step="depth")`` is raised on entry and ws is left untouched.
 """
 
@@ -30,12 +30,17 @@ from .adopt import adopt, clean_template, is_clean, mark_clean
 from .errors import SpeculationError
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
     from ..runtime.result import Result
     from ..runtime.shell import Shell
+    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
 
 __all__ = ["Speculation"]
+
+
+# What a block calls on its workspace. Checked by name, not by class: Workspace.speculate()
+# makes blocks, so this module stands below runtime/workspace.py and does not import it.
+_WORKSPACE_METHODS = ("snapshot", "restore", "adopt", "shell")
 
 
 class _RolledBack(Exception):
@@ -46,9 +51,7 @@ class Speculation:
     """One speculation block over ``ws``; use as a context manager (see the module doc)."""
 
     def __init__(self, ws: Workspace) -> None:
-        from ..runtime.workspace import Workspace
-
-        if not isinstance(ws, Workspace):
+        if not all(callable(getattr(ws, m, None)) for m in _WORKSPACE_METHODS):
             raise SpeculationError(f"speculate needs a Workspace, got {type(ws).__name__}")
         self.base = ws
         self.ws: Workspace | None = None  #: the fork the block's calls run on
@@ -125,16 +128,16 @@ class Speculation:
         these copies."""
         fork = self._live()
         if of is None:
-            of = next((s for s in self.base._shells if s.alive), None)
+            of = next((s for s in self.base.shells if s.alive), None)
         if of is None:
             sh = self._shells.get(0)
             if sh is None or not sh.alive:
                 sh = self._shells[0] = fork.shell()
             return sh
-        if of._ws is not self.base:
+        if of not in self.base.shells:
             raise SpeculationError(f"shell {of!r} does not belong to the speculating workspace")
-        for sh in fork._shells:
-            if sh.pid == of.pid and sh.alive:
+        for sh in fork.shells:
+            if sh.id == of.id and sh.alive:
                 return sh
         raise SpeculationError(f"shell pid {of.pid} was not alive when the block began; "
                                "it has no copy in the fork")

@@ -21,7 +21,7 @@ __all__ = ["Branch", "shell_in"]
 
 def shell_in(ws: Workspace, pid: int | None) -> Shell:
     """``ws``'s live shell with bash pid ``pid`` (else its first live shell, else a new one)."""
-    live = [s for s in ws._shells if s.alive]
+    live = [s for s in ws.shells if s.alive]
     for s in live:
         if s.pid == pid:
             return s

@@ -31,15 +31,15 @@ from ..cache.session import CachedSession
 from ..cache.toolcall import ToolCall, as_tool_call, child_key
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, ToolFn, run_tool
 from ..errors import ForkError
+from ..runtime.workspace import Workspace
 from .adopt import adopt, clean_template, is_clean, mark_clean
 from .branch import Branch, shell_in
 from .errors import SpeculationError
 from .predict import Predictor
 
 if TYPE_CHECKING:
-    from ..fork.template import Template
     from ..runtime.result import Result
-    from ..runtime.workspace import Workspace
+    from ..runtime.template import Template
 
 log = logging.getLogger("bunshin.speculate")
 
@@ -97,23 +97,21 @@ class SpeculativeExecutor:
 
     # -- targets --------------------------------------------------------------------------
     def _parts(self, target: Target) -> tuple[Workspace, Mapping[str, ToolFn], int | None]:
-        from ..runtime.workspace import Workspace
-
         if isinstance(target, CachedSession):
             sh = target._shell
             return target.ws, target.cache.tools, sh.pid if sh is not None and sh.alive else None
         if isinstance(target, Workspace):
-            live = [s for s in target._shells if s.alive]
+            live = [s for s in target.shells if s.alive]
             return target, self.tools, live[0].pid if live else None
         raise SpeculationError(f"target must be a Workspace or a CachedSession, got {type(target).__name__}")
 
     def _is_cacheable(self, target: Target, call: ToolCall) -> bool:
         if isinstance(target, CachedSession):
-            return target.cache._is_cacheable(call)
+            return target.cache.is_cacheable(call)
         if self.cacheable is not None:
             return bool(self.cacheable(call))
         cache = getattr(self.predictor, "cache", None)
-        return cache is None or cache._is_cacheable(call)
+        return cache is None or cache.is_cacheable(call)
 
     # -- speculation ----------------------------------------------------------------------
     def prefetch(self, target: Target, history: Sequence[ToolCall | str] = ()) -> list[ToolCall]:
@@ -228,10 +226,10 @@ def _record(session: CachedSession, hit: Branch) -> None:
     session.last_source = "speculation"
     sh = session._shell
     if sh is None or not sh.alive:
-        live = [s for s in session.ws._shells if s.alive]
+        live = [s for s in session.ws.shells if s.alive]
         session._shell = live[0] if live else None
     cache, parent = session.cache, session.key
-    if parent is None or not cache._is_cacheable(hit.call):
+    if parent is None or not cache.is_cacheable(hit.call):
         session.key = None
         return
     key = child_key(parent, hit.call)

@@ -18,7 +18,7 @@ from typing import TypeVar
 from ... import config
 from ...errors import CgroupError
 from . import _fs
-from .limits import parse_cpu, parse_memory, parse_pids
+from .limits import Limits, parse_cpu, parse_memory, parse_pids
 
 __all__ = ["CONTROLLERS", "Cgroup", "CgroupBackend", "CgroupStats"]
 
@@ -46,6 +46,9 @@ class Cgroup(ABC):
     def __init__(self, backend: CgroupBackend, name: str) -> None:
         self.backend = backend
         self.name = name
+        #: what :meth:`CgroupBackend.create` and :meth:`set_limits` wrote (a group found with
+        #: ``open`` says none: its limits were set elsewhere)
+        self.limits = Limits()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.dirs()}>"
@@ -115,6 +118,7 @@ class Cgroup(ABC):
         pids = pids_limit if pids_limit is ... else parse_pids(pids_limit)
         cpu = cpu_limit if cpu_limit is ... else parse_cpu(cpu_limit)
         self._apply(memory, pids, cpu)
+        self.limits = self.limits.changed(memory, pids, cpu)
 
     def _kill_loop(self, timeout: float) -> None:
         """Freeze, SIGKILL every member, thaw, until empty.
@@ -218,6 +222,7 @@ class CgroupBackend(ABC):
         except BaseException:
             cg.destroy()
             raise
+        cg.limits = Limits(memory, pids, cpu)
         return cg
 
     def open(self, name: str) -> Cgroup:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from fractions import Fraction
+from types import EllipsisType
 
 from ...errors import LimitError
 
@@ -29,6 +31,7 @@ __all__ = [
     "CPU_PERIOD_US",
     "MIN_CPUS",
     "MIN_MEMORY",
+    "Limits",
     "cpu_quota_us",
     "parse_cpu",
     "parse_memory",
@@ -100,3 +103,32 @@ def parse_cpu(value: object, *, arg: str = "cpu_limit") -> float | None:
 def cpu_quota_us(cpus: float) -> int:
     """CFS quota in microseconds per :data:`CPU_PERIOD_US` for ``cpus`` CPUs."""
     return max(1000, round(cpus * CPU_PERIOD_US))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A cgroup's limits, parsed: ``None`` means no limit."""
+
+    memory: int | None = None  #: bytes
+    pids: int | None = None  #: tasks (processes and threads)
+    cpu: float | None = None  #: CPUs
+
+    @classmethod
+    def parse(cls, memory_limit: object = None, pids_limit: object = None,
+              cpu_limit: object = None) -> Limits:
+        """Limits from the user's forms (see the module docstring); LimitError names a bad one."""
+        return cls(parse_memory(memory_limit), parse_pids(pids_limit), parse_cpu(cpu_limit))
+
+    def changed(self, memory: int | None | EllipsisType = ..., pids: int | None | EllipsisType = ...,
+                cpu: float | None | EllipsisType = ...) -> Limits:
+        """These limits with the parsed values given (``...`` keeps one as it is)."""
+        return Limits(self.memory if memory is ... else memory, self.pids if pids is ... else pids,
+                      self.cpu if cpu is ... else cpu)
+
+    def to_dict(self) -> dict:
+        """The keyword arguments of :meth:`CgroupBackend.create` (and an image's metadata)."""
+        return {"memory_limit": self.memory, "pids_limit": self.pids, "cpu_limit": self.cpu}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Limits:
+        return cls.parse(d.get("memory_limit"), d.get("pids_limit"), d.get("cpu_limit"))

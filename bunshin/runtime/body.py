@@ -1,0 +1,137 @@
+"""A workspace's live parts (:class:`Body`) and the one way their host-side pieces are made
+(:func:`allocate`).
+
+A :class:`~bunshin.runtime.workspace.Workspace` is a handle on one body at a time: creating
+it starts one, forking makes more (bunshin/fork/), a CRIU restore rebuilds one from images
+(bunshin/criu/), and a rollback swaps the handle's body for another.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..errors import BunshinError
+from . import cgroup as _cgroup
+from .cgroup.limits import Limits
+from .reap import reap_init
+from .state import Meta, WorkspaceDir, own_start_time
+
+if TYPE_CHECKING:
+    from ..fork.template import TemplateCore
+    from .cgroup.base import Cgroup
+    from .channel import Channel
+    from .rootfs.model import Rootfs
+
+__all__ = ["Allocation", "Body", "SessionCopy", "allocate", "session_copies"]
+
+log = logging.getLogger("bunshin.workspace")
+
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+@dataclass(eq=False)
+class Allocation:
+    """A workspace's host-side pieces before any process: its state directory (with a meta
+    file naming this process as owner) and its cgroup."""
+
+    dir: WorkspaceDir
+    cgroup: Cgroup
+    meta: Meta
+
+    def destroy(self) -> None:
+        try:
+            self.cgroup.destroy()
+        except BunshinError as e:
+            log.warning("workspace %s: %s", self.dir.id, e)
+        self.dir.remove()
+
+
+def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
+             parent: str | None = None) -> Allocation:
+    """A new state directory, its meta file and a cgroup with ``limits``; on failure nothing
+    is left. The meta file is written first, so that `bunshin gc` elsewhere leaves the pieces
+    alone while this process lives and removes them after it dies."""
+    d = WorkspaceDir.create()
+    cg = None
+    try:
+        meta = Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(),
+                    cgroup=f"ws-{d.id}", rootfs=rootfs, lowers=list(lowers), parent=parent)
+        d.write_meta(meta)
+        cg = _cgroup.backend().create(meta.cgroup, **limits.to_dict())
+        return Allocation(d, cg, meta)
+    except BaseException:
+        if cg is not None:
+            cg.destroy()
+        d.remove()
+        raise
+
+
+@dataclass(eq=False)
+class Body:
+    """The live parts of one workspace: its directory, cgroup and meta file, its init (pid,
+    pidfd, control channel), a handle on its root, the rootfs it says it runs, and the
+    template it is a fork of (None for a created or restored one)."""
+
+    dir: WorkspaceDir
+    cgroup: Cgroup
+    meta: Meta
+    rootfs: Rootfs
+    init_pid: int = 0
+    pidfd: int = -1
+    init_is_child: bool = True  # a forked init is its template's init's child, not ours
+    channel: Channel | None = None
+    root_fd: int = -1  # O_PATH of the init's root: files are opened beneath it
+    template: TemplateCore | None = None  # holds one reference, given back at close
+
+    @property
+    def id(self) -> str:
+        return self.dir.id
+
+    def open_root(self) -> None:
+        self.root_fd = os.open(f"/proc/{self.init_pid}/root", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self, *, frozen: bool = False) -> None:
+        """End the init (and with it every process: its pid namespace goes), remove the cgroup
+        and directory, give back the template. ``frozen``: the processes are stopped in the
+        freezer (a template's), so the init is not asked to shut down but killed."""
+        if self.channel is not None:
+            if frozen:
+                self.channel.close()
+            else:
+                self.channel.shutdown()
+        if frozen:
+            try:
+                self.cgroup.kill_all()
+            except BunshinError as e:
+                log.warning("template %s: %s", self.id, e)
+        if self.pidfd >= 0:
+            # Init's exit tears down the pid namespace: the kernel kills and reaps every member.
+            # A forked init is reaped by its template's init, not us.
+            reap_init(self.pidfd, is_child=self.init_is_child, grace=0 if frozen else 5)
+            self.pidfd = -1
+        if self.root_fd >= 0:
+            os.close(self.root_fd)
+            self.root_fd = -1
+        self.cgroup.destroy()
+        self.dir.remove()
+        if self.template is not None:
+            self.template.release()
+            self.template = None
+
+
+class SessionCopy(NamedTuple):
+    """A shell session a forked or restored body holds, as its Workspace's Shell takes it."""
+
+    master: int  # the trainer's end of its terminal
+    pid: int  # its bash, by pid in the workspace
+    id: str  # the session's, shared with the one it copies (its marker nonce)
+
+
+def session_copies(sessions: Iterable[tuple[int, int, str]], masters: dict[int, int]) -> list[SessionCopy]:
+    """The copies of ``sessions`` ((pty index, bash pid, id) of the source's, in its order) that
+    have a terminal in ``masters`` (pty index -> master fd)."""
+    return [SessionCopy(masters[idx], pid, sid) for idx, pid, sid in sessions if idx in masters]

@@ -1,0 +1,39 @@
+"""What a workspace is configured with: the settings every fork and restore of it carries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from .cgroup.limits import Limits
+
+__all__ = ["WorkspaceConfig"]
+
+
+@dataclass(frozen=True)
+class WorkspaceConfig:
+    """A workspace's settings (``ws.config``): the defaults of its tool calls, its limits and
+    host name. Its children, restores and rollbacks have the same."""
+
+    env: Mapping[str, str]  #: every tool call's environment, before its own ``env``
+    workdir: str  #: every tool call's working directory, unless it gives ``cwd``
+    max_output: int  #: bytes kept of each output stream of a tool call
+    limits: Limits = field(default_factory=Limits)
+    hostname: str = ""
+    run_shell: str = "/bin/sh"  #: what :meth:`Workspace.run` runs its command with (``-c``)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+    def to_dict(self) -> dict:
+        """As an image's metadata holds it (:mod:`bunshin.criu`)."""
+        return {"env": dict(self.env), "workdir": self.workdir, "max_output": self.max_output,
+                "limits": self.limits.to_dict(), "hostname": self.hostname,
+                "run_shell": self.run_shell}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorkspaceConfig:
+        return cls(env=d["env"], workdir=d["workdir"], max_output=d["max_output"],
+                   limits=Limits.from_dict(d["limits"]), hostname=d["hostname"],
+                   run_shell=d["run_shell"])
