@@ -47,7 +47,7 @@ def _forks_a_shell_with_a_job() -> None:
         (kid,) = ws.fork(1)
         try:
             assert len(kid.processes()) == len(ws.processes())
-            r = kid._shells[0].run("echo $V $PWD $(jobs -p | wc -l)")
+            r = kid.shells[0].run("echo $V $PWD $(jobs -p | wc -l)")
             assert r.stdout == b"kept /tmp 1\n"
         finally:
             kid.close()

@@ -158,7 +158,7 @@ def test_a_shell_job_suspended_with_ctrl_z_forks_suspended(family):
     (kid,), _ = bounded(lambda: ws.fork(1))
     family.append(kid)
     for w in [ws, kid]:
-        s = w._shells[0]
+        s = w.shells[0]
         assert until_state(w, pid, "T") == "T"
         assert b"Stopped" in s.run("jobs").stdout
         time.sleep(0.1)

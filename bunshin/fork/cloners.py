@@ -211,9 +211,9 @@ class Reparent(Cloner):
         except OSError as e:
             as_seen = child.in_parent
             os.kill(child.pid, signal.SIGKILL)
-            os.waitpid(child.pid, engine._WALL)  # as its tracer: hands the zombie to its real parent
+            os.waitpid(child.pid, engine.WALL)  # as its tracer: hands the zombie to its real parent
             child._ctl = None
-            tp.syscall(61, as_seen, 0, engine._WALL, 0)  # wait4 in the template process, its parent
+            tp.syscall(61, as_seen, 0, engine.WALL, 0)  # wait4 in the template process, its parent
             raise ForkError(f"/dev/bunshin REPARENT of process {proc.vpid} ({proc.name}) under the "
                             f"child's init: {e.strerror}", pid=child.pid, step="reparent",
                             errno=e.errno) from None

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 CLONE_VM = 0x00000100
 CLONE_PARENT = 0x00008000
 CLONE_NS_ALL = 0x20000000 | 0x00020000 | 0x40000000 | 0x08000000 | 0x04000000  # pid mnt net ipc uts
-_WALL = 0x40000000
+WALL = 0x40000000
 _WNOHANG = 1
 _HDR = struct.Struct("=IIQII")
 
@@ -153,10 +153,10 @@ def reap_in(tp: Tracee, pids: list[int]) -> None:
     """wait4 for each of ``pids`` (dead children of the template process) inside it: one stop
     for all (compel's batch in the page it keeps there), or one call when there is one."""
     if len(pids) == 1:
-        tp.syscall(61, pids[0], 0, _WALL, 0)
+        tp.syscall(61, pids[0], 0, WALL, 0)
     elif pids:
         for at in range(0, len(pids), Tracee.max_calls()):
-            tp.calls([(61, (pid, 0, _WALL, 0), Tracee.BATCH_OK_ERR)
+            tp.calls([(61, (pid, 0, WALL, 0), Tracee.BATCH_OK_ERR)
                       for pid in pids[at:at + Tracee.max_calls()]])
 
 
@@ -180,7 +180,7 @@ def end_mid(mid: Tracee, mids: list[int]) -> None:
         mids.append(mid.in_parent)
     # Killing it while stopped: it never runs the template's code in shared memory.
     os.kill(mid.pid, signal.SIGKILL)
-    os.waitpid(mid.pid, _WALL)  # as its tracer: hands the zombie to its real parent
+    os.waitpid(mid.pid, WALL)  # as its tracer: hands the zombie to its real parent
     mid._ctl = None  # dead: nothing to cure or detach
 
 
@@ -200,7 +200,7 @@ def discard_clone(c: Tracee) -> None:
     deadline = time.monotonic() + 5
     while pending and time.monotonic() < deadline:
         try:
-            done, _ = os.waitpid(pending[0], _WALL | _WNOHANG)
+            done, _ = os.waitpid(pending[0], WALL | _WNOHANG)
         except ChildProcessError:
             done = pending[0]
         if done:
