@@ -68,7 +68,7 @@ def group_replay(group: int, steps: int, shared: int, cost: float) -> dict:
         t0 = time.monotonic()
         for r in range(group):
             with bunshin.Workspace.create() as ws:
-                cw = cache.session(ws, task_id="bench")
+                cw = cache.rollout(ws, task_id="bench")
                 for c in trace(r):
                     cw.call(c)
                 assert ws.read_file("/tmp/log") == expected(r)

@@ -71,7 +71,7 @@ def test_hit_skips_execution_and_reproduces_state(base, cache, tmp_path):
                  ToolCall("write_file", {"path": "/tmp/d/f.txt", "content": "hello"}),
                  COUNT + "echo $V $PWD; cat d/f.txt",
                  ToolCall("python", {"code": "print(open('/tmp/d/f.txt').read().upper())"})]
-        ca, cb = cache.session(a, "t"), cache.session(b, "t")
+        ca, cb = cache.rollout(a, "t"), cache.rollout(b, "t")
         ra = [ca.call(s) for s in steps]
         assert ra[2].stdout.replace(b"\r", b"") == b"42 /tmp\nhello"
         assert ra[3].stdout == b"HELLO\n"
@@ -105,9 +105,9 @@ def test_cached_results_equal_fresh_execution(base, tmp_path):
         want = [sh.run(s.args["command"]).stdout if s.name == "bash" else fresh_ws.read_file(s.args["path"])
                 for s in fresh]
         with PrefixCache(tmp_path / "c.lmdb") as cache:
-            ca = cache.session(a, "t")
+            ca = cache.rollout(a, "t")
             assert [ca.call(s).stdout for s in steps] == want
-            cb = cache.session(b, "t")
+            cb = cache.rollout(b, "t")
             got = [cb.call(s).stdout for s in steps]
             assert cache.stats.hits == len(steps)
         assert got == want
@@ -119,8 +119,8 @@ def test_cached_results_equal_fresh_execution(base, tmp_path):
 def test_task_ids_do_not_share(base, cache):
     a, b = base.fork(2)
     try:
-        cache.session(a, "task-A").call(COUNT + "echo a")
-        cache.session(b, "task-B").call(COUNT + "echo a")
+        cache.rollout(a, "task-A").call(COUNT + "echo a")
+        cache.rollout(b, "task-B").call(COUNT + "echo a")
         assert cache.stats.hits == 0 and cache.stats.misses == 2
         assert b.read_file("/tmp/count") == b"x\n"  # executed in b itself
     finally:
@@ -145,7 +145,7 @@ def test_concurrent_sessions_execute_once(base, tmp_path):
 
             def go(i):
                 try:
-                    cw = cache.session(kids[i], "t")
+                    cw = cache.rollout(kids[i], "t")
                     barrier.wait()
                     out[i] = cw.call(call)
                 except BaseException as e:  # noqa: BLE001 - reported below
@@ -172,16 +172,16 @@ def test_uncacheable_and_unknown_tools(base, tmp_path):
     try:
         with PrefixCache(tmp_path / "c.lmdb", cacheable=lambda c: "date" not in c.args.get("command", "")) as cache:
             for w in (a, b):
-                cw = cache.session(w, "t")
+                cw = cache.rollout(w, "t")
                 cw.call(COUNT + "date")
                 assert cw.key is None
                 cw.call(COUNT + "true")  # after leaving the trie: executes too
             assert cache.stats.uncacheable == 4 and cache.stats.hits == 0
             assert b.read_file("/tmp/count") == b"x\nx\n"
             with pytest.raises(UnknownTool, match="nope"):
-                cache.session(a, "t").call(ToolCall("nope", {}))
+                cache.rollout(a, "t").call(ToolCall("nope", {}))
             with pytest.raises(InvalidToolCall, match="command"):
-                cache.session(a, "t").call(ToolCall("bash", {"cmd": "ls"}))
+                cache.rollout(a, "t").call(ToolCall("bash", {"cmd": "ls"}))
             with pytest.raises(CacheError, match="already registered"):
                 cache.register_tool("bash", lambda ctx: None)
             with pytest.raises(CacheError, match="spill_dir"):
@@ -195,8 +195,8 @@ def test_verify_counts_mismatches(base, tmp_path):
     a, b = base.fork(2)
     try:
         with PrefixCache(tmp_path / "c.lmdb", verify=1.0) as cache:
-            cache.session(a, "t").call("cat /proc/sys/kernel/random/uuid")   # not deterministic
-            cache.session(b, "t").call("cat /proc/sys/kernel/random/uuid")
+            cache.rollout(a, "t").call("cat /proc/sys/kernel/random/uuid")   # not deterministic
+            cache.rollout(b, "t").call("cat /proc/sys/kernel/random/uuid")
             st = cache.stats
             assert (st.verified, st.mismatches, st.hits) == (1, 1, 0)
     finally:
@@ -208,12 +208,12 @@ def test_eviction_under_tiny_budget(base, tmp_path):
     a, b = base.fork(2)
     try:
         with PrefixCache(tmp_path / "c.lmdb", memory_budget=1) as cache:
-            ca = cache.session(a, "t")
+            ca = cache.rollout(a, "t")
             assert ca.call(COUNT + "echo one").stdout.strip() == b"one"
             st = cache.stats
             assert st.snapshots == 1 and st.evictions == 1 and cache.live_states() == []
             assert cache.store.get(ca.key)["template"] is None
-            cb = cache.session(b, "t")
+            cb = cache.rollout(b, "t")
             assert cb.call(COUNT + "echo one").stdout.strip() == b"one"  # re-executed correctly
             assert b.read_file("/tmp/count") == b"x\n" and cache.stats.hits == 0
     finally:
@@ -225,7 +225,7 @@ def test_eviction_keeps_the_more_valuable_state(base, tmp_path):
     a = base.fork(1)[0]
     try:
         with PrefixCache(tmp_path / "c.lmdb") as cache:
-            cw = cache.session(a, "t")
+            cw = cache.rollout(a, "t")
             cw.call("sleep 0.4")
             slow = cw.key
             cw.call("true")
@@ -274,7 +274,7 @@ def test_metadata_persists_across_reopen(base, tmp_path):
     a = base.fork(1)[0]
     try:
         with PrefixCache(tmp_path / "c.lmdb") as cache:
-            cw = cache.session(a, "t")
+            cw = cache.rollout(a, "t")
             cw.call("echo persisted")
             key = cw.key
         with PrefixCache(tmp_path / "c.lmdb") as again:

@@ -301,21 +301,21 @@ def test_prefix_cache_spills_evicted_states_and_restores_them_on_a_hit(family, t
     family.extend([a, b, c])
     spill = tmp_path / "spill"
     with PrefixCache(tmp_path / "c.lmdb", memory_budget=1, spill_dir=spill) as cache:
-        ca = cache.session(a, "t")
+        ca = cache.rollout(a, "t")
         cmd = "cd /tmp && Z=7 && echo x >> /tmp/count && echo one"
         assert ca.call(cmd).stdout.strip() == b"one"
         st = cache.stats
         assert (st.snapshots, st.evictions, st.spills) == (1, 1, 1)
         assert cache.live_states() == [] and cache.spilled_states() == [ca.key]
         assert cache.store.get(ca.key)["template"].startswith("criu:")
-        cb = cache.session(b, "t")
+        cb = cache.rollout(b, "t")
         assert cb.call(cmd).stdout.strip() == b"one"  # restored from disk, not executed
         st = cache.stats
         assert (st.hits, st.unspills, st.misses) == (1, 1, 1)
         assert b.read_file("/tmp/count") == b"x\n"  # the state a reached, executed once
         assert cb.call("echo $Z $PWD").stdout == b"7 /tmp\n"  # the session's shell came along
         # an explicit spill of a live state
-        cc = cache.session(c, "t")
+        cc = cache.rollout(c, "t")
         cc.call(cmd)
         with pytest.raises(bunshin.BunshinError, match="no live state"):
             cache.spill(b"\0" * 16)

@@ -195,7 +195,7 @@ def test_a_caller_that_stops_waiting_leaves_the_result_to_abandon():
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.1)
         with pytest.raises(KeyboardInterrupt):
-            keeper.engine().run(slow, abandon=got.append)
+            keeper.fork_thread().run(slow, abandon=got.append)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -204,7 +204,7 @@ def test_a_caller_that_stops_waiting_leaves_the_result_to_abandon():
     while not got and time.monotonic() < deadline:
         time.sleep(0.01)
     assert got == ["made"]
-    assert keeper.engine().run(lambda: "next") == "next"  # the engine goes on
+    assert keeper.fork_thread().run(lambda: "next") == "next"  # the engine goes on
 
 
 def test_an_interruption_just_after_the_call_finished_still_disposes_of_its_result(monkeypatch):
@@ -220,10 +220,10 @@ def test_an_interruption_just_after_the_call_finished_still_disposes_of_its_resu
     got: list = []
     monkeypatch.setattr(keeper._Call, "wait", late)
     with pytest.raises(KeyboardInterrupt):
-        keeper.engine().run(lambda: "made", abandon=got.append)
+        keeper.fork_thread().run(lambda: "made", abandon=got.append)
     assert got == ["made"]
     with pytest.raises(KeyboardInterrupt):
-        keeper.engine().run(lambda: 1 / 0, abandon=got.append)  # its own failure, then the interruption
+        keeper.fork_thread().run(lambda: 1 / 0, abandon=got.append)  # its own failure, then the interruption
     assert got == ["made"]
     monkeypatch.setattr(keeper._Call, "wait", real)
 
@@ -231,12 +231,12 @@ def test_an_interruption_just_after_the_call_finished_still_disposes_of_its_resu
         raise ValueError("its own failure")
 
     with pytest.raises(ValueError):
-        keeper.engine().run(fails, abandon=got.append)
+        keeper.fork_thread().run(fails, abandon=got.append)
     assert got == ["made"]
 
 
 def test_engine_runs_calls_made_from_its_own_thread_at_once():
-    e = keeper.engine()
+    e = keeper.fork_thread()
     assert e.run(lambda: e.run(lambda: threading.current_thread().name)) == "bunshin-fork"
 
 

@@ -182,11 +182,11 @@ def test_executor_with_cache_session_and_trie_predictor(ws, tmp_path):
     with PrefixCache(tmp_path / "c.lmdb", snapshot=1e9) as cache:  # snapshot=huge: keep no states
         a = ws.fork(2)
         try:
-            s1 = cache.session(a[0], "t")
+            s1 = cache.rollout(a[0], "t")
             s1.call("echo hi > /work/h")
             s1.call(COUNTED)
             ex = bunshin.SpeculativeExecutor(TriePredictor(cache, "t"), max_inflight=1)
-            s2 = cache.session(a[1], "t")
+            s2 = cache.rollout(a[1], "t")
             s2.call("echo hi > /work/h")
             assert ex.prefetch(s2, ["echo hi > /work/h"]) == [ToolCall("bash", {"command": COUNTED})]
             r = ex.call(s2, COUNTED)

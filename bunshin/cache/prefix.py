@@ -1,7 +1,7 @@
 """``PrefixCache``: workspace states keyed by tool-call prefix.
 
 >>> cache = PrefixCache("/tmp/cache.lmdb", memory_budget=512 << 20)   # doctest: +SKIP
->>> cw = cache.session(ws, task_id="repo-42")                          # doctest: +SKIP
+>>> cw = cache.rollout(ws, task_id="repo-42")                          # doctest: +SKIP
 >>> cw.call("pip install -e /repo")     # a miss: executes, records, snapshots   # doctest: +SKIP
 
 Sessions of one ``task_id`` must start from the same workspace state (forks of one base, as in
@@ -35,7 +35,7 @@ from .tools import BUILTIN_TOOLS, ToolFn
 
 if TYPE_CHECKING:
     from ..runtime.workspace import Workspace
-    from .session import CachedSession
+    from .rollout import CachedRollout
 
 log = logging.getLogger("bunshin.cache")
 
@@ -136,12 +136,12 @@ class PrefixCache:
             raise CacheError(f"tool {name!r} is already registered; pass replace=True to replace it")
         self.tools[name] = fn
 
-    def session(self, ws: Workspace, task_id: str) -> CachedSession:
+    def rollout(self, ws: Workspace, task_id: str) -> CachedRollout:
         """A session driving ``ws`` through the cache, at the root of ``task_id``'s trie."""
-        from .session import CachedSession
+        from .rollout import CachedRollout
 
         self.check_open()
-        return CachedSession(self, ws, task_id)
+        return CachedRollout(self, ws, task_id)
 
     # -- state --------------------------------------------------------------------------
     @property

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..compel import in_group_stop
-from ..errors import CheckpointError, ForkError
+from ..errors import CheckpointError
 from ..fork.plan import proc_status
 from . import externals, images, initfds, runner
 

@@ -99,7 +99,8 @@ def read_meta(path: str | os.PathLike) -> dict:
     except (OSError, ValueError) as e:
         raise ImageError(f"{mf}: unreadable or corrupt metadata: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ImageError(f"{p}: {META} is not a Bunshin workspace image's (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        raise ImageError(f"{p}: {META} is not a Bunshin workspace image's (format {fmt!r})")
     if meta.get("version") != VERSION:
         raise ImageError(f"{p}: image format version {meta.get('version')!r}; this Bunshin reads version {VERSION}")
     files = meta.get("files") or {}

@@ -27,7 +27,7 @@ from ..runtime.body import Body, SessionCopy, allocate, session_copies
 from ..runtime.channel import Channel
 from ..runtime.reap import reap_init
 from ..runtime.rootfs.model import Rootfs
-from ..runtime.state import Meta, own_start_time
+from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
 from . import externals, images, initfds, runner
 

@@ -33,7 +33,7 @@ from .. import config
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
 from ..runtime.channel import Channel
-from ..runtime.state import Meta
+from ..runtime.statedir import Meta
 from ..runtime.reap import wait_exit_pidfd
 from . import cloners, engine
 from .resources import ptys
@@ -78,7 +78,7 @@ class EarlyInit:
         os.close(self.pidfd)
 
 
-def start(tinit: Tracee, tpl_sock, mount_fd: int, hostname: str, cg, pin: "Pinned",
+def start(tinit: Tracee, tpl_sock, mount_fd: int, hostname: str, cg, pin: Pinned,
           name: str) -> EarlyInit:
     """A child's init (engine.clone_init) with its pidfd and channel, ahead of a fork or in
     one; ``mount_fd`` stays the caller's. On failure nothing of the init is left."""
@@ -92,7 +92,7 @@ def start(tinit: Tracee, tpl_sock, mount_fd: int, hostname: str, cg, pin: "Pinne
     return EarlyInit(ci, Channel(sock, name), pidfd)
 
 
-def clone_into(slot: "Slot", tinit: Tracee, tpl_sock, hostname: str, pin: "Pinned") -> EarlyInit:
+def clone_into(slot: Slot, tinit: Tracee, tpl_sock, hostname: str, pin: Pinned) -> EarlyInit:
     """Clone the (thawed, held) template init into ``slot`` and start its move into the root;
     the slot's mount fd goes to the init. On failure nothing is left but the slot."""
     ei = start(tinit, tpl_sock, slot.mount_fd, hostname, slot.cg, pin, f"workspace {slot.dir.id}")
@@ -101,7 +101,7 @@ def clone_into(slot: "Slot", tinit: Tracee, tpl_sock, hostname: str, pin: "Pinne
     return ei
 
 
-def settle(ei: EarlyInit, core, slot: "Slot", pin: "Pinned") -> None:
+def settle(ei: EarlyInit, core, slot: Slot, pin: Pinned) -> None:
     """Wait for the init to be in its root, give it back its CPUs (clone_init let it go on
     the others only, beside the engine), open the masters of the child's shell ptys in its
     devpts (~0.15 ms a fork) and write the child's meta file (~0.1 ms)."""

@@ -7,8 +7,9 @@ fork: the caller hands it the work and waits. After a ``tpl.fork()`` the templat
 stay seized by it, ptrace-stopped *and* frozen as before (a trainer that dies leaves them
 frozen, not running); a later fork thaws them only if it must run one of them, and refreezes
 them as idle work (a trainer dying in between leaves them running, as one dying mid-fork
-would). They are let go when the Template handle closes, when a fork fails, and at exit. Work that no caller waits for (preparing the
-next fork of a held template) runs when no fork is asked for.
+would). They are let go when the Template handle closes, when a fork fails, and at exit. Work
+that no caller waits for (preparing the next fork of a held template) runs when no fork is
+asked for.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Callable
 
 from .perprocess import PerProcess
 
@@ -56,7 +58,7 @@ class _Call:
 _WAKE = object()  # in the queue after idle work is posted: the engine looks at its idle list
 
 
-class Engine:
+class ForkThread:
     """One thread running what :meth:`run` and :meth:`post` hand it: calls waited for first,
     in order, then idle work."""
 
@@ -146,12 +148,12 @@ def _dispose(result: Any, abandon: Callable[[Any], None]) -> None:
         log.warning("disposing of an abandoned fork's result: %s", e)
 
 
-_engine = PerProcess(Engine)
-_held: "weakref.WeakSet[Any]" = weakref.WeakSet()  # cores whose processes the engine holds
+_fork_thread = PerProcess(ForkThread)
+_held: weakref.WeakSet[Any] = weakref.WeakSet()  # cores whose processes the engine holds
 
 
-def engine() -> Engine:
-    e = _engine.get()
+def fork_thread() -> ForkThread:
+    e = _fork_thread.get()
     assert e is not None
     return e
 

@@ -16,7 +16,8 @@ import errno as _errno
 import mmap as _mmap
 import os
 import struct
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
 from .._core import _kmod, kmod
 from ..compel import Tracee
@@ -54,7 +55,7 @@ class Ref:
 
     __slots__ = ("_r", "_index", "_value", "_call")
 
-    def __init__(self, r: "Remote", index: int, value: int | None = None, call: tuple = ()) -> None:
+    def __init__(self, r: Remote, index: int, value: int | None = None, call: tuple = ()) -> None:
         self._r, self._index, self._value, self._call = r, index, value, call
 
     @property
@@ -153,7 +154,7 @@ class Remote:
         return ref
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator["Remote"]:
+    def batch(self) -> Iterator[Remote]:
         """``with r.batch() as b: b.queue(...)``: the calls queued in the block have run at
         its end (unless it raised)."""
         yield self

@@ -35,7 +35,7 @@ from .perprocess import PerProcess
 if TYPE_CHECKING:
     from .earlyinit import EarlyInit
     from ..runtime.cgroup.base import Cgroup
-    from ..runtime.state import WorkspaceDir
+    from ..runtime.statedir import WorkspaceDir
     from .template import TemplateCore
 
 log = logging.getLogger("bunshin.fork")
@@ -47,8 +47,8 @@ MAX = 8
 class Spare:
     """A state directory and a cgroup with a workspace's limits: a slot without its root."""
 
-    dir: "WorkspaceDir"
-    cg: "Cgroup"
+    dir: WorkspaceDir
+    cg: Cgroup
 
     def destroy(self) -> None:
         try:
@@ -61,7 +61,7 @@ class Spare:
 @dataclass
 class Slot(Spare):
     mount_fd: int  # the detached overlay root (closing it unmounts it); -1 once an init has it
-    early: "EarlyInit | None" = None  # the child's init, cloned ahead (earlyinit.py)
+    early: EarlyInit | None = None  # the child's init, cloned ahead (earlyinit.py)
 
     def destroy(self) -> None:
         if self.early is not None:
@@ -80,7 +80,7 @@ def _spare(limits: Limits, rootfs: str, lowers: list[str], parent: str | None) -
     return Spare(a.dir, a.cgroup)
 
 
-def make(core: "TemplateCore") -> Slot:
+def make(core: TemplateCore) -> Slot:
     """A state directory, cgroup and overlay root for one child of ``core``: made ahead by the
     thread, or by a fork that finds none ready (from a spare of the forked workspace when it
     has one). On failure nothing is left."""
@@ -152,7 +152,7 @@ class Maker:
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._want: dict[int, tuple["TemplateCore", int]] = {}
+        self._want: dict[int, tuple[TemplateCore, int]] = {}
         self._thread: threading.Thread | None = None
 
     def request(self, core: Holder, n: int) -> None:

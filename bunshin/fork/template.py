@@ -24,13 +24,14 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
 from ..runtime.body import Body, SessionCopy, session_copies
 from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
-from ..runtime.state import Meta, own_start_time
+from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
 from .resources import ptys, sysv_shm
@@ -145,14 +146,14 @@ class TemplateCore(slots.Holder):
         only with their usual exit signal (the one a sibling's death sends)."""
         return bool(self.autoreap) and pl.ppid == 1 and pl.exit_signal == signal.SIGCHLD
 
-    def make_slot(self) -> "slots.Slot":
+    def make_slot(self) -> slots.Slot:
         return slots.make(self)
 
     def add_slot(self, s) -> bool:
         if not super().add_slot(s):
             return False
         if self.held is not None and earlyinit.enabled():
-            keeper.engine().post(self._early_inits)
+            keeper.fork_thread().post(self._early_inits)
         return True
 
     def _early_inits(self) -> None:
@@ -205,7 +206,7 @@ class TemplateCore(slots.Holder):
         copy-on-write clone of the template, made in the fork engine's thread. ``keep``: leave
         the template's processes seized by that thread for the next fork (until
         :meth:`let_go`)."""
-        return keeper.engine().run(self._fork, n, on_fork, hostnames, keep, abandon=_close_all)
+        return keeper.fork_thread().run(self._fork, n, on_fork, hostnames, keep, abandon=_close_all)
 
     def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool) -> list:
         kids: list = []
@@ -264,7 +265,7 @@ class TemplateCore(slots.Holder):
         """After a fork: keep holding (refrozen once the engine is idle), or let go (a failed
         fork always does)."""
         if keep:
-            keeper.engine().post(self._doze_idle)
+            keeper.fork_thread().post(self._doze_idle)
             return
         self._let_go_locked()
 
@@ -296,7 +297,7 @@ class TemplateCore(slots.Holder):
         """Let the engine's thread release the processes it holds: cured, frozen, detached."""
         if self.held is None or self.held_by != os.getpid():  # a process forked from ours has none
             return
-        keeper.engine().run(self._let_go_with_lock)
+        keeper.fork_thread().run(self._let_go_with_lock)
 
     def _let_go_with_lock(self) -> None:
         with self.lock:

@@ -279,7 +279,7 @@ class RolloutEngine:
         try:
             ws, sh = await loop.run_in_executor(pool, prov.acquire, i)
             if self.cache is not None:
-                target: Any = self.cache.session(ws, self.task.id)
+                target: Any = self.cache.rollout(ws, self.task.id)
                 target._shell = sh  # continue the setup's shell, as in every other mode
             else:
                 target = ToolContext(ws, lambda: sh)

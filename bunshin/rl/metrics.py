@@ -26,7 +26,7 @@ from typing import Self
 
 import numpy as np
 
-from ..runtime.state import proc_start_time
+from ..runtime.statedir import proc_start_time
 
 __all__ = ["CpuMeter", "MemoryReport", "MemorySampler", "cgroup_frozen", "cgroup_pids", "cgroup_state",
            "machine_cpu_seconds"]

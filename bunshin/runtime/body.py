@@ -18,7 +18,7 @@ from ..errors import BunshinError
 from . import cgroup as _cgroup
 from .cgroup.limits import Limits
 from .reap import reap_init
-from .state import Meta, WorkspaceDir, own_start_time
+from .statedir import Meta, WorkspaceDir, own_start_time
 
 if TYPE_CHECKING:
     from ..fork.template import TemplateCore

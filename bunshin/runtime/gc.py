@@ -8,7 +8,7 @@ import os
 import signal
 
 from .. import config
-from . import cgroup, state
+from . import cgroup, statedir
 
 log = logging.getLogger("bunshin.gc")
 
@@ -18,9 +18,9 @@ def collect(*, dry_run: bool = False) -> list[str]:
     removed = []
     live_cgroups = set()
     dead_cgroups = set()  # of this state directory's dead workspaces: frozen templates included
-    for d in state.all_dirs():
+    for d in statedir.all_dirs():
         meta = d.read_meta()
-        if meta is not None and state.owner_alive(meta):
+        if meta is not None and statedir.owner_alive(meta):
             live_cgroups.add(meta.cgroup)
             continue
         if meta is not None:
@@ -28,7 +28,7 @@ def collect(*, dry_run: bool = False) -> list[str]:
         removed.append(d.id)
         if dry_run:
             continue
-        if meta is not None and meta.init_pid and state.proc_start_time(meta.init_pid) is not None:
+        if meta is not None and meta.init_pid and statedir.proc_start_time(meta.init_pid) is not None:
             _kill_if_ours(meta.init_pid)
         d.remove()
     backend = cgroup.backend()

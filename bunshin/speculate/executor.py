@@ -5,7 +5,7 @@
 >>> r = ex.call(ws, real_call)      # hit: ws adopts that fork, no second execution
 
 ``target`` (``ws`` above) is a :class:`~bunshin.Workspace` or a
-:class:`~bunshin.cache.CachedSession`. Bash calls run in the target's shell (the session's
+:class:`~bunshin.cache.CachedRollout`. Bash calls run in the target's shell (the session's
 shell, or the workspace's first live shell); each fork continues that shell's copy.
 
 A hit makes ws *adopt* the fork (the same ``Workspace`` and ``Shell`` objects continue in its
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Self, Union
 
-from ..cache.session import CachedSession
+from ..cache.rollout import CachedRollout
 from ..cache.toolcall import ToolCall, as_tool_call, child_key
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, ToolFn, run_tool
 from ..errors import ForkError
@@ -45,7 +45,7 @@ log = logging.getLogger("bunshin.speculate")
 
 __all__ = ["SpecStats", "SpeculativeExecutor"]
 
-Target = Union["Workspace", CachedSession]
+Target = Union["Workspace", CachedRollout]
 
 
 @dataclass
@@ -97,16 +97,16 @@ class SpeculativeExecutor:
 
     # -- targets --------------------------------------------------------------------------
     def _parts(self, target: Target) -> tuple[Workspace, Mapping[str, ToolFn], int | None]:
-        if isinstance(target, CachedSession):
+        if isinstance(target, CachedRollout):
             sh = target._shell
             return target.ws, target.cache.tools, sh.pid if sh is not None and sh.alive else None
         if isinstance(target, Workspace):
             live = [s for s in target.shells if s.alive]
             return target, self.tools, live[0].pid if live else None
-        raise SpeculationError(f"target must be a Workspace or a CachedSession, got {type(target).__name__}")
+        raise SpeculationError(f"target must be a Workspace or a CachedRollout, got {type(target).__name__}")
 
     def _is_cacheable(self, target: Target, call: ToolCall) -> bool:
-        if isinstance(target, CachedSession):
+        if isinstance(target, CachedRollout):
             return target.cache.is_cacheable(call)
         if self.cacheable is not None:
             return bool(self.cacheable(call))
@@ -167,7 +167,7 @@ class SpeculativeExecutor:
                     return self._adopt(target, ws, pend, hit, waited)
             self._drop(pend)
             self._count(misses=1)
-        if isinstance(target, CachedSession):
+        if isinstance(target, CachedRollout):
             return target.call(tc)
         return run_tool(tools, ToolContext(ws, lambda: shell_in(ws, shell_pid)), tc)
 
@@ -180,7 +180,7 @@ class SpeculativeExecutor:
             pend.tpl.close()
         self._count(hits=1, wasted_cpu_seconds=wasted, saved_seconds=max(hit.exec_time - waited, 0.0))
         assert hit.result is not None
-        if isinstance(target, CachedSession):
+        if isinstance(target, CachedRollout):
             _record(target, hit)
         return hit.result
 
@@ -193,7 +193,7 @@ class SpeculativeExecutor:
 
     def discard(self, target: Target) -> None:
         """Close the branches pending for ``target``'s workspace (if any)."""
-        ws = target.ws if isinstance(target, CachedSession) else target
+        ws = target.ws if isinstance(target, CachedRollout) else target
         with self._lock:
             pend = self._pending.pop(id(ws), None)
         if pend is not None:
@@ -219,7 +219,7 @@ class SpeculativeExecutor:
                 setattr(self._stats, k, getattr(self._stats, k) + v)
 
 
-def _record(session: CachedSession, hit: Branch) -> None:
+def _record(session: CachedRollout, hit: Branch) -> None:
     """Keep the session's trie position and shell after a hit, as if it had executed."""
     from ..cache.store import encode_result
 

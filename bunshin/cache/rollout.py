@@ -1,4 +1,4 @@
-"""``CachedSession``: one rollout's workspace driven through a :class:`PrefixCache`."""
+"""``CachedRollout``: one rollout's workspace driven through a :class:`PrefixCache`."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ if TYPE_CHECKING:
     from ..runtime.workspace import Workspace
     from .prefix import PrefixCache
 
-__all__ = ["CachedSession"]
+__all__ = ["CachedRollout"]
 
 
 def _same_output(a: Result, b: Result) -> bool:
     return (a.stdout, a.stderr, a.exit_code) == (b.stdout, b.stderr, b.exit_code)
 
 
-class CachedSession:
+class CachedRollout:
     """Calls tools on ``ws`` through the cache; use one session per workspace, one thread.
 
     ``call(c)`` on a hit makes ``ws`` a fork of the cached state (``ws.restore``: the same

@@ -70,7 +70,7 @@ class WorkspaceDir:
         return self.path.name
 
     @classmethod
-    def create(cls) -> "WorkspaceDir":
+    def create(cls) -> WorkspaceDir:
         from . import statefs
 
         base = statefs.ensure() / "ws"
