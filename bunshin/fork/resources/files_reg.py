@@ -1,5 +1,7 @@
-"""Regular files and directories of the workspace: reopened by path in the child's root (its
-own overlay) with the same flags and offset. A deleted-but-open file gets a private copy."""
+"""Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
+child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
+private copy with the same mode and owner; a deleted directory is made again at its path,
+opened and removed; a deleted working directory too (CWD)."""
 
 from __future__ import annotations
 
@@ -9,49 +11,135 @@ import stat
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import kind_of
 
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
+_AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
+_AT_REMOVEDIR = 0x200
+# open() takes these but they act once, at the open, and the file was there already
+_NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
 
 
 def claims(proc, f) -> bool:
     return (stat.S_ISREG(f.mode) or stat.S_ISDIR(f.mode)) and f.target.startswith("/")
 
 
+def claims_path(proc, f) -> bool:
+    """O_PATH descriptors of anything with a path (a symlink opened O_NOFOLLOW, a FIFO, a
+    device...): opening one only looks the path up, so it is reopened like a file."""
+    return bool(f.flags & os.O_PATH) and f.target.startswith("/")
+
+
+def _refuse(proc, f, why: str) -> ForkError:
+    return ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd} is a deleted {kind_of(f)} "
+                     f"({f.target}): {why}", pid=proc.hostpid, step="plan")
+
+
+def remade_at(root: str, target: str) -> str | None:
+    """Why a deleted ``target`` cannot be made again at its path in a child of the template
+    whose root is ``root`` (None: it can): its directory must still be there, its name free."""
+    path = target[: -len(_DELETED)]
+    if not os.path.isdir(root + os.path.dirname(path)):
+        return "its directory is gone too, so a copy cannot be made at its path"
+    if os.path.lexists(root + path):
+        return "something else is at its path now, so a copy cannot be made there"
+    return None
+
+
+def check_tree(procs) -> None:
+    """Refuse, at plan time, deleted things that cannot be made again faithfully."""
+    root = f"/proc/{procs[0].hostpid}/root"
+    for p in procs:
+        for f in p.fds:
+            if f.handler not in (OPS, PATHS) or f.dup_of is not None or not f.target.endswith(_DELETED):
+                continue
+            if stat.S_ISDIR(f.mode):
+                why = remade_at(root, f.target)
+                if why:
+                    raise _refuse(p, f, why)
+            elif not stat.S_ISREG(f.mode):
+                raise _refuse(p, f, "only deleted files and directories can be made again")
+
+
 def fixup(ctx, proc, r, f) -> None:
-    flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
-    if f.target.endswith(_DELETED):
-        newfd = _copy_deleted(ctx, proc, r, f)
+    flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
+    if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
+        newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"))
+    elif f.target.endswith(_DELETED):
+        newfd = _copy_deleted(proc, r, f, flags)
     else:
         newfd = r.queue_openat(f.target, flags)
-    if f.pos and not stat.S_ISDIR(f.mode):
-        r.queue("lseek", newfd, f.pos, os.SEEK_SET)
-    elif f.pos:
-        # a directory's position is an opaque cookie; replay it as getdents would
+    if f.pos:  # a directory's is an opaque cookie: replayed as getdents would
         r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     r.install(newfd, f)
 
 
-def _copy_deleted(ctx, proc, r, f) -> int:
-    """An unlinked file lives only in the template; the child gets its own unlinked copy."""
-    if not stat.S_ISREG(f.mode):
-        raise ForkError(f"process {proc.vpid} fd {f.fd}: deleted directory {f.target} cannot be forked")
-    parent = os.path.dirname(f.target[: -len(_DELETED)]) or "/"
-    newfd = -1
-    for d in (parent, "/tmp", "/dev/shm"):
-        newfd = r.call("openat", -100 & 0xFFFFFFFFFFFFFFFF, r.path(d), _O_TMPFILE | os.O_RDWR, 0o600,
-                       ok_errnos=tuple(range(1, 200)))
-        if newfd >= 0:
-            break
-    if newfd < 0:
-        raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}")
-    with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
-            open(f"/proc/{r.t.pid}/fd/{newfd}", "r+b") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    mode = f.flags & (os.O_APPEND | os.O_NONBLOCK)
-    if mode:
-        r.queue("fcntl", newfd, 4, mode)  # F_SETFL
+def _owner(r, fd, st: os.stat_result) -> None:
+    r.queue("fchown", fd, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+    r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
+
+
+def _remake_dir(r, path: str, flags: int, st: os.stat_result):
+    """A directory made at ``path``, opened with ``flags`` and removed (plan: the name is
+    free): the process sees it deleted, with its mode and owner."""
+    r.queue("mkdirat", _AT_FDCWD, r.queue_path(path), 0o700)
+    helper = r.queue_openat(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _owner(r, helper, st)
+    newfd = r.queue_openat(path, flags)
+    r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), _AT_REMOVEDIR)
+    r.queue("close", helper)
     return newfd
 
 
-OPS = SimpleNamespace(kind="file", claims=claims, fixup=fixup)
+def _copy_deleted(proc, r, f, flags: int) -> int:
+    """An unlinked file lives only in the template; the child gets its own unlinked copy,
+    reopened through /proc with the template's flags."""
+    parent = os.path.dirname(f.target[: -len(_DELETED)]) or "/"
+    tmp = -1
+    for d in (parent, "/tmp", "/dev/shm"):
+        tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                     ok_errnos=tuple(range(1, 200)))
+        if tmp >= 0:
+            break
+    if tmp < 0:
+        raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}")
+    with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
+            open(f"/proc/{r.t.pid}/fd/{tmp}", "r+b") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        st = os.fstat(src.fileno())
+    _owner(r, tmp, st)
+    # O_NOFOLLOW would refuse the /proc link: the only flag not carried
+    newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
+    r.queue("close", tmp)
+    return newfd
+
+
+def plan_proc(proc) -> None:
+    if proc.cwd.endswith(_DELETED):
+        proc.cwd_stat = os.stat(f"/proc/{proc.hostpid}/cwd")
+
+
+def check_cwd(procs) -> None:
+    root = f"/proc/{procs[0].hostpid}/root"
+    for p in procs:
+        why = remade_at(root, p.cwd) if p.cwd.endswith(_DELETED) and not p.is_init else None
+        if why:
+            raise ForkError(f"process {p.vpid} ({p.name}) works in a deleted directory ({p.cwd}): {why}",
+                            pid=p.hostpid, step="plan")
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    """A deleted working directory: made again at its path, entered and removed."""
+    st = getattr(proc, "cwd_stat", None)
+    if st is None:
+        return
+    path = proc.cwd[: -len(_DELETED)]
+    helper = _remake_dir(r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st)
+    r.queue("fchdir", helper)
+    r.queue("close", helper)
+
+
+OPS = SimpleNamespace(kind="file", claims=claims, fixup=fixup, check_tree=check_tree)
+PATHS = SimpleNamespace(kind="path", claims=claims_path, fixup=fixup)
+CWD = SimpleNamespace(kind="cwd", plan_proc=plan_proc, fixup_proc=fixup_proc, check_tree=check_cwd)
