@@ -139,15 +139,22 @@ g = os.open("/work/fm/ghost", os.O_RDWR | os.O_CREAT, 0o600)
 os.write(g, b"ghost data")
 os.fchown(g, 1234, 5678)  # before the mode: a chown drops set-user-ID
 os.fchmod(g, 0o4751)
-fds["ghost"] = os.open("/work/fm/ghost", os.O_RDONLY | os.O_NONBLOCK)  # read-only, deleted
+fds["ghost"] = os.open("/work/fm/ghost", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # read-only, deleted
+fds["ghost-rw"] = os.open("/work/fm/ghost", os.O_RDWR)  # another open of it: one file still
 os.close(g)
 os.unlink("/work/fm/ghost")
 os.lseek(fds["ghost"], 6, os.SEEK_SET)
+fds["replaced"] = os.open("/work/fm/replaced", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+os.write(fds["replaced"], b"old")
+os.unlink("/work/fm/replaced")
+open("/work/fm/replaced", "w").write("new")  # its name taken by another file
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
-    r["ghost"]["link"] = r["ghost"]["link"].endswith(" (deleted)")  # a copy: its own name
+    r["replaced"]["link"] = r["replaced"]["link"].endswith(" (deleted)")  # a copy's own name
     r["ghost-nlink"] = os.fstat(fds["ghost"]).st_nlink
+    r["ghost-same"] = os.fstat(fds["ghost"]).st_ino == os.fstat(fds["ghost-rw"]).st_ino
     r["ghost-read"] = os.pread(fds["ghost"], 100, 0).decode()
+    r["replaced-read"] = os.pread(fds["replaced"], 100, 0).decode()
     try:
         os.write(fds["ghost"], b"x")
         r["ghost-write"] = "written"
@@ -166,9 +173,11 @@ def test_open_flags_modes_and_owners_of_files(family, how):
     assert before["sync"]["fl"] & os.O_DSYNC and before["sync"]["fd"] == 1 and before["append"]["fd"] == 0
     assert before["append"]["mode"] == 0o604 and before["shm"]["mode"] == 0o640
     assert (before["ghost"]["mode"], before["ghost"]["uid"], before["ghost"]["gid"]) == (0o4751, 1234, 5678)
-    assert before["ghost-write"] == "EBADF" and before["ghost-nlink"] == 0
+    assert before["ghost-write"] == "EBADF" and before["ghost-nlink"] == 0 and before["ghost-same"]
+    assert before["ghost"]["link"] == "/work/fm/ghost (deleted)" and before["ghost"]["fl"] & os.O_NOFOLLOW
     assert src == before and kid == before
     assert child.run("test -e /work/fm/ghost").exit_code == 1
+    assert child.read_file("/work/fm/replaced") == b"new"
 
 
 MEMFDS = r"""

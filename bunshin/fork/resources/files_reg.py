@@ -1,7 +1,8 @@
 """Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
 child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
 private copy with the same mode and owner; a deleted directory is made again at its path,
-opened and removed; a deleted working directory too (CWD)."""
+opened and removed; a deleted working directory too (CWD). Several opens of one deleted
+file share one copy."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..plan import kind_of
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
-_AT_REMOVEDIR = 0x200
+_AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x200, 0x400
 # open() takes these but they act once, at the open, and the file was there already
 _NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
 
@@ -58,7 +59,9 @@ def check_tree(procs) -> None:
                 why = remade_at(root, f.target)
                 if why:
                     raise _refuse(p, f, why)
-            elif not stat.S_ISREG(f.mode):
+            elif stat.S_ISREG(f.mode):
+                f.name_free = remade_at(root, f.target) is None
+            else:
                 raise _refuse(p, f, "only deleted files and directories can be made again")
 
 
@@ -67,7 +70,13 @@ def fixup(ctx, proc, r, f) -> None:
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
         newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"))
     elif f.target.endswith(_DELETED):
-        newfd = _copy_deleted(proc, r, f, flags)
+        made = ctx.shared.setdefault("deleted-files", {})
+        if (f.dev, f.ino) in made:  # another open of the same file: of the same copy
+            vpid, fd = made[f.dev, f.ino]
+            newfd = r.queue_openat(f"/proc/{vpid}/fd/{fd}", flags & ~os.O_NOFOLLOW)
+        else:
+            newfd = _copy_deleted(proc, r, f, flags)
+            made[f.dev, f.ino] = (proc.vpid, f.fd)
     else:
         newfd = r.queue_openat(f.target, flags)
     if f.pos:  # a directory's is an opaque cookie: replayed as getdents would
@@ -92,10 +101,12 @@ def _remake_dir(r, path: str, flags: int, st: os.stat_result):
     return newfd
 
 
-def _copy_deleted(proc, r, f, flags: int) -> int:
+def _copy_deleted(proc, r, f, flags: int):
     """An unlinked file lives only in the template; the child gets its own unlinked copy,
-    reopened through /proc with the template's flags."""
-    parent = os.path.dirname(f.target[: -len(_DELETED)]) or "/"
+    with the file's mode and owner, opened with its flags. Where its name is free (plan), the
+    copy is linked there, opened and unlinked: /proc shows the same name."""
+    path = f.target[: -len(_DELETED)]
+    parent = os.path.dirname(path) or "/"
     tmp = -1
     for d in (parent, "/tmp", "/dev/shm"):
         tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
@@ -109,8 +120,13 @@ def _copy_deleted(proc, r, f, flags: int) -> int:
         shutil.copyfileobj(src, dst, 1 << 20)
         st = os.fstat(src.fileno())
     _owner(r, tmp, st)
-    # O_NOFOLLOW would refuse the /proc link: the only flag not carried
-    newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
+    if d == parent and getattr(f, "name_free", False):
+        r.queue("linkat", _AT_FDCWD, r.queue_path(f"/proc/self/fd/{tmp}"), _AT_FDCWD, r.queue_path(path),
+                _AT_SYMLINK_FOLLOW)
+        newfd = r.queue_openat(path, flags)
+        r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+    else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
+        newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
     r.queue("close", tmp)
     return newfd
 

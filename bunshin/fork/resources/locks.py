@@ -71,9 +71,12 @@ def plan_proc(proc) -> None:
 
 def fixup_proc(ctx, proc, r) -> None:
     for f in proc.fds:
-        if f.dup_of is not None or getattr(f, "lock_shared_from", None) is not None:
+        if f.dup_of is not None:
             continue
+        shared = getattr(f, "lock_shared_from", None) is not None
         for lk in f.locks:
+            if shared and lk.kind in _OF_FILE:  # came with the open file
+                continue
             if lk.kind == "FLOCK":
                 r.queue("flock", f.fd, (_LOCK_EX if lk.write else _LOCK_SH) | _LOCK_NB)
                 continue
