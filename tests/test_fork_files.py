@@ -100,11 +100,16 @@ paths = {"file": ("/work/op/f", os.O_PATH), "link": ("/work/op/link", os.O_PATH 
          "fifo": ("/work/op/fifo", os.O_PATH)}
 fds = {k: os.open(p, fl) for k, (p, fl) in paths.items()}
 os.set_inheritable(fds["file"], True)  # Python opens close-on-exec: one without
+os.symlink("nowhere", "/work/op/gone")
+fds["gone"] = os.open("/work/op/gone", os.O_PATH | os.O_NOFOLLOW)
+os.lchown("/work/op/gone", 7, 8)
+os.unlink("/work/op/gone")
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
-    for k, fd in fds.items():  # the file at that path in this workspace's own root
-        r[k]["own"] = os.fstat(fd).st_ino == os.lstat(paths[k][0]).st_ino
+    for k, (p, _) in paths.items():  # the file at that path in this workspace's own root
+        r[k]["own"] = os.fstat(fds[k]).st_ino == os.lstat(p).st_ino
     r["link-to"] = os.readlink("", dir_fd=fds["link"])
+    r["gone-to"] = os.readlink("", dir_fd=fds["gone"])
     r["in-dir"] = os.stat("f", dir_fd=fds["dir"]).st_size
     return r
 serve(report)
@@ -113,11 +118,14 @@ serve(report)
 
 @pytest.mark.parametrize("how", HOWS)
 def test_o_path_descriptors(family, how):
-    before, src, kid, _ = _reports(family, O_PATHS, how)
+    before, src, kid, child = _reports(family, O_PATHS, how)
     assert before["link"]["type"] == 0o120000 and before["link"]["fl"] & 0o10000000  # O_PATH
     assert before["dir"]["fd"] == 1 and before["file"]["fd"] == 0
     assert all(before[k]["own"] for k in ("file", "link", "dir", "dev", "fifo"))
+    assert before["gone"]["link"] == "/work/op/gone (deleted)" and before["gone-to"] == "nowhere"
+    assert (before["gone"]["uid"], before["gone"]["gid"]) == (7, 8)
     assert src == before and kid == before
+    assert child.run("test -e /work/op/gone -o -L /work/op/gone").exit_code == 1
 
 
 FLAGS_AND_MODES = r"""
@@ -192,6 +200,7 @@ fds["plain"] = os.memfd_create("plain", 0)  # no sealing: F_SEAL_SEAL
 os.write(fds["plain"], b"plain")
 fcntl.fcntl(fds["plain"], fcntl.F_SETFL, os.O_APPEND | os.O_NONBLOCK)
 fds["ro"] = os.open(f"/proc/self/fd/{fds['plain']}", os.O_RDONLY)  # another open, read-only
+fds["path"] = os.open(f"/proc/self/fd/{fds['sealed']}", os.O_PATH)
 fds["mapped"] = os.memfd_create("mapped", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
 os.ftruncate(fds["mapped"], 4096)
 mem = mmap.mmap(fds["mapped"], 4096, flags=mmap.MAP_SHARED)  # writable, then sealed for new ones
@@ -199,6 +208,9 @@ fcntl.fcntl(fds["mapped"], fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
     for k, fd in fds.items():
+        if k == "path":  # O_PATH: nothing but what it names
+            r[k]["same"] = os.fstat(fd).st_ino == os.fstat(fds["sealed"]).st_ino
+            continue
         r[k]["seals"] = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         r[k]["data"] = os.pread(fd, 20, 0).decode()
     try:
@@ -221,7 +233,7 @@ def test_memfd_seals_flags_and_modes(family, how):
     assert before["plain"]["seals"] == 1 and before["plain"]["fl"] & os.O_APPEND
     assert before["ro"]["fl"] & os.O_ACCMODE == os.O_RDONLY and before["ro"]["data"] == "plain"
     assert before["mapped"]["seals"] == 16 and before["mapped-data"] == "still"
-    assert before["sealed-write"] == "EPERM"
+    assert before["sealed-write"] == "EPERM" and before["path"]["same"]
     assert src == before and kid == before
 
 
@@ -397,6 +409,10 @@ held = os.open("/work/x", os.O_RDONLY | os.O_DIRECTORY)
 os.rmdir("/work/x")
 os.makedirs("/work/x")
 """, "deleted directory"),
+    "memfd-lock": (r"""
+held = os.memfd_create("locked")
+fcntl.lockf(held, fcntl.LOCK_EX)
+""", "lock"),
     "lease": (r"""
 open("/tmp/leased", "w").close()
 held = os.open("/tmp/leased", os.O_RDONLY)

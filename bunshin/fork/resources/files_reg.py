@@ -1,7 +1,7 @@
 """Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
 child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
-private copy with the same mode and owner; a deleted directory is made again at its path,
-opened and removed; a deleted working directory too (CWD). Several opens of one deleted
+private copy with the same mode and owner; a deleted directory (or symlink, held O_PATH) is
+made again at its path, opened and removed; a deleted working directory too (CWD). Several opens of one deleted
 file share one copy."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from ..plan import kind_of
+from . import sharing
 
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
-_AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x200, 0x400
+_AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x100, 0x200, 0x400
 # open() takes these but they act once, at the open, and the file was there already
 _NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
 
@@ -28,8 +29,9 @@ def claims(proc, f) -> bool:
 
 def claims_path(proc, f) -> bool:
     """O_PATH descriptors of anything with a path (a symlink opened O_NOFOLLOW, a FIFO, a
-    device...): opening one only looks the path up, so it is reopened like a file."""
-    return bool(f.flags & os.O_PATH) and f.target.startswith("/")
+    device...): opening one only looks the path up, so it is reopened like a file. One of a
+    memfd is shmem.py's (the child's copy of the object)."""
+    return bool(f.flags & os.O_PATH) and f.target.startswith("/") and not f.target.startswith("/memfd:")
 
 
 def _refuse(proc, f, why: str) -> ForkError:
@@ -55,20 +57,22 @@ def check_tree(procs) -> None:
         for f in p.fds:
             if f.handler not in (OPS, PATHS) or f.dup_of is not None or not f.target.endswith(_DELETED):
                 continue
-            if stat.S_ISDIR(f.mode):
+            if stat.S_ISDIR(f.mode) or stat.S_ISLNK(f.mode):
                 why = remade_at(root, f.target)
                 if why:
                     raise _refuse(p, f, why)
             elif stat.S_ISREG(f.mode):
                 f.name_free = remade_at(root, f.target) is None
             else:
-                raise _refuse(p, f, "only deleted files and directories can be made again")
+                raise _refuse(p, f, "only deleted files, directories and symlinks can be made again")
 
 
 def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
         newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"))
+    elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
+        newfd = _remake_symlink(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
         made = ctx.shared.setdefault("deleted-files", {})
         if (f.dev, f.ino) in made:  # another open of the same file: of the same copy
@@ -98,6 +102,23 @@ def _remake_dir(r, path: str, flags: int, st: os.stat_result):
     newfd = r.queue_openat(path, flags)
     r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), _AT_REMOVEDIR)
     r.queue("close", helper)
+    return newfd
+
+
+def _remake_symlink(proc, r, f, flags: int):
+    """A symlink made again at its path with what it holds, opened and removed (plan: the
+    name is free)."""
+    path = f.target[: -len(_DELETED)]
+    held = sharing.getfd_here(proc.hostpid, f.fd)
+    try:
+        content = os.readlink("", dir_fd=held)
+        st = os.fstat(held)
+    finally:
+        os.close(held)
+    r.queue("symlinkat", r.queue_path(content), _AT_FDCWD, r.queue_path(path))
+    r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, _AT_SYMLINK_NOFOLLOW)
+    newfd = r.queue_openat(path, flags)
+    r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
     return newfd
 
 
