@@ -15,8 +15,9 @@ from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, name
                signals, sk_inet, sk_unix, sysv_shm, timerfd, timers, unsupported)
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
-REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS, timerfd.OPS, inotify.OPS, epoll.OPS,
-            sk_unix.OPS, sk_inet.OPS, namespaces.OPS, files_reg.OPS, unsupported.OPS]
+REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
+            timerfd.OPS, inotify.OPS, epoll.OPS, sk_unix.OPS, sk_inet.OPS, namespaces.OPS, files_reg.OPS,
+            unsupported.OPS]
 
 # Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
 # remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.

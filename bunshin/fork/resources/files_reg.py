@@ -1,8 +1,8 @@
 """Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
 child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
-private copy with the same mode and owner; a deleted directory (or symlink, held O_PATH) is
-made again at its path, opened and removed; a deleted working directory too (CWD). Several opens of one deleted
-file share one copy."""
+private copy with the same mode and owner (one copy for all its opens); a deleted directory
+(or symlink, held O_PATH) is made again at its path, opened and removed; a deleted working
+directory too (CWD)."""
 
 from __future__ import annotations
 
