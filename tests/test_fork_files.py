@@ -54,7 +54,7 @@ def from_another(job):
     return json.loads(data)
 """
 
-HOWS = ["ws.fork", "template.fork"]
+HOWS = ["ws.fork", "template.fork", "two-children"]  # two-children: the second of one tpl.fork(2)
 
 
 def _start(family, script: str) -> tuple[bunshin.Workspace, int]:
@@ -68,12 +68,12 @@ def _start(family, script: str) -> tuple[bunshin.Workspace, int]:
 
 def _fork(family, ws, how: str) -> bunshin.Workspace:
     if how == "ws.fork":
-        (kid,) = ws.fork(1)
+        kids = ws.fork(1)
     else:
         with ws.snapshot() as tpl:
-            (kid,) = tpl.fork(1)
-    family.append(kid)
-    return kid
+            kids = tpl.fork(1 if how == "template.fork" else 2)
+    family.extend(kids)
+    return kids[-1]
 
 
 def _report(w, pid: int) -> dict:
@@ -272,6 +272,11 @@ def probe():
     fd = mine("posix")
     r["posix-held"] = unpack(fcntl.fcntl(fd, fcntl.F_GETLK, lk(fcntl.F_WRLCK, 0, 0)))
     r["posix-free"] = unpack(fcntl.fcntl(fd, fcntl.F_GETLK, lk(fcntl.F_WRLCK, 0, 10)))
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLK, lk(fcntl.F_WRLCK, 12, 1))
+        r["posix-take"] = "taken"
+    except OSError as e:
+        r["posix-take"] = errno.errorcode[e.errno]
     r["ofd-held"] = unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lk(fcntl.F_WRLCK, 60, 1)))
     r["ofd-read-ok"] = unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 60, 1)))
     r["ghost-held"] = unpack(fcntl.fcntl(mine("ghost"), fcntl.F_GETLK, lk(fcntl.F_WRLCK, 0, 0)))
@@ -298,7 +303,7 @@ def test_posix_ofd_and_flock_locks_are_held_in_the_child(family, how):
     before, src, kid, _ = _reports(family, LOCKS, how)
     p = before["probe"]
     assert p["posix-held"][:3] == [1, 10, 5] and p["posix-held"][3] > 0  # F_WRLCK by the program
-    assert p["posix-free"][0] == 2  # F_UNLCK
+    assert p["posix-free"][0] == 2 and p["posix-take"] == "EAGAIN"  # F_UNLCK
     assert p["ofd-held"] == [0, 50, 0, -1] and p["ofd-read-ok"][0] == 2
     assert p["ghost-held"][0] == 1 and p["shared-held"][:3] == [1, 0, 0] and p["flock"] == "held"
     assert src == before and kid == before
