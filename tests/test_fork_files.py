@@ -205,6 +205,10 @@ fds["mapped"] = os.memfd_create("mapped", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
 os.ftruncate(fds["mapped"], 4096)
 mem = mmap.mmap(fds["mapped"], 4096, flags=mmap.MAP_SHARED)  # writable, then sealed for new ones
 fcntl.fcntl(fds["mapped"], fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+import ctypes
+anon = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)  # a shmem file with no name
+at = ctypes.addressof(ctypes.c_char.from_buffer(anon))
+fds["anon"] = os.open(f"/proc/self/map_files/{at:x}-{at + 4096:x}", os.O_RDWR | os.O_NONBLOCK)
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
     for k, fd in fds.items():
@@ -221,6 +225,10 @@ def report():
     mem[:5] = b"still"  # the old mapping stays writable
     r["mapped-data"] = os.pread(fds["mapped"], 5, 0).decode()
     mem[:5] = bytes(5)
+    os.pwrite(fds["anon"], b"via-fd", 0)  # the descriptor and the mapping: one object
+    r["anon-mapped"] = bytes(anon[:6]).decode()
+    r["anon-maps"] = [l.split(None, 5)[-1].strip() for l in open("/proc/self/maps") if l.startswith(f"{at:x}-")]
+    anon[:6] = bytes(6)
     return r
 serve(report)
 """
@@ -234,6 +242,8 @@ def test_memfd_seals_flags_and_modes(family, how):
     assert before["ro"]["fl"] & os.O_ACCMODE == os.O_RDONLY and before["ro"]["data"] == "plain"
     assert before["mapped"]["seals"] == 16 and before["mapped-data"] == "still"
     assert before["sealed-write"] == "EPERM" and before["path"]["same"]
+    assert before["anon-mapped"] == "via-fd" and before["anon"]["fl"] & os.O_NONBLOCK
+    assert before["anon"]["link"] == before["anon-maps"][0] == "/dev/zero (deleted)"
     assert src == before and kid == before
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from ..plan import kind_of
-from . import sharing
+from . import sharing, shmem
 
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
@@ -30,8 +30,8 @@ def claims(proc, f) -> bool:
 def claims_path(proc, f) -> bool:
     """O_PATH descriptors of anything with a path (a symlink opened O_NOFOLLOW, a FIFO, a
     device...): opening one only looks the path up, so it is reopened like a file. One of a
-    memfd is shmem.py's (the child's copy of the object)."""
-    return bool(f.flags & os.O_PATH) and f.target.startswith("/") and not f.target.startswith("/memfd:")
+    memfd or of shared anonymous memory is shmem.py's (the child's copy of the object)."""
+    return (bool(f.flags & os.O_PATH) and f.target.startswith("/") and not shmem.claims_fd(proc, f))
 
 
 def _refuse(proc, f, why: str) -> ForkError:
