@@ -270,6 +270,9 @@ os.unlink("/work/lk/ghost")
 shared = os.open("/work/lk/shared", os.O_RDWR | os.O_CREAT, 0o644)  # one open file, two processes
 fcntl.fcntl(shared, fcntl.F_OFD_SETLK, lk(fcntl.F_WRLCK, 0, 0))
 fds["shared"] = shared
+fds["memfd"] = os.memfd_create("locked")
+fcntl.fcntl(fds["memfd"], fcntl.F_OFD_SETLK, lk(fcntl.F_WRLCK, 0, 1))
+fcntl.flock(fds["memfd"], fcntl.LOCK_SH)
 if os.fork() == 0:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     while True:
@@ -290,6 +293,12 @@ def probe():
     r["ofd-held"] = unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lk(fcntl.F_WRLCK, 60, 1)))
     r["ofd-read-ok"] = unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 60, 1)))
     r["ghost-held"] = unpack(fcntl.fcntl(mine("ghost"), fcntl.F_GETLK, lk(fcntl.F_WRLCK, 0, 0)))
+    r["memfd-held"] = unpack(fcntl.fcntl(mine("memfd"), fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 0, 0)))
+    try:
+        fcntl.flock(mine("memfd"), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r["memfd-flock"] = "free"
+    except BlockingIOError:
+        r["memfd-flock"] = "held"
     r["shared-held"] = unpack(fcntl.fcntl(mine("shared"), fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 0, 0)))
     try:
         fcntl.flock(mine("flock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -315,6 +324,7 @@ def test_posix_ofd_and_flock_locks_are_held_in_the_child(family, how):
     assert p["posix-held"][:3] == [1, 10, 5] and p["posix-held"][3] > 0  # F_WRLCK by the program
     assert p["posix-free"][0] == 2 and p["posix-take"] == "EAGAIN"  # F_UNLCK
     assert p["ofd-held"] == [0, 50, 0, -1] and p["ofd-read-ok"][0] == 2
+    assert p["memfd-held"] == [1, 0, 1, -1] and p["memfd-flock"] == "held"
     assert p["ghost-held"][0] == 1 and p["shared-held"][:3] == [1, 0, 0] and p["flock"] == "held"
     assert src == before and kid == before
 
@@ -424,10 +434,16 @@ held = os.open("/work/x", os.O_RDONLY | os.O_DIRECTORY)
 os.rmdir("/work/x")
 os.makedirs("/work/x")
 """, "deleted directory"),
-    "memfd-lock": (r"""
+    "memfd-posix-lock": (r"""
 held = os.memfd_create("locked")
 fcntl.lockf(held, fcntl.LOCK_EX)
-""", "lock"),
+""", "POSIX lock on a memfd"),
+    "unlinked-fifo-replaced": (r"""
+os.mkfifo("/tmp/ff")
+held = os.open("/tmp/ff", os.O_RDWR)
+os.unlink("/tmp/ff")
+open("/tmp/ff", "w").close()
+""", "unlinked fifo"),
     "lease": (r"""
 open("/tmp/leased", "w").close()
 held = os.open("/tmp/leased", os.O_RDONLY)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from ..._core._syscalls import KCMP_FILE, kcmp
 from ...errors import ForkError
-from . import files_reg, sharing
+from . import files_reg, sharing, shmem
 
 _F_SETLK, _F_OFD_SETLK = 6, 37
 _F_RDLCK, _F_WRLCK = 0, 1
@@ -42,9 +42,13 @@ def check_tree(procs) -> None:
             odd = [lk.kind for lk in f.locks if lk.kind not in _KINDS]
             if odd:
                 raise _refuse(p, f, f"a {odd[0].lower()} lock, which a fork cannot carry")
-            if f.handler not in (files_reg.OPS,):
-                raise _refuse(p, f, "a lock on a file that is not a regular file of the workspace, "
-                                    "which a fork cannot carry")
+            posix = any(lk.kind == "POSIX" for lk in f.locks)
+            if f.handler is not files_reg.OPS and (f.handler is not shmem.OPS or posix):
+                # a memfd's copy is also held by a descriptor closed at finish: that close
+                # would drop a POSIX lock of the process that made it
+                raise _refuse(p, f, "a POSIX lock on a memfd" if f.handler is shmem.OPS else
+                              "a lock on something that is neither a regular file of the workspace "
+                              "nor a memfd, which a fork cannot carry")
             if not any(lk.kind in _OF_FILE for lk in f.locks):
                 continue
             for q, g in holders:
