@@ -369,16 +369,20 @@ def test_fifos_without_peers_and_unlinked(family, how):
 
 
 DELETED_DIRS = r"""
+import shutil
 os.makedirs("/work/dd/held", exist_ok=True)
-os.makedirs("/work/dd/cwd", exist_ok=True)
+os.makedirs("/work/dd/tree/a/b", exist_ok=True)
 os.chmod("/work/dd/held", 0o711)
 os.chown("/work/dd/held", 42, 43)
 held = os.open("/work/dd/held", os.O_RDONLY | os.O_DIRECTORY)
-os.chdir("/work/dd/cwd")
+deep = os.open("/work/dd/tree/a/f", os.O_RDWR | os.O_CREAT, 0o640)
+os.write(deep, b"deep")
+os.chdir("/work/dd/tree/a/b")
 os.rmdir("/work/dd/held")
-os.rmdir("/work/dd/cwd")
+shutil.rmtree("/work/dd/tree")  # the working directory, and what it is in
 def report():
-    r = {"held": fd_facts(held), "held-list": os.listdir(held),
+    r = {"held": fd_facts(held), "held-list": os.listdir(held), "deep": fd_facts(deep),
+         "deep-read": os.pread(deep, 10, 0).decode(),
          "cwd": os.readlink("/proc/self/cwd"), "cwd-mode": stat.S_IMODE(os.stat(".").st_mode),
          "cwd-nlink": os.stat(".").st_nlink}
     return r
@@ -391,7 +395,8 @@ def test_deleted_directories_held_open_and_as_working_directory(family, how):
     before, src, kid, child = _reports(family, DELETED_DIRS, how)
     assert before["held"]["link"] == "/work/dd/held (deleted)" and before["held"]["mode"] == 0o711
     assert (before["held"]["uid"], before["held"]["gid"]) == (42, 43)
-    assert before["cwd"] == "/work/dd/cwd (deleted)" and before["cwd-nlink"] == 0
+    assert before["cwd"] == "/work/dd/tree/a/b (deleted)" and before["cwd-nlink"] == 0
+    assert before["deep"]["link"] == "/work/dd/tree/a/f (deleted)" and before["deep-read"] == "deep"
     assert src == before and kid == before
     assert child.run("ls /work/dd").stdout == b""  # made again and removed
 

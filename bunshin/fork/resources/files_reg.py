@@ -39,15 +39,31 @@ def _refuse(proc, f, why: str) -> ForkError:
                      f"({f.target}): {why}", pid=proc.hostpid, step="plan")
 
 
-def remade_at(root: str, target: str) -> str | None:
-    """Why a deleted ``target`` cannot be made again at its path in a child of the template
-    whose root is ``root`` (None: it can): its directory must still be there, its name free."""
+def way_to(root: str, target: str) -> tuple[list[str] | None, str]:
+    """The directories to make, outermost first, so that a deleted ``target`` can be made again
+    at its path in a child of the template whose root is ``root`` (made, then removed after
+    it, they are as deleted as in the template); None and why when it cannot be."""
     path = target[: -len(_DELETED)]
-    if not os.path.isdir(root + os.path.dirname(path)):
-        return "its directory is gone too, so a copy cannot be made at its path"
-    if os.path.lexists(root + path):
-        return "something else is at its path now, so a copy cannot be made there"
-    return None
+    missing = []
+    d = os.path.dirname(path)
+    while not os.path.lexists(root + d):
+        missing.insert(0, d)
+        d = os.path.dirname(d)
+    if not stat.S_ISDIR(os.lstat(root + d).st_mode):
+        return None, f"{d} is not a directory now, so it cannot be made again at its path"
+    if not missing and os.path.lexists(root + path):
+        return None, "something else is at its path now, so it cannot be made again there"
+    return missing, ""
+
+
+def make_way(r, way: list[str]) -> None:
+    for d in way:
+        r.queue("mkdirat", _AT_FDCWD, r.queue_path(d), 0o700)
+
+
+def drop_way(r, way: list[str]) -> None:
+    for d in reversed(way):
+        r.queue("unlinkat", _AT_FDCWD, r.queue_path(d), _AT_REMOVEDIR)
 
 
 def check_tree(procs) -> None:
@@ -58,11 +74,11 @@ def check_tree(procs) -> None:
             if f.handler not in (OPS, PATHS) or f.dup_of is not None or not f.target.endswith(_DELETED):
                 continue
             if stat.S_ISDIR(f.mode) or stat.S_ISLNK(f.mode):
-                why = remade_at(root, f.target)
-                if why:
+                f.way, why = way_to(root, f.target)
+                if f.way is None:
                     raise _refuse(p, f, why)
             elif stat.S_ISREG(f.mode):
-                f.name_free = remade_at(root, f.target) is None
+                f.way = way_to(root, f.target)[0]  # None: a copy under another name
             else:
                 raise _refuse(p, f, "only deleted files, directories and symlinks can be made again")
 
@@ -70,7 +86,8 @@ def check_tree(procs) -> None:
 def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
-        newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"))
+        newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),
+                            f.way)
     elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
         newfd = _remake_symlink(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
@@ -93,21 +110,22 @@ def _owner(r, fd, st: os.stat_result) -> None:
     r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
 
 
-def _remake_dir(r, path: str, flags: int, st: os.stat_result):
-    """A directory made at ``path``, opened with ``flags`` and removed (plan: the name is
-    free): the process sees it deleted, with its mode and owner."""
+def _remake_dir(r, path: str, flags: int, st: os.stat_result, way: list[str]):
+    """A directory made at ``path`` (after ``way``), opened with ``flags`` and removed: the
+    process sees it deleted, with its mode and owner."""
+    make_way(r, way)
     r.queue("mkdirat", _AT_FDCWD, r.queue_path(path), 0o700)
     helper = r.queue_openat(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     _owner(r, helper, st)
     newfd = r.queue_openat(path, flags)
     r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), _AT_REMOVEDIR)
+    drop_way(r, way)
     r.queue("close", helper)
     return newfd
 
 
 def _remake_symlink(proc, r, f, flags: int):
-    """A symlink made again at its path with what it holds, opened and removed (plan: the
-    name is free)."""
+    """A symlink made again at its path with what it holds, opened and removed."""
     path = f.target[: -len(_DELETED)]
     held = sharing.getfd_here(proc.hostpid, f.fd)
     try:
@@ -115,19 +133,24 @@ def _remake_symlink(proc, r, f, flags: int):
         st = os.fstat(held)
     finally:
         os.close(held)
+    make_way(r, f.way)
     r.queue("symlinkat", r.queue_path(content), _AT_FDCWD, r.queue_path(path))
     r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, _AT_SYMLINK_NOFOLLOW)
     newfd = r.queue_openat(path, flags)
     r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+    drop_way(r, f.way)
     return newfd
 
 
 def _copy_deleted(proc, r, f, flags: int):
     """An unlinked file lives only in the template; the child gets its own unlinked copy,
-    with the file's mode and owner, opened with its flags. Where its name is free (plan), the
-    copy is linked there, opened and unlinked: /proc shows the same name."""
+    with the file's mode and owner, opened with its flags. Where its name is free (plan: a way
+    to it), the copy is linked there, opened and unlinked: /proc shows the same name."""
     path = f.target[: -len(_DELETED)]
     parent = os.path.dirname(path) or "/"
+    way = getattr(f, "way", None)
+    if way is not None:
+        make_way(r, way)
     tmp = -1
     for d in (parent, "/tmp", "/dev/shm"):
         tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
@@ -141,11 +164,12 @@ def _copy_deleted(proc, r, f, flags: int):
         shutil.copyfileobj(src, dst, 1 << 20)
         st = os.fstat(src.fileno())
     _owner(r, tmp, st)
-    if d == parent and getattr(f, "name_free", False):
+    if d == parent and way is not None:
         r.queue("linkat", _AT_FDCWD, r.queue_path(f"/proc/self/fd/{tmp}"), _AT_FDCWD, r.queue_path(path),
                 _AT_SYMLINK_FOLLOW)
         newfd = r.queue_openat(path, flags)
         r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+        drop_way(r, way)
     else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
         newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
     r.queue("close", tmp)
@@ -160,10 +184,11 @@ def plan_proc(proc) -> None:
 def check_cwd(procs) -> None:
     root = f"/proc/{procs[0].hostpid}/root"
     for p in procs:
-        why = remade_at(root, p.cwd) if p.cwd.endswith(_DELETED) and not p.is_init else None
-        if why:
-            raise ForkError(f"process {p.vpid} ({p.name}) works in a deleted directory ({p.cwd}): {why}",
-                            pid=p.hostpid, step="plan")
+        if p.cwd.endswith(_DELETED) and not p.is_init:
+            p.cwd_way, why = way_to(root, p.cwd)
+            if p.cwd_way is None:
+                raise ForkError(f"process {p.vpid} ({p.name}) works in a deleted directory ({p.cwd}): {why}",
+                                pid=p.hostpid, step="plan")
 
 
 def fixup_proc(ctx, proc, r) -> None:
@@ -172,7 +197,7 @@ def fixup_proc(ctx, proc, r) -> None:
     if st is None:
         return
     path = proc.cwd[: -len(_DELETED)]
-    helper = _remake_dir(r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st)
+    helper = _remake_dir(r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
     r.queue("fchdir", helper)
     r.queue("close", helper)
 

@@ -69,10 +69,6 @@ def fixup(ctx, proc, r, f) -> None:
     r.install(sharing.grab(r, f.lock_shared_from), f)
 
 
-def plan_proc(proc) -> None:
-    pass
-
-
 def fixup_proc(ctx, proc, r) -> None:
     for f in proc.fds:
         if f.dup_of is not None:
@@ -89,5 +85,5 @@ def fixup_proc(ctx, proc, r) -> None:
             r.queue("fcntl", f.fd, _F_SETLK if lk.kind == "POSIX" else _F_OFD_SETLK, r.queue_put(flock))
 
 
-OPS = SimpleNamespace(kind="locks", plan_proc=plan_proc, fixup_proc=fixup_proc, check_tree=check_tree)
+OPS = SimpleNamespace(kind="locks", plan_proc=lambda proc: None, fixup_proc=fixup_proc, check_tree=check_tree)
 SHARED = SimpleNamespace(kind="locked-file", claims=lambda proc, f: False, fixup=fixup)

@@ -20,7 +20,7 @@ import stat
 from types import SimpleNamespace
 
 from ...errors import ForkError
-from .files_reg import remade_at
+from .files_reg import drop_way, make_way, way_to
 
 _DELETED = " (deleted)"
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
@@ -41,8 +41,10 @@ def check_tree(procs) -> None:
     root = f"/proc/{procs[0].hostpid}/root"
     for p in procs:
         for f in p.fds:
-            why = remade_at(root, f.target) if f.handler is OPS and f.target.endswith(_DELETED) else None
-            if why:
+            if f.handler is not OPS or f.dup_of is not None or not f.target.endswith(_DELETED):
+                continue
+            f.way, why = way_to(root, f.target)
+            if f.way is None:
                 raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd} is an unlinked fifo ({f.target}): {why}",
                                 pid=p.hostpid, step="plan")
 
@@ -84,6 +86,7 @@ def fixup(ctx, proc, r, f) -> None:
         path = f.target.removesuffix(_DELETED)
         if f.target.endswith(_DELETED):  # plan: the name is free
             st = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}")
+            make_way(r, f.way)
             r.queue("mknodat", _AT_FDCWD, r.queue_path(path), stat.S_IFIFO | 0o600, 0)
             r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
             r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
@@ -91,6 +94,7 @@ def fixup(ctx, proc, r, f) -> None:
             f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
         if f.target.endswith(_DELETED):
             r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+            drop_way(r, f.way)
         made[key] = (proc.vpid, f.fd)
     r.queue("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
     r.install(newfd, f)
