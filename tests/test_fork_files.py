@@ -104,12 +104,16 @@ os.symlink("nowhere", "/work/op/gone")
 fds["gone"] = os.open("/work/op/gone", os.O_PATH | os.O_NOFOLLOW)
 os.lchown("/work/op/gone", 7, 8)
 os.unlink("/work/op/gone")
+open("/work/op/ghost", "w").write("boo")
+fds["ghost"] = os.open("/work/op/ghost", os.O_PATH)
+os.unlink("/work/op/ghost")
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
     for k, (p, _) in paths.items():  # the file at that path in this workspace's own root
         r[k]["own"] = os.fstat(fds[k]).st_ino == os.lstat(p).st_ino
     r["link-to"] = os.readlink("", dir_fd=fds["link"])
     r["gone-to"] = os.readlink("", dir_fd=fds["gone"])
+    r["ghost-read"] = open(f"/proc/self/fd/{fds['ghost']}").read()
     r["in-dir"] = os.stat("f", dir_fd=fds["dir"]).st_size
     return r
 serve(report)
@@ -124,6 +128,7 @@ def test_o_path_descriptors(family, how):
     assert all(before[k]["own"] for k in ("file", "link", "dir", "dev", "fifo"))
     assert before["gone"]["link"] == "/work/op/gone (deleted)" and before["gone-to"] == "nowhere"
     assert (before["gone"]["uid"], before["gone"]["gid"]) == (7, 8)
+    assert before["ghost"]["link"] == "/work/op/ghost (deleted)" and before["ghost-read"] == "boo"
     assert src == before and kid == before
     assert child.run("test -e /work/op/gone -o -L /work/op/gone").exit_code == 1
 
