@@ -82,8 +82,9 @@ def _report(w, pid: int) -> dict:
     return got
 
 
-def _reports(family, script: str, how: str) -> tuple[dict, dict, bunshin.Workspace, bunshin.Workspace]:
-    """The program's report before the fork, and (source, child) after it."""
+def _reports(family, script: str, how: str) -> tuple[dict, dict, dict, bunshin.Workspace]:
+    """The program's report before the fork, the source's and the child's after it, and the
+    child."""
     ws, pid = _start(family, script)
     before = _report(ws, pid)
     kid = _fork(family, ws, how)
