@@ -15,6 +15,16 @@ from ..errors import ForkError
 
 
 @dataclass
+class Lock:
+    """A file lock as /proc/PID/fdinfo shows it under the descriptor that set it."""
+
+    kind: str  # POSIX (owned by the process), OFDLCK or FLOCK (owned by the open file), LEASE...
+    write: bool
+    start: int
+    end: int  # the last byte, -1: to the end of the file, however long it grows
+
+
+@dataclass
 class FdInfo:
     """One open descriptor of a template process."""
 
@@ -33,6 +43,7 @@ class FdInfo:
     # did before Linux 5.6, and a dup without FD_CLOEXEC still shows it): only its absence is
     # sure.
     cloexec: bool | None = None
+    locks: list[Lock] = field(default_factory=list)  # the locks set through it (fdinfo)
 
 
 @dataclass
@@ -81,9 +92,17 @@ def seccomp_filters(status: dict[str, str]) -> int:
     return 1 if status.get("Seccomp", "0").strip() == "2" else 0
 
 
-def _fdinfo(pid: int, fd: int) -> dict[str, str]:
+def _fdinfo(pid: int, fd: int) -> tuple[dict[str, str], list[Lock]]:
+    """The fields of /proc/PID/fdinfo/FD, and its locks ("lock:" lines, one per lock)."""
     with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-        return dict(line.split(":", 1) for line in f if ":" in line)
+        lines = [line.split(":", 1) for line in f if ":" in line]
+    locks = []
+    for key, value in lines:
+        if key == "lock":  # "1: POSIX  ADVISORY  WRITE 29847 fe:00:2163341 3 EOF"
+            words = value.split()
+            locks.append(Lock(kind=words[1], write=words[3] == "WRITE", start=int(words[-2]),
+                              end=-1 if words[-1] == "EOF" else int(words[-1])))
+    return dict(lines), locks
 
 
 def _ns_ppid(host_ppid: int, level: int) -> int:
@@ -133,13 +152,13 @@ def read_proc(hostpid: int) -> ProcPlan:
         try:
             target = os.readlink(f"/proc/{hostpid}/fd/{fd}")
             s = os.stat(f"/proc/{hostpid}/fd/{fd}")
-            info = _fdinfo(hostpid, fd)
+            info, locks = _fdinfo(hostpid, fd)
         except FileNotFoundError:
             continue
         flags = int(info["flags"], 8)
         plan.fds.append(FdInfo(fd=fd, target=target, mode=s.st_mode, flags=flags,
                                pos=int(info["pos"]), ino=s.st_ino, dev=s.st_dev,
-                               cloexec=None if flags & os.O_CLOEXEC else False))
+                               cloexec=None if flags & os.O_CLOEXEC else False, locks=locks))
     plan.fds.sort(key=lambda f: f.fd)
     return plan
 
@@ -240,7 +259,8 @@ def kind_of(f: FdInfo) -> str:
         return "pipe"
     m = f.mode
     for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "directory"), (stat.S_ISCHR, "char device"),
-                       (stat.S_ISFIFO, "fifo"), (stat.S_ISBLK, "block device")):
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISBLK, "block device"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISSOCK, "socket file")):
         if test(m):
             return name
     return "unknown"

@@ -39,6 +39,9 @@ SYS = {
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
     "unlinkat": 263, "shutdown": 48, "rt_sigaction": 13,
     "set_robust_list": 273, "sched_setaffinity": 203,
+    "fchmod": 91, "fchown": 93, "fchdir": 81, "mkdirat": 258, "mknodat": 259, "flock": 73,
+    "fchmodat": 268, "fchownat": 260, "linkat": 265, "symlinkat": 266,
+    "munmap": 11,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000

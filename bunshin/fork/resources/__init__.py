@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from ...errors import ForkError
 from ..plan import FdInfo, ProcPlan, kind_of
-from . import (control, devices, epoll, eventfd, files_reg, inotify, pipes, ptys, shmem, signalfd, signals, sk_inet,
-               sk_unix, sysv_shm, timerfd, timers, unsupported)
+from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, namespaces, pipes, ptys, shmem, signalfd,
+               signals, sk_inet, sk_unix, sysv_shm, timerfd, timers, unsupported)
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
-REGISTRY = [control.OPS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS, timerfd.OPS,
-            inotify.OPS, epoll.OPS, sk_unix.OPS, sk_inet.OPS, files_reg.OPS, unsupported.OPS]
+REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
+            timerfd.OPS, inotify.OPS, epoll.OPS, sk_unix.OPS, sk_inet.OPS, namespaces.OPS, files_reg.OPS,
+            unsupported.OPS]
 
 # Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
-# remote) in each clone, finish(ctx) once the child is whole.
-PROC_REGISTRY = [epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, timers.OPS, signals.OPS]
+# remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
+# Locks are last: any close of a file before them would drop its POSIX locks.
+PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, timers.OPS, signals.OPS, locks.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):
@@ -40,7 +42,7 @@ def plan_procs(procs: list[ProcPlan]) -> None:
 
 
 def check_tree(procs: list[ProcPlan]) -> None:
-    for ops in REGISTRY:
+    for ops in REGISTRY + PROC_REGISTRY:
         check = getattr(ops, "check_tree", None)
         if check is not None:
             check(procs)

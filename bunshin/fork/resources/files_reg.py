@@ -1,5 +1,8 @@
-"""Regular files and directories of the workspace: reopened by path in the child's root (its
-own overlay) with the same flags and offset. A deleted-but-open file gets a private copy."""
+"""Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
+child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
+private copy with the same mode and owner (one copy for all its opens); a deleted directory
+(or symlink, held O_PATH) is made again at its path, opened and removed; a deleted working
+directory too (CWD)."""
 
 from __future__ import annotations
 
@@ -9,49 +12,196 @@ import stat
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import kind_of
+from . import sharing, shmem
 
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
+_AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
+_AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x100, 0x200, 0x400
+# open() takes these but they act once, at the open, and the file was there already
+_NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
 
 
 def claims(proc, f) -> bool:
     return (stat.S_ISREG(f.mode) or stat.S_ISDIR(f.mode)) and f.target.startswith("/")
 
 
+def claims_path(proc, f) -> bool:
+    """O_PATH descriptors of anything with a path (a symlink opened O_NOFOLLOW, a FIFO, a
+    device...): opening one only looks the path up, so it is reopened like a file. One of a
+    memfd or of shared anonymous memory is shmem.py's (the child's copy of the object)."""
+    return (bool(f.flags & os.O_PATH) and f.target.startswith("/") and not shmem.claims_fd(proc, f))
+
+
+def _refuse(proc, f, why: str) -> ForkError:
+    return ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd} is a deleted {kind_of(f)} "
+                     f"({f.target}): {why}", pid=proc.hostpid, step="plan")
+
+
+def way_to(root: str, target: str) -> tuple[list[str] | None, str]:
+    """The directories to make, outermost first, so that a deleted ``target`` can be made again
+    at its path in a child of the template whose root is ``root`` (made, then removed after
+    it, they are as deleted as in the template); None and why when it cannot be."""
+    path = target[: -len(_DELETED)]
+    missing = []
+    d = os.path.dirname(path)
+    while not os.path.lexists(root + d):
+        missing.insert(0, d)
+        d = os.path.dirname(d)
+    if not stat.S_ISDIR(os.lstat(root + d).st_mode):
+        return None, f"{d} is not a directory now, so it cannot be made again at its path"
+    if not missing and os.path.lexists(root + path):
+        return None, "something else is at its path now, so it cannot be made again there"
+    return missing, ""
+
+
+def make_way(r, way: list[str]) -> None:
+    for d in way:
+        r.queue("mkdirat", _AT_FDCWD, r.queue_path(d), 0o700)
+
+
+def drop_way(r, way: list[str]) -> None:
+    for d in reversed(way):
+        r.queue("unlinkat", _AT_FDCWD, r.queue_path(d), _AT_REMOVEDIR)
+
+
+def check_tree(procs) -> None:
+    """Refuse, at plan time, deleted things that cannot be made again faithfully."""
+    root = f"/proc/{procs[0].hostpid}/root"
+    for p in procs:
+        for f in p.fds:
+            if f.handler not in (OPS, PATHS) or f.dup_of is not None or not f.target.endswith(_DELETED):
+                continue
+            if stat.S_ISDIR(f.mode) or stat.S_ISLNK(f.mode):
+                f.way, why = way_to(root, f.target)
+                if f.way is None:
+                    raise _refuse(p, f, why)
+            elif stat.S_ISREG(f.mode):
+                f.way = way_to(root, f.target)[0]  # None: a copy under another name
+            else:
+                raise _refuse(p, f, "only deleted files, directories and symlinks can be made again")
+
+
 def fixup(ctx, proc, r, f) -> None:
-    flags = f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
-    if f.target.endswith(_DELETED):
-        newfd = _copy_deleted(ctx, proc, r, f)
+    flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
+    if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
+        newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),
+                            f.way)
+    elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
+        newfd = _remake_symlink(proc, r, f, flags)
+    elif f.target.endswith(_DELETED):
+        made = ctx.shared.setdefault("deleted-files", {})
+        if (f.dev, f.ino) in made:  # another open of the same file: of the same copy
+            vpid, fd = made[f.dev, f.ino]
+            newfd = r.queue_openat(f"/proc/{vpid}/fd/{fd}", flags & ~os.O_NOFOLLOW)
+        else:
+            newfd = _copy_deleted(proc, r, f, flags)
+            made[f.dev, f.ino] = (proc.vpid, f.fd)
     else:
         newfd = r.queue_openat(f.target, flags)
-    if f.pos and not stat.S_ISDIR(f.mode):
-        r.queue("lseek", newfd, f.pos, os.SEEK_SET)
-    elif f.pos:
-        # a directory's position is an opaque cookie; replay it as getdents would
+    if f.pos:  # a directory's is an opaque cookie: replayed as getdents would
         r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     r.install(newfd, f)
 
 
-def _copy_deleted(ctx, proc, r, f) -> int:
-    """An unlinked file lives only in the template; the child gets its own unlinked copy."""
-    if not stat.S_ISREG(f.mode):
-        raise ForkError(f"process {proc.vpid} fd {f.fd}: deleted directory {f.target} cannot be forked")
-    parent = os.path.dirname(f.target[: -len(_DELETED)]) or "/"
-    newfd = -1
-    for d in (parent, "/tmp", "/dev/shm"):
-        newfd = r.call("openat", -100 & 0xFFFFFFFFFFFFFFFF, r.path(d), _O_TMPFILE | os.O_RDWR, 0o600,
-                       ok_errnos=tuple(range(1, 200)))
-        if newfd >= 0:
-            break
-    if newfd < 0:
-        raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}")
-    with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
-            open(f"/proc/{r.t.pid}/fd/{newfd}", "r+b") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    mode = f.flags & (os.O_APPEND | os.O_NONBLOCK)
-    if mode:
-        r.queue("fcntl", newfd, 4, mode)  # F_SETFL
+def _owner(r, fd, st: os.stat_result) -> None:
+    r.queue("fchown", fd, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+    r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
+
+
+def _remake_dir(r, path: str, flags: int, st: os.stat_result, way: list[str]):
+    """A directory made at ``path`` (after ``way``), opened with ``flags`` and removed: the
+    process sees it deleted, with its mode and owner."""
+    make_way(r, way)
+    r.queue("mkdirat", _AT_FDCWD, r.queue_path(path), 0o700)
+    helper = r.queue_openat(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _owner(r, helper, st)
+    newfd = r.queue_openat(path, flags)
+    r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), _AT_REMOVEDIR)
+    drop_way(r, way)
+    r.queue("close", helper)
     return newfd
 
 
-OPS = SimpleNamespace(kind="file", claims=claims, fixup=fixup)
+def _remake_symlink(proc, r, f, flags: int):
+    """A symlink made again at its path with what it holds, opened and removed."""
+    path = f.target[: -len(_DELETED)]
+    held = sharing.getfd_here(proc.hostpid, f.fd)
+    try:
+        content = os.readlink("", dir_fd=held)
+        st = os.fstat(held)
+    finally:
+        os.close(held)
+    make_way(r, f.way)
+    r.queue("symlinkat", r.queue_path(content), _AT_FDCWD, r.queue_path(path))
+    r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, _AT_SYMLINK_NOFOLLOW)
+    newfd = r.queue_openat(path, flags)
+    r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+    drop_way(r, f.way)
+    return newfd
+
+
+def _copy_deleted(proc, r, f, flags: int):
+    """An unlinked file lives only in the template; the child gets its own unlinked copy,
+    with the file's mode and owner, opened with its flags. Where its name is free (plan: a way
+    to it), the copy is linked there, opened and unlinked: /proc shows the same name."""
+    path = f.target[: -len(_DELETED)]
+    parent = os.path.dirname(path) or "/"
+    way = getattr(f, "way", None)
+    if way is not None:
+        make_way(r, way)
+    tmp = -1
+    for d in (parent, "/tmp", "/dev/shm"):
+        tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                     ok_errnos=tuple(range(1, 200)))
+        if tmp >= 0:
+            break
+    if tmp < 0:
+        raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}")
+    with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
+            open(f"/proc/{r.t.pid}/fd/{tmp}", "r+b") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        st = os.fstat(src.fileno())
+    _owner(r, tmp, st)
+    if d == parent and way is not None:
+        r.queue("linkat", _AT_FDCWD, r.queue_path(f"/proc/self/fd/{tmp}"), _AT_FDCWD, r.queue_path(path),
+                _AT_SYMLINK_FOLLOW)
+        newfd = r.queue_openat(path, flags)
+        r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+        drop_way(r, way)
+    else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
+        newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
+    r.queue("close", tmp)
+    return newfd
+
+
+def plan_proc(proc) -> None:
+    if proc.cwd.endswith(_DELETED):
+        proc.cwd_stat = os.stat(f"/proc/{proc.hostpid}/cwd")
+
+
+def check_cwd(procs) -> None:
+    root = f"/proc/{procs[0].hostpid}/root"
+    for p in procs:
+        if p.cwd.endswith(_DELETED) and not p.is_init:
+            p.cwd_way, why = way_to(root, p.cwd)
+            if p.cwd_way is None:
+                raise ForkError(f"process {p.vpid} ({p.name}) works in a deleted directory ({p.cwd}): {why}",
+                                pid=p.hostpid, step="plan")
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    """A deleted working directory: made again at its path, entered and removed."""
+    st = getattr(proc, "cwd_stat", None)
+    if st is None:
+        return
+    path = proc.cwd[: -len(_DELETED)]
+    helper = _remake_dir(r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
+    r.queue("fchdir", helper)
+    r.queue("close", helper)
+
+
+OPS = SimpleNamespace(kind="file", claims=claims, fixup=fixup, check_tree=check_tree)
+PATHS = SimpleNamespace(kind="path", claims=claims_path, fixup=fixup)
+CWD = SimpleNamespace(kind="cwd", plan_proc=plan_proc, fixup_proc=fixup_proc, check_tree=check_cwd)

@@ -5,6 +5,10 @@ A pipe is created in the first clone that holds it; later clones open it through
 clone's /proc/PID/fd entry, which yields the same pipe. A pipe with only one end inside had its
 other end closed (the workspace refuses to fork while a tool call's pipes lead to the trainer),
 so the copy is closed on that side too: readers still get the bytes, then EOF.
+
+A FIFO is opened while the clone holds it open for reading and writing too, so that no open
+waits or fails for want of a peer (a write-only one alone); an unlinked FIFO is made again at
+its path, opened and unlinked.
 """
 
 from __future__ import annotations
@@ -15,6 +19,12 @@ import os
 import stat
 from types import SimpleNamespace
 
+from ...errors import ForkError
+from .files_reg import drop_way, make_way, way_to
+
+_DELETED = " (deleted)"
+_AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.tee.restype = ctypes.c_ssize_t
@@ -23,7 +33,20 @@ _SPLICE_F_NONBLOCK = 2
 
 
 def claims(proc, f) -> bool:
-    return f.target.startswith("pipe:") or stat.S_ISFIFO(f.mode)
+    return not f.flags & os.O_PATH and (f.target.startswith("pipe:") or stat.S_ISFIFO(f.mode))
+
+
+def check_tree(procs) -> None:
+    """Refuse, at plan time, an unlinked FIFO that cannot be made again at its path."""
+    root = f"/proc/{procs[0].hostpid}/root"
+    for p in procs:
+        for f in p.fds:
+            if f.handler is not OPS or f.dup_of is not None or not f.target.endswith(_DELETED):
+                continue
+            f.way, why = way_to(root, f.target)
+            if f.way is None:
+                raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd} is an unlinked fifo ({f.target}): {why}",
+                                pid=p.hostpid, step="plan")
 
 
 def _access(f) -> int:
@@ -50,7 +73,8 @@ def fixup(ctx, proc, r, f) -> None:
     key = (f.dev, f.ino)
     if key in made:
         vpid, fd = made[key]
-        newfd = r.queue_openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
+        newfd = _open_fifo(r, f"/proc/{vpid}/fd/{fd}", f) if stat.S_ISFIFO(f.mode) else \
+            r.queue_openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
     elif f.target.startswith("pipe:"):
         rd, wr = r.pipe()
         _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
@@ -59,11 +83,31 @@ def fixup(ctx, proc, r, f) -> None:
         newfd = keep
         made[key] = (proc.vpid, f.fd)
     else:  # a named FIFO: the child's own, at the same path in its own root
-        newfd = r.openat(f.target, _access(f) | os.O_NONBLOCK)
-        _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{newfd}")
+        path = f.target.removesuffix(_DELETED)
+        if f.target.endswith(_DELETED):  # plan: the name is free
+            st = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}")
+            make_way(r, f.way)
+            r.queue("mknodat", _AT_FDCWD, r.queue_path(path), stat.S_IFIFO | 0o600, 0)
+            r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
+            r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
+        newfd = _open_fifo(r, path, f, lambda helper: _copy_buffer(
+            f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
+        if f.target.endswith(_DELETED):
+            r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+            drop_way(r, f.way)
         made[key] = (proc.vpid, f.fd)
     r.queue("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
     r.install(newfd, f)
 
 
-OPS = SimpleNamespace(kind="pipe", claims=claims, fixup=fixup)
+def _open_fifo(r, path: str, f, fill=None):
+    """``path`` opened as ``f`` was, while a read-write helper is its peer (given to ``fill``)."""
+    helper = r.queue_openat(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    if fill is not None:
+        fill(helper)
+    newfd = r.queue_openat(path, _access(f) | os.O_NONBLOCK)
+    r.queue("close", helper)
+    return newfd
+
+
+OPS = SimpleNamespace(kind="pipe", claims=claims, fixup=fixup, check_tree=check_tree)

@@ -10,9 +10,11 @@ the same addresses with MAP_FIXED.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -21,6 +23,10 @@ from ..remote import ANY_ERROR
 from . import sharing
 
 _DELETED = " (deleted)"
+_ANONYMOUS = "/dev/zero" + _DELETED  # MAP_SHARED anonymous memory, a shmem file
+_AT_FDCWD, _NO_FD = -100 & 0xFFFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+_MFD_CLOEXEC, _MFD_ALLOW_SEALING = 1, 2
+_F_ADD_SEALS, _F_GET_SEALS = 1033, 1034
 
 
 @dataclass
@@ -37,7 +43,7 @@ class SharedMap:
 
     @property
     def anonymous(self) -> bool:
-        return self.path in ("/dev/zero" + _DELETED,) or self.path.startswith("/memfd:")
+        return self.path == _ANONYMOUS or self.path.startswith("/memfd:")
 
 
 def _prot(perms: str) -> int:
@@ -64,19 +70,49 @@ def plan_proc(proc) -> None:
     proc.shared_maps = maps
 
 
-def _object_fd(ctx, proc, r, key, src_path: str, size: int, name: str) -> int:
-    """An fd, in this clone, for the child's copy of a shared-memory object (made on first use)."""
+def _name(path: str) -> str:
+    """The name memfd_create gives a copy of the object at ``path``: a memfd's own (the kernel
+    adds "memfd:" again)."""
+    return path.removesuffix(_DELETED).removeprefix("/memfd:").lstrip("/") or "shared"
+
+
+def _anonymous_object(r, size: int) -> int:
+    """A descriptor of new MAP_SHARED anonymous memory (what /proc names "/dev/zero
+    (deleted)", as the template's is), taken from its mapping's /proc/self/map_files entry;
+    -1 where that is refused."""
+    addr = r.call("mmap", 0, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+                  _NO_FD, 0)
+    fd = r.call("openat", _AT_FDCWD, r.path(f"/proc/self/map_files/{addr:x}-{addr + size:x}"),
+                os.O_RDWR | os.O_CLOEXEC, 0, ok_errnos=ANY_ERROR)
+    r.call("munmap", addr, size)
+    return fd if fd >= 0 else -1
+
+
+def _object(ctx, proc, r, key, src_path: str, size: int, path: str) -> str:
+    """Where, in the child's /proc, its copy of the shared-memory object the template calls
+    ``path`` is (made on first use, with the template's mode and owner; its seals come at
+    finish, once it is mapped)."""
     objs = ctx.shared.setdefault("shmem", {})
-    if key in objs:
-        vpid, fd = objs[key]
-        return r.openat(f"/proc/{vpid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
-    fd = r.call("memfd_create", r.path(name[:200]), 1)  # MFD_CLOEXEC
-    r.call("ftruncate", fd, size)
-    with open(src_path, "rb") as src, open(f"/proc/{r.t.pid}/fd/{fd}", "r+b") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    objs[key] = (proc.vpid, fd)
-    ctx.shared.setdefault("close_later", []).append((r.t, fd))
-    return r.call("fcntl", fd, 1030, 0)  # F_DUPFD_CLOEXEC: the original stays for later clones
+    if key not in objs:
+        fd = _anonymous_object(r, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE) if path == _ANONYMOUS and size else -1
+        if fd < 0:
+            fd = r.call("memfd_create", r.path(_name(path)[:200]), _MFD_CLOEXEC | _MFD_ALLOW_SEALING)
+            r.call("ftruncate", fd, size)
+        with open(src_path, "rb") as src, open(f"/proc/{r.t.pid}/fd/{fd}", "r+b") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            st = os.fstat(src.fileno())
+            try:
+                seals = fcntl.fcntl(src.fileno(), _F_GET_SEALS)
+            except OSError:  # not a shmem file (hugetlbfs): it has none
+                seals = 0
+        r.queue("fchown", fd, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+        r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))
+        objs[key] = (proc.vpid, fd)
+        ctx.shared.setdefault("close_later", []).append((r.t, fd))
+        if seals and path != _ANONYMOUS:  # anonymous memory is born sealed (F_SEAL_SEAL)
+            ctx.shared.setdefault("seals", []).append((r.t, fd, seals))
+    vpid, fd = objs[key]
+    return f"/proc/{vpid}/fd/{fd}"
 
 
 def _mount_id(path: str) -> int:
@@ -111,8 +147,9 @@ def fixup_proc(ctx, proc, r) -> None:
             continue
         rng = f"{m.start:x}-{m.end:x}"
         if m.anonymous:
-            fd = _object_fd(ctx, proc, r, (m.dev, m.ino), f"/proc/{proc.hostpid}/map_files/{rng}",
-                            m.size, m.path.replace(_DELETED, "").lstrip("/") or "shared")
+            fd = r.queue_openat(_object(ctx, proc, r, (m.dev, m.ino), f"/proc/{proc.hostpid}/map_files/{rng}",
+                                        m.size, m.path),
+                                os.O_RDWR | os.O_CLOEXEC)
         else:
             fd = r.queue_openat(m.path.replace(_DELETED, ""),
                                 (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC)
@@ -125,21 +162,29 @@ def fixup_proc(ctx, proc, r) -> None:
 
 
 def claims_fd(proc, f) -> bool:
-    return f.target.startswith("/memfd:")
+    """memfds, and descriptors of MAP_SHARED anonymous memory (opened from /proc/PID/map_files)."""
+    return f.target.startswith("/memfd:") or (f.target == _ANONYMOUS and stat.S_ISREG(f.mode))
 
 
 def fixup_fd(ctx, proc, r, f) -> None:
-    """A memfd descriptor gets the child's copy of the same object its mappings use."""
+    """A memfd descriptor: the child's copy of the same object its mappings use, opened with
+    the template's flags."""
     size = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}").st_size
-    fd = _object_fd(ctx, proc, r, (f.dev, f.ino), f"/proc/{proc.hostpid}/fd/{f.fd}", size,
-                    f.target.replace(_DELETED, "").lstrip("/"))
+    path = _object(ctx, proc, r, (f.dev, f.ino), f"/proc/{proc.hostpid}/fd/{f.fd}", size, f.target)
+    fd = r.queue_openat(path, f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL))
     if f.pos:
-        r.call("lseek", fd, f.pos, os.SEEK_SET)
+        r.queue("lseek", fd, f.pos, os.SEEK_SET)
     r.install(fd, f)
 
 
 def finish(ctx) -> None:
-    """Close the memfds kept open so that later clones could open them through /proc."""
+    """Seal each copy as the template's object is (now that every clone has mapped it: a seal
+    may forbid new writable mappings) and close the memfds kept open for later clones."""
+    for t, fd, seals in ctx.shared.pop("seals", []):
+        got = t.syscall(72, fd, _F_ADD_SEALS, seals)  # fcntl
+        if got < 0:
+            raise ForkError(f"process {t.pid}: sealing the copy of a memfd: {os.strerror(-got)}",
+                            pid=t.pid, step="finish")
     for t, fd in ctx.shared.pop("close_later", []):
         t.syscall(3, fd)
 
