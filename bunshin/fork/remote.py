@@ -37,7 +37,7 @@ SYS = {
     "pidfd_getfd": 438, "eventfd2": 290, "write": 1, "timerfd_create": 283, "timerfd_settime": 286,
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
     "unlinkat": 263, "shutdown": 48, "rt_sigaction": 13,
-    "set_robust_list": 273, "sched_setaffinity": 203,
+    "set_robust_list": 273, "sched_setaffinity": 203, "semctl": 66,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
