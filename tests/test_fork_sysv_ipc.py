@@ -9,7 +9,7 @@ import os
 import pytest
 
 from bunshin.errors import ForkError
-from conftest import fork_one, put, start_script, wait_file
+from conftest import fork_one, start_script, wait_file
 
 IPC = r"""
 import ctypes, errno, signal

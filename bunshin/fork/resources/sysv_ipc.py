@@ -8,7 +8,8 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from ...errors import ForkError
 
@@ -37,7 +38,7 @@ class Owner:
     mode: int
 
     @classmethod
-    def of(cls, p: IpcPerm) -> "Owner":
+    def of(cls, p: IpcPerm) -> Owner:
         return cls(p.uid, p.gid, p.cuid, p.cgid, p.mode & 0o777)
 
     def set_on(self, p: IpcPerm) -> None:

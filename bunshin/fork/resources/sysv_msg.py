@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from functools import partial
 
 from .sysv_ipc import (IPC_CREAT, IPC_EXCL, IPC_NOWAIT, IPC_SET, IPC_STAT, IpcPerm, Owner, check_creators, ids,
                        in_ipc_ns, libc, make_as, read_limits, write_limits)
@@ -81,7 +82,7 @@ def copy_queues(child_init: int, tpl: Queues) -> None:
         write_limits(tpl.limits)
         mnb = int(tpl.limits["msgmnb"])
         for q in sorted(tpl.queues, key=lambda q: q.id):
-            make_as("msg", q.id, q.owner, lambda: libc.msgget(q.key, IPC_CREAT | IPC_EXCL | q.owner.mode))
+            make_as("msg", q.id, q.owner, partial(libc.msgget, q.key, IPC_CREAT | IPC_EXCL | q.owner.mode))
             ds = _MsqidDs()
             q.owner.set_on(ds.perm)
             # room for every message first: the template's size may have been lowered below

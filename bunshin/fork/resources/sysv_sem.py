@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import errno
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 
 from ...errors import ForkError
@@ -100,8 +101,7 @@ def copy_sets(child_init: int, tpl: Sets) -> None:
         write_limits(tpl.limits)
         for s in sorted(tpl.sets, key=lambda s: s.id):
             n = len(s.values)
-            make_as("sem", s.id, s.owner,
-                    lambda: libc.semget(s.key, n, IPC_CREAT | IPC_EXCL | s.owner.mode))
+            make_as("sem", s.id, s.owner, partial(libc.semget, s.key, n, IPC_CREAT | IPC_EXCL | s.owner.mode))
             ds = _SemidDs()
             s.owner.set_on(ds.perm)
             _semctl(s.id, 0, IPC_SET, ctypes.byref(ds))
