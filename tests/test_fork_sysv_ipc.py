@@ -65,6 +65,9 @@ md = MsgDs(); ok(lib.msgctl(q, IPC_STAT, ctypes.byref(md)))
 md.qbytes = 300  # below what it holds (309 bytes): no more can be sent
 ok(lib.msgctl(q, IPC_SET, ctypes.byref(md)))
 empty = ok(lib.msgget(0x6162, IPC_CREAT | 0o600))
+open("/proc/sys/kernel/msgmax", "w").write("20000")  # the namespace's limit, kept by its children
+big = ok(lib.msgget(0x6163, IPC_CREAT | 0o600))
+send(big, 3, bytes(range(256)) * 50)
 
 def report():
     sets = {}
@@ -74,14 +77,15 @@ def report():
         pids = [lib.semctl(s, i, GETPID) for i in range(d.nsems)]
         sets[s] = [perm(d.perm), list(vals), pids]
     queues = {}
-    for m in (q, empty):
+    for m in (q, empty, big):
         d = MsgDs(); ok(lib.msgctl(m, IPC_STAT, ctypes.byref(d)))
         got = []
-        buf = ctypes.create_string_buffer(8 + 8192)
-        while (n := lib.msgrcv(m, buf, 8192, 0, IPC_NOWAIT)) >= 0:  # takes them: each side its own
+        buf = ctypes.create_string_buffer(8 + 20000)
+        while (n := lib.msgrcv(m, buf, 20000, 0, IPC_NOWAIT)) >= 0:  # takes them: each side its own
             got.append([int.from_bytes(buf.raw[:8], "little"), buf.raw[8:8 + n].hex()])
         queues[m] = [perm(d.perm), d.qbytes, d.qnum, got]
     send(q, 9, b"again")  # for the next report (the queue is empty now)
+    send(big, 3, bytes(range(256)) * 50)
     return {"me": os.getpid(), "sets": sets, "queues": queues}
 
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
@@ -105,15 +109,17 @@ def test_semaphores_and_message_queues_keep_ids_owners_values_and_messages(famil
     me = first["me"]
     sets, queues = first["sets"], first["queues"]
     sem, theirs, priv = sets
-    q, empty = queues
+    q, empty, big = queues
     assert sets[sem] == [[0x5151, 1000, 1001, 0, 0, 0o640], [3, 0, 7], [me] * 3]
     assert sets[theirs] == [[0x5152, 1234, 4321, 1234, 4321, 0o666], [5], [me]]
     assert sets[priv] == [[0, 0, 0, 0, 0, 0o600], [0, 0], [0, 0]]
     msgs = [[1, b"one".hex()], [5, b"\x00five\xff".hex()], [2, (b"two" * 100).hex()], [1, ""]]
     assert queues[q] == [[0x6161, 0, 0, 0, 0, 0o620], 300, 4, msgs]
     assert queues[empty] == [[0x6162, 0, 0, 0, 0, 0o600], 16384, 0, []]
+    assert queues[big] == [[0x6163, 0, 0, 0, 0, 0o600], 16384, 1, [[3, (bytes(range(256)) * 50).hex()]]]
     # what each side holds from now on: the first report took the messages and sent one
-    want = dict(first, queues={q: [queues[q][0], 300, 1, [[9, b"again".hex()]]], empty: queues[empty]})
+    want = dict(first, queues={q: [queues[q][0], 300, 1, [[9, b"again".hex()]]], empty: queues[empty],
+                               big: queues[big]})
     mine = os.readlink("/proc/thread-self/ns/ipc")
 
     kid = fork_one(family, ws)
