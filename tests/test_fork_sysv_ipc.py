@@ -56,6 +56,15 @@ ds = SemDs(); ok(lib.semctl(sem, 0, IPC_STAT, ctypes.byref(ds)))
 ds.perm.uid, ds.perm.gid = 1000, 1001
 ok(lib.semctl(sem, 0, IPC_SET, ctypes.byref(ds)))
 priv = ok(lib.semget(0, 2, 0o600))  # IPC_PRIVATE
+if (helper := os.fork()) == 0:  # the last operator of priv[1], alive at the fork
+    semop(priv, 1, 1)
+    time.sleep(1000)
+if (dead := os.fork()) == 0:  # the last operator of priv[0], gone before the fork
+    semop(priv, 0, 1)
+    os._exit(0)
+os.waitpid(dead, 0)
+while lib.semctl(priv, 1, GETPID) != helper:
+    time.sleep(0.01)
 semop(theirs, 0, 5)
 
 q = ok(lib.msgget(0x6161, IPC_CREAT | 0o620))
@@ -86,7 +95,7 @@ def report():
         queues[m] = [perm(d.perm), d.qbytes, d.qnum, got]
     send(q, 9, b"again")  # for the next report (the queue is empty now)
     send(big, 3, bytes(range(256)) * 50)
-    return {"me": os.getpid(), "sets": sets, "queues": queues}
+    return {"me": os.getpid(), "helper": helper, "dead": dead, "sets": sets, "queues": queues}
 
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 out("/tmp/ready", json.dumps(report()))
@@ -112,13 +121,15 @@ def test_semaphores_and_message_queues_keep_ids_owners_values_and_messages(famil
     q, empty, big = queues
     assert sets[sem] == [[0x5151, 1000, 1001, 0, 0, 0o640], [3, 0, 7], [me] * 3]
     assert sets[theirs] == [[0x5152, 1234, 4321, 1234, 4321, 0o666], [5], [me]]
-    assert sets[priv] == [[0, 0, 0, 0, 0, 0o600], [0, 0], [0, 0]]
+    assert sets[priv] == [[0, 0, 0, 0, 0, 0o600], [1, 1], [first["dead"], first["helper"]]]
     msgs = [[1, b"one".hex()], [5, b"\x00five\xff".hex()], [2, (b"two" * 100).hex()], [1, ""]]
     assert queues[q] == [[0x6161, 0, 0, 0, 0, 0o620], 300, 4, msgs]
     assert queues[empty] == [[0x6162, 0, 0, 0, 0, 0o600], 16384, 0, []]
     assert queues[big] == [[0x6163, 0, 0, 0, 0, 0o600], 16384, 1, [[3, (bytes(range(256)) * 50).hex()]]]
     # what each side holds from now on: the first report took the messages and sent one
-    want = dict(first, queues={q: [queues[q][0], 300, 1, [[9, b"again".hex()]]], empty: queues[empty],
+    # a last operator that is no process of the template is none in its children
+    sets = dict(sets, **{priv: [sets[priv][0], [1, 1], [0, first["helper"]]]})
+    want = dict(first, sets=sets, queues={q: [queues[q][0], 300, 1, [[9, b"again".hex()]]], empty: queues[empty],
                                big: queues[big]})
     mine = os.readlink("/proc/thread-self/ns/ipc")
 
@@ -148,14 +159,14 @@ q = lib.msgget(0x7272, 0o1600)
 if os.fork() == 0:
     buf = ctypes.create_string_buffer(64)
     out("/tmp/rcv-waiting", "")
-    while (n := lib.msgrcv(q, buf, 56, 7, 0)) < 0:  # semop and msgrcv may fail EINTR on a stop
+    while (n := lib.msgrcv(q, buf, 56, 7, 0)) < 0:  # the kernel restarts it after the freeze
         assert ctypes.get_errno() == errno.EINTR
     out("/tmp/got-msg", buf.raw[8:8 + n].decode())
     os._exit(0)
 wait("/tmp/rcv-waiting")
 out("/tmp/ready", "")
 op = (ctypes.c_short * 3)(0, -1, 0)
-while lib.semop(sem, op, 1) < 0:
+while lib.semop(sem, op, 1) < 0:  # never restarted after a stop (signal(7)): the freeze fails it
     assert ctypes.get_errno() == errno.EINTR
 out("/tmp/got-sem", "")
 time.sleep(1000)
@@ -171,8 +182,10 @@ assert lib.msgsnd(lib.msgget(0x7272, 0), b, 5, 0) == 0
 
 
 def test_blocked_semop_and_msgrcv_wait_on_in_the_child(family):
-    """A process blocked in semop or msgrcv when the workspace is forked keeps waiting, in the
-    child on the child's own set and queue: a post there wakes it, and only it."""
+    """A process blocked in semop or msgrcv when the workspace is forked waits on, in the child
+    on the child's own set and queue: a post there wakes it, and only it. The snapshot's freeze
+    makes a waiting semop fail with EINTR once, in the source and in every child alike (the
+    kernel never restarts semop after a stop); msgrcv is restarted."""
     ws = start_script(family, WAITERS, "/tmp/ready")
     kid = fork_one(family, ws)
     for w in (kid, ws):
