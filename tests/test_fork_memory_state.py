@@ -9,7 +9,6 @@ import time
 import pytest
 
 import bunshin
-from bunshin.errors import ForkError
 from bunshin.fork.plan import proc_status
 from conftest import fork_one, put, signal_and_read, start_script, wait_file
 
@@ -251,19 +250,6 @@ def test_sysv_shm_keeps_its_id_and_becomes_the_childs_own(no_leaks):
                 assert signal_and_read(w, pid, 12, "/tmp/seen") == want
         finally:
             kid.close()
-
-
-def test_sysv_semaphores_are_refused(no_leaks):
-    with bunshin.Workspace.create() as ws:
-        ws.spawn(["python3", "-c", "import ctypes, time\nlib = ctypes.CDLL(None)\n"
-                                   "lib.semget(0, 1, 0o1600)\n"
-                                   "open('/tmp/ok', 'w').close()\ntime.sleep(1000)"])
-        _wait(ws, "test -e /tmp/ok")
-        mine = os.readlink("/proc/thread-self/ns/ipc")
-        with pytest.raises(ForkError, match="SysV semaphores"):
-            ws.fork(1)
-        assert os.readlink("/proc/thread-self/ns/ipc") == mine
-        assert ws.run("echo alive").stdout == b"alive\n"
 
 
 PENDING_SIGNALS = """

@@ -38,7 +38,7 @@ SYS = {
     "pidfd_getfd": 438, "eventfd2": 290, "write": 1, "timerfd_create": 283, "timerfd_settime": 286,
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
     "unlinkat": 263, "shutdown": 48, "rt_sigaction": 13,
-    "set_robust_list": 273, "sched_setaffinity": 203,
+    "set_robust_list": 273, "sched_setaffinity": 203, "semctl": 66,
     "fchmod": 91, "fchown": 93, "fchdir": 81, "mkdirat": 258, "mknodat": 259, "flock": 73,
     "fchmodat": 268, "fchownat": 260, "linkat": 265, "symlinkat": 266,
     "munmap": 11,

@@ -34,7 +34,7 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
-from .resources import ptys, sysv_shm
+from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
 from .plan import VforkInFlight, plan_tree
 
 log = logging.getLogger("bunshin.fork")
@@ -65,6 +65,8 @@ class TemplateCore(slots.Holder):
         self.build = build
         self.lowers = (body.dir.upper, *body.rootfs.lowers)
         self.sysv_segments = sysv_shm.segments(body.init_pid)
+        self.sysv_sets = sysv_sem.sets(body.init_pid, plans)
+        self.sysv_queues = sysv_msg.queues(body.init_pid)
         self.id = body.id
         assert body.channel is not None  # a snapshot is of a running body
         self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
@@ -446,6 +448,8 @@ class _Child:
         if core.dev_shm_used:
             engine.copy_dev_shm(tinit, self.ci.pid)
         sysv_shm.copy_segments(tinit, self.ci.pid, core.sysv_segments)
+        sysv_sem.copy_sets(self.ci.pid, core.sysv_sets)
+        sysv_msg.copy_queues(self.ci.pid, core.sysv_queues)
         self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
                                   cloner=self.cloner,
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),

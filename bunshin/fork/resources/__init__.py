@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...errors import ForkError
 from ..plan import FdInfo, ProcPlan, kind_of
 from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, namespaces, pipes, ptys, shmem, signalfd,
-               signals, sk_inet, sk_unix, sysv_shm, timerfd, timers, unsupported)
+               signals, sk_inet, sk_unix, sysv_sem, sysv_shm, timerfd, timers, unsupported)
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
 REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
@@ -22,7 +22,8 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 # Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
 # remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
 # Locks are last: any close of a file before them would drop its POSIX locks.
-PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, timers.OPS, signals.OPS, locks.OPS]
+PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, timers.OPS, signals.OPS,
+                 locks.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

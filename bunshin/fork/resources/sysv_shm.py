@@ -1,23 +1,22 @@
 """SysV shared memory lives in the workspace's IPC namespace (a fork gets a new, empty one):
 every segment is recreated there with the same id (shm_next_id), key, size and mode, its
 bytes copied, and each clone's attachment is remapped onto the child's segment at the same
-address (SHM_REMAP). Semaphores and message queues are refused until they are carried."""
+address (SHM_REMAP). Semaphores and message queues: sysv_sem.py, sysv_msg.py."""
 
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from .sysv_ipc import IPC_CREAT, IPC_EXCL, in_ipc_ns, libc
 
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = libc
 _libc.shmat.restype = ctypes.c_void_p
 _libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.shmdt.argtypes = [ctypes.c_void_p]
-_CLONE_NEWIPC = 0x08000000
-_IPC_CREAT, _IPC_EXCL, _SHM_RDONLY, _SHM_REMAP = 0o1000, 0o2000, 0o10000, 0o40000
+_SHM_RDONLY, _SHM_REMAP = 0o10000, 0o40000
 
 
 @dataclass
@@ -28,42 +27,14 @@ class Segment:
     size: int
 
 
-def _in_ipc_ns(init_hostpid: int, fn):
-    """Run ``fn`` in the IPC namespace of ``init_hostpid``: the calling thread joins it and
-    comes back (setns of an IPC namespace affects only the calling thread, and unlike a mount
-    namespace's it is allowed in a threaded process). A thread made for it cost ~0.3 ms."""
-    home = os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fd = os.open(f"/proc/{init_hostpid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if _libc.setns(fd, _CLONE_NEWIPC):
-                raise OSError(ctypes.get_errno(), "setns(ipc)")
-        finally:
-            os.close(fd)
-        try:
-            return fn()
-        finally:
-            if _libc.setns(home, _CLONE_NEWIPC):
-                raise OSError(ctypes.get_errno(), "setns back to the trainer's own IPC namespace")
-    finally:
-        os.close(home)
-
-
-def _read_table(name: str) -> list[list[str]]:
-    with open(f"/proc/sysvipc/{name}") as f:
-        return [line.split() for line in f.readlines()[1:] if line.strip()]
-
-
 def segments(init_hostpid: int) -> list[Segment]:
-    """The template's segments; refuses semaphores and message queues."""
+    """The template's segments."""
     def read():
-        for other in ("sem", "msg"):
-            if _read_table(other):
-                raise ForkError(f"the workspace holds SysV {'semaphores' if other == 'sem' else 'message queues'}:"
-                                " a fork cannot carry them yet", step="plan")
-        return [Segment(int(r[0]), int(r[1]), int(r[2], 8), int(r[3])) for r in _read_table("shm")]
+        with open("/proc/sysvipc/shm") as f:
+            rows = [line.split() for line in f.readlines()[1:] if line.strip()]
+        return [Segment(int(r[0]), int(r[1]), int(r[2], 8), int(r[3])) for r in rows]
 
-    return _in_ipc_ns(init_hostpid, read)
+    return in_ipc_ns(init_hostpid, read)
 
 
 def copy_segments(template_init: int, child_init: int, segs: list[Segment]) -> None:
@@ -86,7 +57,7 @@ def copy_segments(template_init: int, child_init: int, segs: list[Segment]) -> N
         for s in sorted(segs, key=lambda s: s.id):
             with open("/proc/sys/kernel/shm_next_id", "w") as f:
                 f.write(str(s.id))
-            got = _libc.shmget(s.key, ctypes.c_size_t(s.size), _IPC_CREAT | _IPC_EXCL | (s.mode & 0o777))
+            got = _libc.shmget(s.key, ctypes.c_size_t(s.size), IPC_CREAT | IPC_EXCL | (s.mode & 0o777))
             if got != s.id:
                 raise ForkError(f"SysV segment {s.id} came back as {got} in the child "
                                 f"(errno {ctypes.get_errno()})", step="sysv")
@@ -94,8 +65,8 @@ def copy_segments(template_init: int, child_init: int, segs: list[Segment]) -> N
             ctypes.memmove(addr, data[s.id], s.size)
             _libc.shmdt(addr)
 
-    _in_ipc_ns(template_init, read)
-    _in_ipc_ns(child_init, create)
+    in_ipc_ns(template_init, read)
+    in_ipc_ns(child_init, create)
 
 
 def plan_proc(proc) -> None:
