@@ -241,6 +241,14 @@ def test_remote_queue(procs, bins, tmp_path):
     assert p.wait(5) == 0
 
 
+def test_remote_queue_refuses_data_for_a_call_run_now():
+    """A queued call allowed several errnos runs at once (Remote.queue): data placed for the
+    queue cannot go with it, refused before anything runs in the process."""
+    r = Remote(None, "victim")  # never touched: the refusal comes first
+    with pytest.raises(ForkError, match="queued data"):
+        r.queue("openat", 0, r.queue_path("/x"), 0, 0, ok_errnos=(errno.ENOENT, errno.EACCES))
+
+
 def test_remote_queue_longer_than_one_table(procs, bins, tmp_path):
     p, _ = procs.start([bins / "sleeper", "1.0"])
     wait_syscall(p.pid)

@@ -81,8 +81,8 @@ def scan(init_pid: int, pids: list[int], ws_dir: Path) -> list[External]:
                 note(_mnt_id(f"{base}/fdinfo/{name}"), st, path, _flags(f"{base}/fdinfo/{name}"))
             except OSError:
                 continue
-        for name in [*os.listdir(f"{base}/map_files"), None]:
-            link = f"{base}/map_files/{name}" if name else f"{base}/exe"
+        for mapped in [*os.listdir(f"{base}/map_files"), None]:
+            link = f"{base}/map_files/{mapped}" if mapped else f"{base}/exe"
             try:
                 fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
             except OSError:

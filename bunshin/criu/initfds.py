@@ -111,8 +111,8 @@ class Prepared:
 
     init_pid: int
     ctl: socket.socket            # the trainer's end of the control socket (the Channel's)
+    stand_in: socket.socket       # our end of the workspace-netns pair
     saved: int = -1               # the init's end of the real control socket, kept here
-    stand_in: socket.socket | None = None  # our end of the workspace-netns pair
     stand_in_ino: int = 0         # the init's end of that pair, dumped as external
     master_fds: dict[int, int] = field(default_factory=dict)  # pty index -> fd in the init
 

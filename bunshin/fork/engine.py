@@ -237,6 +237,7 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             if f.dup_of is not None:  # dup()ed in the template: share the recreated file
                 r.dup_same(f.dup_of, f)
             else:
+                assert f.handler is not None  # plan_tree gave every descriptor one
                 f.handler.fixup(ctx, proc, r, f)
         if len(proc.threads) > 1:  # before timers and signals, which may target a thread
             r.flush()  # the queue, before the Tracee is used directly

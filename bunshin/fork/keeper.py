@@ -43,7 +43,9 @@ class _Call:
     __slots__ = ("fn", "args", "done", "result", "error", "finished", "abandon")
 
     def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
-        self.fn, self.args = fn, args
+        # dropped (None) once run, with the references they hold
+        self.fn: Callable[..., Any] | None = fn
+        self.args: tuple | None = args
         self.done = _thread.allocate_lock()
         self.done.acquire()
         self.result: Any = None
@@ -129,6 +131,7 @@ class ForkThread:
 
     def _finish(self, call: _Call) -> None:
         try:
+            assert call.fn is not None and call.args is not None  # a call is run once
             call.result = call.fn(*call.args)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             call.error = e

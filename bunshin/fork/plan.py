@@ -10,6 +10,7 @@ import functools
 import os
 import stat
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from ..errors import ForkError
 
@@ -35,7 +36,7 @@ class FdInfo:
     pos: int
     ino: int
     dev: int
-    handler: object = None  # the resource ops that own it (set by plan_tree)
+    handler: SimpleNamespace | None = None  # the resource ops that own it (set by plan_tree)
     dup_of: int | None = None  # an earlier fd of the same process sharing the open file
     # FD_CLOEXEC, None: ask the first fork's clone (frozen, it cannot change). fdinfo's flags
     # show O_CLOEXEC when the descriptor has it, but also when only the file has it in its own

@@ -138,18 +138,22 @@ class Remote:
         if any(isinstance(a, _Data) for a in args):
             raise ForkError(f"{self.what}: {name}: queued data given to a plain call (use put)")
         self.flush()
-        args = tuple(a.value if isinstance(a, Ref) else a for a in args)
-        r = self._t.syscall(SYS[name], *args)
+        values = tuple(a.value if isinstance(a, Ref) else a for a in args)
+        r = self._t.syscall(SYS[name], *values)
         if -4096 < r < 0 and -r not in ok_errnos:
-            raise self._fail(name, args, r)
+            raise self._fail(name, values, r)
         return r
 
-    def queue(self, name: str, *args: int | Ref, ok_errnos: tuple[int, ...] = ()) -> Ref:
+    def queue(self, name: str, *args: int | Ref | _Data, ok_errnos: tuple[int, ...] = ()) -> Ref:
         """Like :meth:`call`, but run later, with the rest of the queue (errors are raised
-        then). A call allowed several errnos (but not ANY_ERROR) runs now: the batch can
-        tell only one from the others, and any other must stop it."""
+        then); ``args`` may include data placed by :meth:`queue_put`. A call allowed several
+        errnos (but not ANY_ERROR) runs now: the batch can tell only one from the others, and
+        any other must stop it; such a call cannot take queued data."""
         if len(ok_errnos) > 1 and ok_errnos is not ANY_ERROR:
-            return Ref(self, -1, self.call(name, *args, ok_errnos=ok_errnos), (name, args))
+            plain = tuple(a for a in args if not isinstance(a, _Data))
+            if len(plain) < len(args):
+                raise ForkError(f"{self.what}: {name}: queued data given to a call run now (several ok_errnos)")
+            return Ref(self, -1, self.call(name, *plain, ok_errnos=ok_errnos), (name, args))
         ref = Ref(self, len(self._queue), None, (name, args))
         self._queue.append((name, args, ok_errnos, ref))
         if len(self._queue) == self.MAX_QUEUE:  # the table is full (its data is placed)

@@ -152,7 +152,7 @@ class Maker:
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._want: dict[int, tuple[TemplateCore, int]] = {}
+        self._want: dict[int, tuple[Holder, int]] = {}
         self._thread: threading.Thread | None = None
 
     def request(self, core: Holder, n: int) -> None:
@@ -195,4 +195,6 @@ def request(core: Holder, n: int) -> None:
     """Ask for slots (spares) for ``core`` (no-op when turned off)."""
     if not enabled():
         return
-    _maker.get().request(core, n)
+    maker = _maker.get()
+    assert maker is not None  # Maker() is never None
+    maker.request(core, n)

@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
@@ -36,6 +36,12 @@ from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
 from .plan import VforkInFlight, plan_tree
+
+if TYPE_CHECKING:
+    from ..compel import Tracee
+    from ..runtime.cgroup.base import Cgroup
+    from ..runtime.channel import Channel
+    from ..runtime.statedir import WorkspaceDir
 
 log = logging.getLogger("bunshin.fork")
 
@@ -187,6 +193,7 @@ class TemplateCore(slots.Holder):
             if pool is not None:  # the inits took their net/ipc/uts namespaces from it
                 pool.refill()
             for s in todo:
+                assert s.early is not None  # cloned into each above (or we returned), under the lock
                 try:
                     earlyinit.settle(s.early, self, s, self.pin)
                 except (BunshinError, OSError) as e:
@@ -342,7 +349,7 @@ class TemplateCore(slots.Holder):
                     k.settle()
             for pl in self.plans[1:]:
                 clones = cl.clone(functools.partial(tracees.__getitem__, pl.hostpid),
-                                  pl, [k.ci.pid for k in kids], self.tmp_pids[pl.hostpid],
+                                  pl, [k.init_pid for k in kids], self.tmp_pids[pl.hostpid],
                                   [k.take_mid(pl.hostpid) for k in kids], self.mids_reap_themselves(pl))
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
@@ -386,7 +393,10 @@ class _Child:
                  cloner: cloners.Cloner) -> None:
         self.core, self.tracees, self.pin, self.cloner = core, tracees, pin, cloner
         self.clones: list = []
-        self.ci = self.chan = self.ws = self.ctx = None
+        self.ci: Tracee | None = None  # the child's init, from here until abort()
+        self.chan: Channel | None = None  # its control channel, until finish() gives it to the body
+        self.ws = None
+        self.ctx: engine.ForkCtx | None = None  # made by ready()
         self.body: Body | None = None
         self.pidfd = -1
         self.meta = None
@@ -396,7 +406,7 @@ class _Child:
         self.settled = False  # the init is in its root, on its own CPUs (one made ahead is)
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         ei = slot.early if slot is not None else None
-        if ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
+        if slot is not None and ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
             earlyinit.drop_mids(ei.mids, tracees)
             slot.destroy()  # its init did not settle, or has another hostname: start afresh
             core.child_init_gone()
@@ -406,6 +416,9 @@ class _Child:
                 slot = slots.make(core)
             except OSError as e:
                 raise ForkError(f"cannot create the child's directory: {e}") from None
+        # the child's directory and cgroup, until abort() (the cgroup: or finish() gives it to the body)
+        self.d: WorkspaceDir | None
+        self.cg: Cgroup | None
         self.d, self.cg, mfd = slot.dir, slot.cg, slot.mount_fd
         self.host = hostname or core.config.hostname
         if slot.early is not None:  # its init is in its root already (earlyinit.py)
@@ -431,31 +444,39 @@ class _Child:
         made, unless they are made in it) and give it back its CPUs."""
         if self.settled:
             return
+        assert self.chan is not None  # finish() settled it before giving the channel away
         self.chan.wait_ready(10)
         self.pin.release_clone(self.core.body.init_pid, self.ci)
         self.settled = True
 
-    def ready(self) -> None:
+    @property
+    def init_pid(self) -> int:
+        """The host pid of the child's init."""
+        assert self.ci is not None  # set by __init__ (or it raised), cleared by abort()
+        return self.ci.pid
+
+    def ready(self) -> engine.ForkCtx:
         """The init settled, give it what the clones' fixups expect: /dev/shm and SysV
-        segments."""
+        segments. Returns the context of the fixups."""
         if self.ctx is not None:
-            return
+            return self.ctx
         core = self.core
         self.settle()
         tinit = core.body.init_pid
         if core.dev_shm_used is None:
             core.dev_shm_used = engine.dev_shm_used(tinit)
         if core.dev_shm_used:
-            engine.copy_dev_shm(tinit, self.ci.pid)
-        sysv_shm.copy_segments(tinit, self.ci.pid, core.sysv_segments)
-        sysv_sem.copy_sets(self.ci.pid, core.sysv_sets)
-        sysv_msg.copy_queues(self.ci.pid, core.sysv_queues)
-        self.ctx = engine.ForkCtx(init_hostpid=self.ci.pid, plans={pl.vpid: pl for pl in core.plans},
+            engine.copy_dev_shm(tinit, self.init_pid)
+        sysv_shm.copy_segments(tinit, self.init_pid, core.sysv_segments)
+        sysv_sem.copy_sets(self.init_pid, core.sysv_sets)
+        sysv_msg.copy_queues(self.init_pid, core.sysv_queues)
+        self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
                                   cloner=self.cloner,
                                   shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
                                           "pty_masters": self.masters},
                                   cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
         self.masters = {}
+        return self.ctx
 
     def take_mid(self, hostpid: int):
         """The intermediate made ahead for the clone of ``hostpid``, if any (it is in this
@@ -466,25 +487,29 @@ class _Child:
         return mid
 
     def fix(self, pl, c) -> None:
+        ctx, cg = self.ctx, self.cg
+        assert ctx is not None and cg is not None  # after ready(), before finish()
         if pl.hostpid not in self.born_in_cg and not self.cloner.in_child:
-            self.cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
-        engine.fix_process(self.ctx, pl, c)
-        if pl.hostpid not in self.ctx.cpus:  # not given back with its fixups
+            cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
+        engine.fix_process(ctx, pl, c)
+        if pl.hostpid not in ctx.cpus:  # not given back with its fixups
             self.pin.release_clone(pl.hostpid, c)
 
     def finish(self) -> None:
-        self.ready()  # a workspace of its init alone has had no fixup to wait for it
+        ctx = self.ready()  # a workspace of its init alone has had no fixup to wait for it
+        d, cg = self.d, self.cg
+        assert d is not None and cg is not None  # finish() runs once, and not after abort()
         core = self.core
         clones = {pl.vpid: c for pl, c in zip(core.plans[1:], self.clones)}
         self.cloner.reparent(core.plans, clones)
         self.cloner.join_sessions(core.plans, clones)
-        engine.finish_child(self.ctx)
-        masters = self.ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
+        engine.finish_child(ctx)
+        masters = ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
         meta = self.meta
         if meta is None:
-            meta = core.child_meta(self.d, self.cg, self.ci.pid)
-            self.d.write_meta(meta)
-        body = Body(self.d, self.cg, meta, core.child_rootfs(), init_pid=self.ci.pid,
+            meta = core.child_meta(d, cg, self.init_pid)
+            d.write_meta(meta)
+        body = Body(d, cg, meta, core.child_rootfs(), init_pid=self.init_pid,
                     pidfd=self.pidfd, init_is_child=False, channel=self.chan)
         body.open_root()
         body.template = core

@@ -226,7 +226,7 @@ class Shell:
                 self._write(wrapped.encode())
                 r = self._collect(deadline, cap)
                 timed_out = r is None
-                if timed_out:
+                if r is None:
                     r = self._interrupt(cap)
             except _Eof as eof:
                 st = self._exit_status

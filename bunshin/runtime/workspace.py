@@ -812,7 +812,7 @@ def _file_error(wsid: str, path: str, e: OSError) -> BunshinError:
         errno.EACCES: "permission denied",
         errno.EXDEV: "path escapes the workspace",
         errno.ELOOP: "too many symlinks",
-    }.get(e.errno, e.strerror)
+    }.get(e.errno or 0, e.strerror)
     err = ToolCallError(f"workspace {wsid}: {path}: {hint}")
     err.errno = e.errno  # type: ignore[attr-defined]
     return err

@@ -89,6 +89,7 @@ class Speculation:
     def _commit(self) -> None:
         tpl, self._tpl = self._tpl, None
         kid = self.ws
+        assert tpl is not None and kid is not None  # __exit__ of an entered block
         try:
             adopt(self.base, kid)
         finally:
@@ -97,8 +98,10 @@ class Speculation:
 
     def _rollback(self) -> None:
         tpl, self._tpl = self._tpl, None
+        kid = self.ws
+        assert tpl is not None and kid is not None  # __exit__ of an entered block
         try:
-            self.ws.close()
+            kid.close()
             if not self.base.closed and not is_clean(self.base):
                 self.base.restore(tpl)  # ws was used during the block: put it back exactly
                 mark_clean(self.base)

@@ -181,7 +181,7 @@ class SpeculativeExecutor:
         self._count(hits=1, wasted_cpu_seconds=wasted, saved_seconds=max(hit.exec_time - waited, 0.0))
         assert hit.result is not None
         if isinstance(target, CachedRollout):
-            _record(target, hit)
+            _record(target, hit, hit.result)
         return hit.result
 
     def _drop(self, pend: _Pending) -> None:
@@ -219,7 +219,7 @@ class SpeculativeExecutor:
                 setattr(self._stats, k, getattr(self._stats, k) + v)
 
 
-def _record(session: CachedRollout, hit: Branch) -> None:
+def _record(session: CachedRollout, hit: Branch, result: Result) -> None:
     """Keep the session's trie position and shell after a hit, as if it had executed."""
     from ..cache.store import encode_result
 
@@ -234,7 +234,7 @@ def _record(session: CachedRollout, hit: Branch) -> None:
         return
     key = child_key(parent, hit.call)
     cache.store.visit(parent, key, hit.call.canonical)
-    rec = encode_result(hit.result, cache.record_limit)
+    rec = encode_result(result, cache.record_limit)
 
     def fn(d: dict) -> None:
         d["result"], d["exec_time"] = rec, hit.exec_time

@@ -44,7 +44,7 @@ def way_to(root: str, target: str) -> tuple[list[str] | None, str]:
     at its path in a child of the template whose root is ``root`` (made, then removed after
     it, they are as deleted as in the template); None and why when it cannot be."""
     path = target[: -len(_DELETED)]
-    missing = []
+    missing: list[str] = []
     d = os.path.dirname(path)
     while not os.path.lexists(root + d):
         missing.insert(0, d)

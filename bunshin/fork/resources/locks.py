@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from ..._core._syscalls import KCMP_FILE, kcmp
 from ...errors import ForkError
+from ..plan import FdInfo, ProcPlan
 from . import files_reg, sharing, shmem
 
 _F_SETLK, _F_OFD_SETLK = 6, 37
@@ -32,7 +33,8 @@ def _refuse(p, f, why: str) -> ForkError:
 def check_tree(procs) -> None:
     """Refuse, at plan time, locks that could not be set again as they are; find the open
     files with OFD or flock locks that several processes share."""
-    holders = []  # (proc, fd) of each open file with OFD or flock locks, first holder first
+    # (proc, fd) of each open file with OFD or flock locks, first holder first
+    holders: list[tuple[ProcPlan, FdInfo]] = []
     for p in procs:
         if p.is_init:
             continue

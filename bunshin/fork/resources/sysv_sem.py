@@ -56,7 +56,8 @@ def sets(init_hostpid: int, procs) -> Sets:
     """The template's sets; each process of ``procs`` learns which semaphores it operated on
     last (``sysv_sem_last``), and one with undo adjustments is refused."""
     def read():
-        found, last = [], {}
+        found: list[SemSet] = []
+        last: dict[int, list[tuple[int, int, int]]] = {}
         for semid in ids("sem"):
             ds = _SemidDs()
             _semctl(semid, 0, IPC_STAT, ctypes.byref(ds))
