@@ -244,3 +244,29 @@ def _lacks_sys_admin(ws, pid: int) -> bool:
         return not int(ws_status(ws, pid, "CapEff"), 16) >> 21 & 1
     except BunshinError:
         return False
+
+
+def test_a_child_whose_workspace_cannot_be_built_is_removed(no_leaks, monkeypatch):
+    """The last step of a fork hands the child's body to a new Workspace; if that fails, the
+    body's parts (init, cgroup, directory, root, terminals) go with the rest of the child."""
+    ws, sh = _busy_workspace()
+    try:
+        before = _snapshot_of_state()
+
+        def refuse(*_a, **_k):
+            raise BunshinError("no workspace for this body")
+
+        monkeypatch.setattr(bunshin.Workspace, "from_body", refuse)
+        with pytest.raises(BunshinError, match="no workspace for this body"):
+            ws.fork(1)
+        monkeypatch.undo()
+        assert sh.run("echo $V $PWD").stdout == b"intact /tmp\n"
+        deadline = time.monotonic() + 5
+        while _snapshot_of_state() != before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _snapshot_of_state() == before
+        (kid,) = ws.fork(1)
+        assert kid.shells[0].run("echo $V").stdout == b"intact\n"
+        kid.close()
+    finally:
+        ws.close()

@@ -511,12 +511,20 @@ class _Child:
             d.write_meta(meta)
         body = Body(d, cg, meta, core.child_rootfs(), init_pid=self.init_pid,
                     pidfd=self.pidfd, init_is_child=False, channel=self.chan)
-        body.open_root()
+        try:
+            body.open_root()
+            ws = core.build(core.config, body, session_copies(core.shells, masters))
+        except BaseException:
+            # The body never became a workspace's: abort() removes its parts, masters included.
+            if body.root_fd >= 0:
+                os.close(body.root_fd)
+            self.masters.update(masters)
+            raise
         body.template = core
         core.refs += 1  # core.lock is held by fork()
         self.body = body
         self.pidfd, self.chan, self.cg = -1, None, None  # owned by the body now
-        self.ws = core.build(core.config, body, session_copies(core.shells, masters))
+        self.ws = ws
 
     def hand_out(self, on_fork):
         """``on_fork``, then let the clones run: the workspace is the caller's."""
