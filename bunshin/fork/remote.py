@@ -38,6 +38,7 @@ SYS = {
     "epoll_create1": 291, "epoll_ctl": 233, "socket": 41, "socketpair": 53, "bind": 49, "listen": 50,
     "unlinkat": 263, "shutdown": 48, "rt_sigaction": 13,
     "set_robust_list": 273, "sched_setaffinity": 203,
+    "sigaltstack": 131, "rseq": 334, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000

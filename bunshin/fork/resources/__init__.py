@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...errors import ForkError
 from ..plan import FdInfo, ProcPlan, kind_of
 from . import (control, devices, epoll, eventfd, files_reg, inotify, pipes, ptys, shmem, signalfd, signals, sk_inet,
-               sk_unix, sysv_shm, timerfd, timers, unsupported)
+               sk_unix, sysv_shm, threads, timerfd, timers, unsupported)
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
 REGISTRY = [control.OPS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS, timerfd.OPS,
@@ -20,7 +20,9 @@ REGISTRY = [control.OPS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OP
 
 # Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
 # remote) in each clone, finish(ctx) once the child is whole.
-PROC_REGISTRY = [epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, timers.OPS, signals.OPS]
+# threads before timers and signals, which may target a thread; signals last: a pending one
+# may be delivered as soon as the clone runs an instruction.
+PROC_REGISTRY = [epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, threads.OPS, timers.OPS, signals.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

@@ -13,7 +13,8 @@ from ...errors import ForkError
 _ITIMERS = (0, 1, 2)  # ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF
 _ITV = struct.Struct("4q")  # it_interval, it_value (timevals)
 _ITS = struct.Struct("4q")  # it_interval, it_value (timespecs)
-_NOTIFY = {"signal": 0, "none": 1, "thread": 4}  # SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD_ID
+_NOTIFY = {"signal": 0, "none": 1, "thread": 2}  # SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD
+_SIGEV_THREAD_ID = 4  # with SIGEV_SIGNAL: to one thread ("signal/tid.N" in /proc/PID/timers)
 _MAX_GAP = 4096  # ids are allocated in order from 0; holes are filled with throwaway timers
 
 
@@ -23,11 +24,13 @@ class PosixTimer:
     signo: int
     value: int
     notify: int
-    target: int  # tid for SIGEV_THREAD_ID
+    target: int  # tid for SIGEV_THREAD_ID, as the workspace sees it
     clock: int
 
 
-def _parse(text: str) -> list[PosixTimer]:
+def _parse(text: str, vtids: dict[int, int]) -> list[PosixTimer]:
+    """/proc/PID/timers, read on the host: a thread is named by its host tid (``vtids`` maps
+    those of the process to the workspace's)."""
     out: list[PosixTimer] = []
     cur: dict[str, str] = {}
     for line in text.splitlines() + ["ID: end"]:
@@ -36,8 +39,12 @@ def _parse(text: str) -> list[PosixTimer]:
         if key == "ID" and cur:
             sig, value = cur["signal"].split("/")
             how, _, who = cur["notify"].partition("/")
-            out.append(PosixTimer(int(cur["ID"]), int(sig), int(value, 16), _NOTIFY[how],
-                                  int(who.split(".")[1]) if "." in who else 0, int(cur["ClockID"])))
+            kind, _, tid = who.partition(".")
+            notify, target = _NOTIFY[how], 0
+            if kind == "tid":
+                notify, target = notify | _SIGEV_THREAD_ID, vtids[int(tid)]
+            out.append(PosixTimer(int(cur["ID"]), int(sig), int(value, 16), notify, target,
+                                  int(cur["ClockID"])))
             cur = {}
         cur[key] = val
     return sorted(out, key=lambda t: t.id)
@@ -50,7 +57,7 @@ def plan_proc(proc) -> None:
     proc.itimers_idle = False
     try:
         with open(f"/proc/{proc.hostpid}/timers") as f:
-            proc.posix_timers = _parse(f.read())
+            proc.posix_timers = _parse(f.read(), proc.thread_vtids)
     except FileNotFoundError:
         proc.posix_timers = []
     if proc.posix_timers and proc.posix_timers[-1].id > _MAX_GAP:

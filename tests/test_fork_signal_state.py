@@ -1,0 +1,71 @@
+"""Signal and thread state across a fork: every thread's comm, alternate signal stack, rseq
+registration and signal mask, pending signals with their siginfo, and a POSIX timer aimed at
+one thread (tests/victims/signal_state.c checks them from inside, in the source and in the
+child, after ws.fork() and after snapshot() + tpl.fork())."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+import bunshin
+from conftest import wait_file
+
+SOURCE = (Path(__file__).parent / "victims" / "signal_state.c").read_text()
+THREADS = 3
+
+
+def _start(family):
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/s.c", SOURCE)
+    built = ws.run("gcc -O1 -pthread -o /s /s.c")
+    if not built.ok:
+        pytest.skip(f"cannot build the victim: {built.stderr!r}")
+    pid = ws.spawn(["env", "GLIBC_TUNABLES=glibc.pthread.rseq=0", "/s"])
+    wait_file(ws, "/tmp/ready")
+    return ws, pid
+
+
+def _report(w, pid: int) -> list[str]:
+    w.kill(pid, signal.SIGTERM)
+    wait_file(w, "/tmp/done")
+    return [w.read_file(f"/tmp/r-{i}").decode() for i in range(THREADS)]
+
+
+def _check(report: list[str]) -> None:
+    """What the program set, as each thread saw it (the source's own report must say so too)."""
+    main, w1, w2 = report
+    for i, (r, name) in enumerate(zip(report, ("sig-main", "sig-w1", "sig-w2"))):
+        assert f"comm {name}\n" in r, r
+        assert "handler on altstack 1\n" in r, r
+        assert "rseq updated 1 again -1 errno EBUSY\n" in r, r
+    assert "value 11" in main and "value 22" in main and "value 77" in main and "value 44" in main
+    assert "value 101" in w1 and "value 102" in w1 and "value 201" in w2
+    assert "timer to this thread 1 others 0\n" in w2, w2
+
+
+def test_signal_state_of_every_thread_is_carried(family):
+    ws, pid = _start(family)
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    child = _report(kid, pid)
+    source = _report(ws, pid)
+    _check(source)
+    assert child == source
+
+
+def test_signal_state_is_carried_by_a_held_template(family):
+    ws, pid = _start(family)
+    tpl = ws.snapshot()
+    try:
+        kids = tpl.fork(2)
+        family.extend(kids)
+        reports = [_report(k, pid) for k in kids]
+    finally:
+        tpl.close()
+    source = _report(ws, pid)
+    _check(source)
+    assert reports == [source, source]
