@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <linux/rseq.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -43,7 +44,8 @@ static void on_timer(int s) { if (gettid() == tids[2]) timer_ok++; else timer_ba
 
 static sigset_t private_set(void) { sigset_t s; sigemptyset(&s); sigaddset(&s, SIGUSR2); sigaddset(&s, SIGRTMIN + 4); return s; }
 static sigset_t shared_set(void) { sigset_t s; sigemptyset(&s); sigaddset(&s, SIGUSR1); sigaddset(&s, SIGRTMIN + 2);
-	sigaddset(&s, SIGRTMIN + 5); sigaddset(&s, SIGCHLD); return s; }
+	sigaddset(&s, SIGRTMIN + 5); sigaddset(&s, SIGRTMIN + 7); sigaddset(&s, SIGCHLD);
+	return s; }
 
 static void setup(int i)
 {
@@ -53,7 +55,7 @@ static void setup(int i)
 	if (sigaltstack(&ss, 0)) perror("sigaltstack");
 	if (syscall(SYS_rseq, &rs[i], sizeof rs[i], 0, SIGQ_MAIN + i)) perror("rseq");
 	sigset_t m; sigemptyset(&m);
-	int blocked[] = {SIGTERM, SIGUSR1, SIGUSR2, SIGCHLD, SIGRTMIN + 2, SIGRTMIN + 4, SIGRTMIN + 5};
+	int blocked[] = {SIGTERM, SIGUSR1, SIGUSR2, SIGCHLD, SIGRTMIN + 2, SIGRTMIN + 4, SIGRTMIN + 5, SIGRTMIN + 7};
 	for (unsigned k = 0; k < sizeof blocked / sizeof *blocked; k++) sigaddset(&m, blocked[k]);
 	if (i == 0) sigaddset(&m, SIGHUP);
 	if (i == 1) sigaddset(&m, SIGWINCH); /* TSIG stays open in all: only the timer's aim picks w2 */
@@ -90,6 +92,12 @@ static void verify(int i)
 	unsigned long mb = 0, pb = 0;
 	for (int s = 1; s < 65; s++) { if (sigismember(&m, s)) mb |= 1UL << (s - 1); if (sigismember(&p, s)) pb |= 1UL << (s - 1); }
 	fprintf(f, "mask %016lx pending %016lx\n", mb, pb);
+	char line[256];
+	FILE *st = fopen("/proc/thread-self/status", "r");
+	while (fgets(line, sizeof line, st))
+		if ((!strncmp(line, "Sig", 3) && strncmp(line, "SigQ", 4)) || !strncmp(line, "ShdPnd", 6))
+			fputs(line, f); /* SigQ: a count over all processes of the user */
+	fclose(st);
 	if (i == 2) {
 		int before = timer_ok;
 		usleep(300000);
@@ -135,6 +143,13 @@ int main(void)
 	v.sival_int = 101; pthread_sigqueue(t[1], SIGRTMIN + 4, v);
 	v.sival_int = 102; pthread_sigqueue(t[1], SIGRTMIN + 4, v);
 	v.sival_int = 201; pthread_sigqueue(t[2], SIGRTMIN + 4, v);
+	/* no room for a queue entry: pending without siginfo (taken as SI_USER from no one) */
+	struct rlimit lim, none;
+	getrlimit(RLIMIT_SIGPENDING, &lim);
+	none = (struct rlimit){0, lim.rlim_max};
+	setrlimit(RLIMIT_SIGPENDING, &none);
+	kill(getpid(), SIGRTMIN + 7);
+	setrlimit(RLIMIT_SIGPENDING, &lim);
 	pid_t c = fork();
 	if (!c) { v.sival_int = 77; sigqueue(getppid(), SIGRTMIN + 5, v); _exit(3); }
 	waitpid(c, 0, 0);
@@ -149,8 +164,8 @@ int main(void)
 	while (sigwaitinfo(&term, 0) != SIGTERM) /* EINTR: a fork's ptrace stops interrupt it */
 		;
 	go = 1;
+	for (int i = 1; i < NT; i++) pthread_join(t[i], 0); /* they see the shared queue undrained */
 	verify(0);
-	for (int i = 1; i < NT; i++) pthread_join(t[i], 0);
 	fclose(fopen("/tmp/done", "w"));
 	return 0;
 }

@@ -32,7 +32,12 @@ _WALL = 0x40000000
 _SIGINFO = 128  # bytes of a siginfo_t
 _PEEK_BATCH = 64
 _ALL = (1 << 64) - 1
-_SIGKILL_STOP = (1 << (signal.SIGKILL - 1)) | (1 << (signal.SIGSTOP - 1))
+# Signals to stop a thread with, best first: a standard one is pending even when the kernel has
+# no room for its siginfo (RLIMIT_SIGPENDING); none that cannot be caught or that has side
+# effects on being sent (the job-control ones).
+_TRIGGERS = [s for s in (*range(31, 0, -1), *range(64, 31, -1))
+             if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN,
+                          signal.SIGTTOU)]
 
 
 class _PeekArgs(ctypes.Structure):
@@ -83,8 +88,11 @@ def _unqueued(mask: int, queued: list[bytes]) -> list[bytes]:
 
 def _pending(hostpid: int, tid: int, shared: bool) -> list[bytes]:
     flags, key = (_PEEKSIGINFO_SHARED, b"ShdPnd:") if shared else (0, b"SigPnd:")
+    mask = _status_mask(hostpid, tid, key)
+    if not mask:  # a queued signal is pending: nothing to peek at (the common case)
+        return []
     queued = _queue(tid, flags)
-    return queued + _unqueued(_status_mask(hostpid, tid, key), queued)
+    return queued + _unqueued(mask, queued)
 
 
 def plan_proc(proc) -> None:
@@ -141,7 +149,7 @@ def _queue_in_thread(pid: int, tid: int, infos: list[bytes]) -> None:
     pending = _status_mask(pid, tid, b"SigPnd:") | _status_mask(pid, tid, b"ShdPnd:")
     for info in infos:
         pending |= 1 << (_signo(info) - 1)
-    trigger = next((s for s in range(64, 0, -1) if not (pending | _SIGKILL_STOP) >> (s - 1) & 1), 0)
+    trigger = next((s for s in _TRIGGERS if not pending >> (s - 1) & 1), 0)
     if not trigger:
         raise ForkError(f"thread {tid}: every signal is pending, none is left to stop it with",
                         pid=pid, step="signals")
@@ -164,6 +172,12 @@ def _queue_in_thread(pid: int, tid: int, infos: list[bytes]) -> None:
             _expect(tid, lambda st: st >> 16 == _PTRACE_EVENT_STOP, "the interrupt")
     finally:
         _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_SETSIGMASK")
+    # ptrace_signal() drops a signal it cannot queue (RLIMIT_SIGPENDING) without a word
+    # (a timer of the clone's may have queued one of its own meanwhile)
+    got = iter(_queue(tid, 0))
+    if not all(info in got for info in infos):
+        raise ForkError(f"thread {tid}: the kernel did not queue all its {len(infos)} pending "
+                        "signals again (RLIMIT_SIGPENDING?)", pid=pid, step="signals")
 
 
 def _expect(tid: int, ok, what: str) -> None:
