@@ -33,11 +33,12 @@ _SIGINFO = 128  # bytes of a siginfo_t
 _PEEK_BATCH = 64
 _ALL = (1 << 64) - 1
 # Signals to stop a thread with, best first: a standard one is pending even when the kernel has
-# no room for its siginfo (RLIMIT_SIGPENDING); none that cannot be caught or that has side
-# effects on being sent (the job-control ones).
+# no room for its siginfo (RLIMIT_SIGPENDING); none that cannot be caught, that has side
+# effects on being sent (the job-control ones) or that the clone's timers or children may send
+# meanwhile (the thread would take that one instead).
 _TRIGGERS = [s for s in (*range(31, 0, -1), *range(64, 31, -1))
              if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN,
-                          signal.SIGTTOU)]
+                          signal.SIGTTOU, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGCHLD)]
 
 
 class _PeekArgs(ctypes.Structure):
@@ -128,7 +129,7 @@ def _queue_in_threads(clone, proc, queues: dict[int, list[bytes]]) -> None:
         if tid is None:
             raise ForkError(f"process {proc.vpid} ({proc.name}): thread {vtid} has signals pending "
                             "but no copy in the clone", pid=proc.hostpid, step="signals")
-        _queue_in_thread(clone.pid, tid, infos)
+        _queue_in_thread(clone.pid, tid, infos, getattr(proc, "posix_timers", ()))
 
 
 def _vtid_of(pid: int, tid: int) -> int:
@@ -139,17 +140,17 @@ def _vtid_of(pid: int, tid: int) -> int:
     return 0
 
 
-def _queue_in_thread(pid: int, tid: int, infos: list[bytes]) -> None:
+def _queue_in_thread(pid: int, tid: int, infos: list[bytes], timers) -> None:
     """The thread runs to a signal-delivery stop for a trigger signal, the only one it lets
     through; there we swap in the siginfo to queue, block everything and let it go with that
     signal, which the kernel queues on the thread again, untouched; an interrupt asked for
     beforehand stops the thread again before it could return to its code."""
     mask = ctypes.c_uint64()
     _ptrace(_PTRACE_GETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_GETSIGMASK")
-    pending = _status_mask(pid, tid, b"SigPnd:") | _status_mask(pid, tid, b"ShdPnd:")
-    for info in infos:
-        pending |= 1 << (_signo(info) - 1)
-    trigger = next((s for s in _TRIGGERS if not pending >> (s - 1) & 1), 0)
+    busy = _status_mask(pid, tid, b"SigPnd:") | _status_mask(pid, tid, b"ShdPnd:")
+    for sig in [_signo(info) for info in infos] + [t.signo for t in timers]:
+        busy |= 1 << (sig - 1)
+    trigger = next((s for s in _TRIGGERS if not busy >> (s - 1) & 1), 0)
     if not trigger:
         raise ForkError(f"thread {tid}: every signal is pending, none is left to stop it with",
                         pid=pid, step="signals")
@@ -157,7 +158,6 @@ def _queue_in_thread(pid: int, tid: int, infos: list[bytes]) -> None:
         for info in infos:
             only = ctypes.c_uint64(_ALL & ~(1 << (trigger - 1)))
             _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(only), "PTRACE_SETSIGMASK")
-            os.kill(tid, 0)  # still there
             if _libc.syscall(234, pid, tid, trigger) != 0:  # tgkill
                 raise ForkError(f"thread {tid}: tgkill: {os.strerror(ctypes.get_errno())}", pid=pid,
                                 step="signals")
