@@ -44,7 +44,7 @@ def _same(got: list[str], want: list[str]) -> None:
 def _check(report: list[str]) -> None:
     """What the program set, as each thread saw it (the source's own report must say so too)."""
     main, w1, w2 = report
-    for i, (r, name) in enumerate(zip(report, ("sig-main", "sig-w1", "sig-w2"))):
+    for r, name in zip(report, ("sig-main", "sig-w1", "sig-w2")):
         assert f"comm {name}\n" in r, r
         assert "handler on altstack 1\n" in r, r
         assert "rseq updated 1 again -1 errno EBUSY\n" in r, r

@@ -19,6 +19,7 @@ import signal
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from .threads import vtid
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.restype = ctypes.c_long
@@ -121,23 +122,13 @@ def fixup_proc(ctx, proc, r) -> None:
 def _queue_in_threads(clone, proc, queues: dict[int, list[bytes]]) -> None:
     """Queue each thread's signals (``{vtid: siginfos}``) on its copy in ``clone``, all of
     whose threads we trace, stopped."""
-    by_vtid = {}
-    for tid in clone.threads():
-        by_vtid[_vtid_of(clone.pid, tid)] = tid
-    for vtid, infos in queues.items():
-        tid = by_vtid.get(vtid)
+    by_vtid = {vtid(clone.pid, tid): tid for tid in clone.threads()}
+    for thread, infos in queues.items():
+        tid = by_vtid.get(thread)
         if tid is None:
-            raise ForkError(f"process {proc.vpid} ({proc.name}): thread {vtid} has signals pending "
+            raise ForkError(f"process {proc.vpid} ({proc.name}): thread {thread} has signals pending "
                             "but no copy in the clone", pid=proc.hostpid, step="signals")
         _queue_in_thread(clone.pid, tid, infos, getattr(proc, "posix_timers", ()))
-
-
-def _vtid_of(pid: int, tid: int) -> int:
-    with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"NSpid:"):
-                return int(line.split()[-1])
-    return 0
 
 
 def _queue_in_thread(pid: int, tid: int, infos: list[bytes], timers) -> None:

@@ -1,7 +1,8 @@
 """Per-thread state a clone's threads lack. compel recreates every thread but the main one
-with its signal mask, alternate signal stack and rseq registration; the main thread comes from
-the clone itself, made by a CLONE_VM intermediate (or the module's FORK), which keeps its mask
-but drops its alternate stack and rseq registration: both are set again here. Thread names
+with its signal mask, alternate signal stack and rseq registration; the main thread is the
+clone itself, made by a CLONE_VM intermediate, which keeps its mask but drops its alternate
+stack and rseq registration: both are set again here (a clone of the module's FORK, which may
+have kept them, is given the same again). Thread names
 (comm) are not copied by a thread's clone (it takes the main thread's): each thread gets its
 own back, written by the main thread (a thread may rename another of its own process only)."""
 
@@ -19,7 +20,8 @@ _STACK_T = struct.Struct("QiiQ")  # ss_sp, ss_flags, (padding), ss_size
 _TASK_COMM_LEN = 16
 
 
-def _vtid(hostpid: int, tid: int) -> int:
+def vtid(hostpid: int, tid: int) -> int:
+    """A thread's tid in its own pid namespace."""
     with open(f"/proc/{hostpid}/task/{tid}/status", "rb") as f:
         for line in f:
             if line.startswith(b"NSpid:"):
@@ -34,7 +36,7 @@ def _comm(hostpid: int, tid: int) -> bytes:
 
 def plan_proc(proc) -> None:
     # A frozen template runs none of its own code again: what is read here stays true.
-    proc.thread_vtids = {t: _vtid(proc.hostpid, t) for t in proc.threads}
+    proc.thread_vtids = {t: vtid(proc.hostpid, t) for t in proc.threads}
     main = _comm(proc.hostpid, proc.hostpid)
     proc.thread_names = {proc.thread_vtids[t]: name for t in proc.threads[1:]
                          if (name := _comm(proc.hostpid, t)) != main}
