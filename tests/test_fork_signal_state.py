@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import bunshin
-from conftest import wait_file
+from conftest import fork_one, signal_and_read, start_script, wait_file
 
 SOURCE = (Path(__file__).parent / "victims" / "signal_state.c").read_text()
 THREADS = 3
@@ -76,3 +76,41 @@ def test_signal_state_is_carried_by_a_held_template(family):
     _check(source)
     for r in reports:
         _same(r, source)
+
+
+GLIBC_RSEQ = r"""
+import ctypes, errno, signal, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.pthread_self.restype = ctypes.c_void_p
+offset = ctypes.c_long.in_dll(libc, "__rseq_offset").value
+
+def registered():
+    # glibc's own area: at __rseq_offset from the thread pointer (pthread_self on x86_64);
+    # registering it again with glibc's arguments says EBUSY only while it is registered
+    area = libc.pthread_self() + offset
+    for size in (32, 20):
+        if libc.syscall(334, ctypes.c_void_p(area), size, 0, 0x53053053) == -1 and ctypes.get_errno() == errno.EBUSY:
+            return "EBUSY"
+    return "not registered"
+
+asked, answers = threading.Event(), []
+def worker():
+    asked.wait()
+    answers.append(registered())
+t = threading.Thread(target=worker)
+t.start()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+out("/tmp/ready", "")
+signal.sigwait({signal.SIGUSR1})
+asked.set()
+t.join()
+out("/tmp/rseq", f"main {registered()} thread {answers[0]}")
+"""
+
+
+def test_glibc_rseq_stays_registered_in_every_thread(family):
+    ws = start_script(family, GLIBC_RSEQ, "/tmp/ready")
+    pid = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"])
+    kid = fork_one(family, ws)
+    for w in (kid, ws):
+        assert signal_and_read(w, pid, signal.SIGUSR1, "/tmp/rseq") == b"main EBUSY thread EBUSY"
