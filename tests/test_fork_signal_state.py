@@ -6,6 +6,7 @@ child, after ws.fork() and after snapshot() + tpl.fork())."""
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,37 @@ def test_glibc_rseq_stays_registered_in_every_thread(family):
     kid = fork_one(family, ws)
     for w in (kid, ws):
         assert signal_and_read(w, pid, signal.SIGUSR1, "/tmp/rseq") == b"main EBUSY thread EBUSY"
+
+
+TIMER_PENDING = r"""
+import ctypes, signal, struct, time
+lib = ctypes.CDLL(None, use_errno=True)
+sig = signal.SIGRTMIN + 1
+signal.pthread_sigmask(signal.SIG_BLOCK, {sig, signal.SIGUSR1})
+for period_ms in (10, 0):  # id 0 periodic, id 1 one-shot: both expired, their signal pending
+    ev = struct.pack("qiii", 0, sig, 0, 0).ljust(64, b"\0")
+    tid = ctypes.c_int()
+    assert lib.timer_create(1, ev, ctypes.byref(tid)) == 0
+    assert lib.timer_settime(tid, 0, struct.pack("4q", 0, period_ms * 10**6, 0, 10**7), None) == 0
+time.sleep(0.1)
+out("/tmp/ready", "")
+signal.sigwait({signal.SIGUSR1})
+got = []
+while (i := signal.sigtimedwait({sig}, 0)) is not None:
+    got.append(f"{i.si_code}")
+time.sleep(0.05)  # delivered, the periodic timer runs again: one signal, its expiries meanwhile overruns
+while (i := signal.sigtimedwait({sig}, 0)) is not None:
+    got.append(f"later {i.si_code}")
+out("/tmp/got", " ".join(got))
+"""
+
+
+def test_a_timers_pending_signal_is_the_timers_own(family):
+    """A timer's signal pending at the fork is queued by the clone's timer itself: one, as in
+    the source, which counts further expiries as overruns, not as more signals."""
+    ws = start_script(family, TIMER_PENDING, "/tmp/ready")
+    pid = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"])
+    kid = fork_one(family, ws)
+    time.sleep(0.1)
+    for w in (kid, ws):
+        assert signal_and_read(w, pid, signal.SIGUSR1, "/tmp/got") == b"-2 -2 later -2"

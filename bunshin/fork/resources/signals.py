@@ -97,13 +97,33 @@ def _pending(hostpid: int, tid: int, shared: bool) -> list[bytes]:
     return queued + _unqueued(mask, queued)
 
 
+_SI_TIMER = -2
+
+
+def _timer_id(info: bytes) -> int | None:
+    """The POSIX timer whose expiry queued this siginfo, if one did (si_tid)."""
+    if int.from_bytes(info[8:12], "little", signed=True) != _SI_TIMER:
+        return None
+    return int.from_bytes(info[16:20], "little", signed=True)
+
+
+def timers_pending(proc) -> set[int]:
+    """Ids of the POSIX timers whose signal is pending in the template process."""
+    queues = [_pending(proc.hostpid, proc.hostpid, True)]
+    queues += [_pending(proc.hostpid, t, False) for t in proc.threads]
+    return {i for q in queues for info in q if (i := _timer_id(info)) is not None}
+
+
 def plan_proc(proc) -> None:
     pass  # read at fork time: the template may have been signalled since the snapshot
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    shared = _pending(proc.hostpid, proc.hostpid, True)
-    own = {t: _pending(proc.hostpid, t, False) for t in proc.threads}
+    def mine(infos: list[bytes]) -> list[bytes]:  # a re-fired timer queues its own (timers.py)
+        return [i for i in infos if _timer_id(i) not in proc.timers_refired]
+
+    shared = mine(_pending(proc.hostpid, proc.hostpid, True))
+    own = {t: mine(_pending(proc.hostpid, t, False)) for t in proc.threads}
     others = {proc.thread_vtids[t]: q for t, q in own.items() if q and t != proc.hostpid}
     if others:
         _queue_in_threads(r.t, proc, others)
