@@ -71,12 +71,16 @@ def _signo(info: bytes) -> int:
     return int.from_bytes(info[:4], "little", signed=True)
 
 
-def _status_mask(hostpid: int, tid: int, key: bytes) -> int:
+def _masks(hostpid: int, tid: int) -> tuple[int, int]:
+    """(the thread's own, its process's shared) pending signals, from one read of its status
+    (found by key, not parsed line by line: this runs for every thread of every fork)."""
     with open(f"/proc/{hostpid}/task/{tid}/status", "rb") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1], 16)
-    return 0
+        status = f.read()
+    masks = []
+    for key in (b"\nSigPnd:", b"\nShdPnd:"):
+        at = status.find(key)
+        masks.append(int(status[at + len(key):status.index(b"\n", at + 1)], 16) if at >= 0 else 0)
+    return masks[0], masks[1]
 
 
 def _unqueued(mask: int, queued: list[bytes]) -> list[bytes]:
@@ -88,13 +92,22 @@ def _unqueued(mask: int, queued: list[bytes]) -> list[bytes]:
             for sig in range(1, 65) if mask >> (sig - 1) & 1]
 
 
-def _pending(hostpid: int, tid: int, shared: bool) -> list[bytes]:
-    flags, key = (_PEEKSIGINFO_SHARED, b"ShdPnd:") if shared else (0, b"SigPnd:")
-    mask = _status_mask(hostpid, tid, key)
+def _pending(tid: int, mask: int, flags: int = 0) -> list[bytes]:
+    """The siginfos of the signals ``mask`` says are pending on a thread's own queue (or with
+    PEEKSIGINFO_SHARED its process's)."""
     if not mask:  # a queued signal is pending: nothing to peek at (the common case)
         return []
     queued = _queue(tid, flags)
     return queued + _unqueued(mask, queued)
+
+
+def _template_queues(proc) -> tuple[list[bytes], dict[int, list[bytes]]]:
+    """A template process's pending signals: (its shared queue, {host tid: that thread's})."""
+    own, shared = _masks(proc.hostpid, proc.hostpid)
+    queues = {proc.hostpid: _pending(proc.hostpid, own)}
+    for t in proc.threads[1:]:
+        queues[t] = _pending(t, _masks(proc.hostpid, t)[0])
+    return _pending(proc.hostpid, shared, _PEEKSIGINFO_SHARED), queues
 
 
 _SI_TIMER = -2
@@ -109,9 +122,8 @@ def _timer_id(info: bytes) -> int | None:
 
 def timers_pending(proc) -> set[int]:
     """Ids of the POSIX timers whose signal is pending in the template process."""
-    queues = [_pending(proc.hostpid, proc.hostpid, True)]
-    queues += [_pending(proc.hostpid, t, False) for t in proc.threads]
-    return {i for q in queues for info in q if (i := _timer_id(info)) is not None}
+    shared, own = _template_queues(proc)
+    return {i for q in (shared, *own.values()) for info in q if (i := _timer_id(info)) is not None}
 
 
 def plan_proc(proc) -> None:
@@ -122,8 +134,8 @@ def fixup_proc(ctx, proc, r) -> None:
     def mine(infos: list[bytes]) -> list[bytes]:  # a re-fired timer queues its own (timers.py)
         return [i for i in infos if _timer_id(i) not in proc.timers_refired]
 
-    shared = mine(_pending(proc.hostpid, proc.hostpid, True))
-    own = {t: mine(_pending(proc.hostpid, t, False)) for t in proc.threads}
+    shared, own = _template_queues(proc)
+    shared, own = mine(shared), {t: mine(q) for t, q in own.items()}
     others = {proc.thread_vtids[t]: q for t, q in own.items() if q and t != proc.hostpid}
     if others:
         _queue_in_threads(r.t, proc, others)
@@ -158,7 +170,8 @@ def _queue_in_thread(pid: int, tid: int, infos: list[bytes], timers) -> None:
     beforehand stops the thread again before it could return to its code."""
     mask = ctypes.c_uint64()
     _ptrace(_PTRACE_GETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_GETSIGMASK")
-    busy = _status_mask(pid, tid, b"SigPnd:") | _status_mask(pid, tid, b"ShdPnd:")
+    own, shared = _masks(pid, tid)
+    busy = own | shared
     for sig in [_signo(info) for info in infos] + [t.signo for t in timers]:
         busy |= 1 << (sig - 1)
     trigger = next((s for s in _TRIGGERS if not busy >> (s - 1) & 1), 0)
