@@ -1,7 +1,8 @@
 """Signal and thread state across a fork: every thread's comm, alternate signal stack, rseq
 registration and signal mask, pending signals with their siginfo, and a POSIX timer aimed at
 one thread (tests/victims/signal_state.c checks them from inside, in the source and in the
-child, after ws.fork() and after snapshot() + tpl.fork())."""
+child, after ws.fork() and after snapshot() + tpl.fork()); glibc's own rseq registration; a
+POSIX timer whose signal is pending at the fork."""
 
 from __future__ import annotations
 
