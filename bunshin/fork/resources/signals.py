@@ -95,7 +95,7 @@ def _unqueued(mask: int, queued: list[bytes]) -> list[bytes]:
 def _pending(tid: int, mask: int, flags: int = 0) -> list[bytes]:
     """The siginfos of the signals ``mask`` says are pending on a thread's own queue (or with
     PEEKSIGINFO_SHARED its process's)."""
-    if not mask:  # a queued signal is pending: nothing to peek at (the common case)
+    if not mask:  # every queued signal shows in it: none to peek at (the common case)
         return []
     queued = _queue(tid, flags)
     return queued + _unqueued(mask, queued)
