@@ -42,6 +42,7 @@ SYS = {
     "fchmod": 91, "fchown": 93, "fchdir": 81, "mkdirat": 258, "mknodat": 259, "flock": 73,
     "fchmodat": 268, "fchownat": 260, "linkat": 265, "symlinkat": 266,
     "munmap": 11,
+    "sigaltstack": 131, "rseq": 334, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...errors import ForkError
 from ..plan import FdInfo, ProcPlan, kind_of
 from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, namespaces, pipes, ptys, shmem, signalfd,
-               signals, sk_inet, sk_unix, sysv_sem, sysv_shm, timerfd, timers, unsupported)
+               signals, sk_inet, sk_unix, sysv_sem, sysv_shm, threads, timerfd, timers, unsupported)
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
 REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
@@ -21,9 +21,11 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 
 # Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
 # remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
-# Locks are last: any close of a file before them would drop its POSIX locks.
-PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, timers.OPS, signals.OPS,
-                 locks.OPS]
+# Locks once every descriptor is in place: a close of the file before them would drop its POSIX
+# locks. threads before timers and signals, which may target a thread; signals last: a pending
+# one may be delivered as soon as the clone runs an instruction of its own.
+PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, locks.OPS, threads.OPS,
+                 timers.OPS, signals.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

@@ -5,15 +5,21 @@ notification targets, read from /proc/PID/timers."""
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from . import signals
 
 _ITIMERS = (0, 1, 2)  # ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF
 _ITV = struct.Struct("4q")  # it_interval, it_value (timevals)
 _ITS = struct.Struct("4q")  # it_interval, it_value (timespecs)
-_NOTIFY = {"signal": 0, "none": 1, "thread": 4}  # SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD_ID
+_NOTIFY = {"signal": 0, "none": 1, "thread": 2}  # SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD
+_SIGEV_THREAD_ID = 4  # with SIGEV_SIGNAL: to one thread ("signal/tid.N" in /proc/PID/timers)
+_TIMER_ABSTIME = 1
+# clocks whose absolute time the fork thread reads as the clone's timer does (not CPU clocks)
+_ABS_CLOCKS = (0, 1, 7, 8, 9, 11)  # REALTIME, MONOTONIC, BOOTTIME, their _ALARM, TAI
 _MAX_GAP = 4096  # ids are allocated in order from 0; holes are filled with throwaway timers
 
 
@@ -23,11 +29,13 @@ class PosixTimer:
     signo: int
     value: int
     notify: int
-    target: int  # tid for SIGEV_THREAD_ID
+    target: int  # tid for SIGEV_THREAD_ID, as the workspace sees it
     clock: int
 
 
-def _parse(text: str) -> list[PosixTimer]:
+def _parse(text: str, vtids: dict[int, int]) -> list[PosixTimer]:
+    """/proc/PID/timers, read on the host: a thread is named by its host tid (``vtids`` maps
+    those of the process to the workspace's)."""
     out: list[PosixTimer] = []
     cur: dict[str, str] = {}
     for line in text.splitlines() + ["ID: end"]:
@@ -36,8 +44,12 @@ def _parse(text: str) -> list[PosixTimer]:
         if key == "ID" and cur:
             sig, value = cur["signal"].split("/")
             how, _, who = cur["notify"].partition("/")
-            out.append(PosixTimer(int(cur["ID"]), int(sig), int(value, 16), _NOTIFY[how],
-                                  int(who.split(".")[1]) if "." in who else 0, int(cur["ClockID"])))
+            kind, _, tid = who.partition(".")
+            notify, target = _NOTIFY[how], 0
+            if kind == "tid":
+                notify, target = notify | _SIGEV_THREAD_ID, vtids[int(tid)]
+            out.append(PosixTimer(int(cur["ID"]), int(sig), int(value, 16), notify, target,
+                                  int(cur["ClockID"])))
             cur = {}
         cur[key] = val
     return sorted(out, key=lambda t: t.id)
@@ -48,9 +60,10 @@ def plan_proc(proc) -> None:
     # can start again and later forks need not look (an armed one keeps counting down, though,
     # and is read by every fork).
     proc.itimers_idle = False
+    proc.timers_refired = set()  # of this fork: those whose pending signal they queue again
     try:
         with open(f"/proc/{proc.hostpid}/timers") as f:
-            proc.posix_timers = _parse(f.read())
+            proc.posix_timers = _parse(f.read(), proc.thread_vtids)
     except FileNotFoundError:
         proc.posix_timers = []
     if proc.posix_timers and proc.posix_timers[-1].id > _MAX_GAP:
@@ -86,10 +99,15 @@ def fixup_proc(ctx, proc, r) -> None:
 def _posix_timers(proc, r, src, scratch: int) -> None:
     """POSIX timers, read in the template (``src``, ``scratch``: _ITS.size bytes there)."""
     throwaway = []
+    fired = signals.timers_pending(proc) if proc.posix_timers else set()
+    proc.timers_refired = set()
     for t in getattr(proc, "posix_timers", ()):
         if src.syscall(224, t.id, scratch) != 0:  # timer_gettime, in the template
             raise ForkError(f"process {proc.vpid}: cannot read POSIX timer {t.id}", pid=proc.hostpid)
-        its = src.read(scratch, _ITS.size)
+        its, flags = src.read(scratch, _ITS.size), 0
+        if t.id in fired and t.clock in _ABS_CLOCKS:
+            its, flags = _fire_now(its, t.clock), _TIMER_ABSTIME
+            proc.timers_refired.add(t.id)
         sigevent = struct.pack("qiii", t.value, t.signo, t.notify, t.target).ljust(64, b"\0")
         ev, idp = r.put(sigevent, 0), r.put(bytes(4), 64)
         while True:
@@ -100,9 +118,20 @@ def _posix_timers(proc, r, src, scratch: int) -> None:
             if got > t.id:
                 raise ForkError(f"process {proc.vpid}: POSIX timer {t.id} came back as {got}")
             throwaway.append(got)
-        r.call("timer_settime", t.id, 0, r.put(its, 128), 0)
+        r.call("timer_settime", t.id, flags, r.put(its, 128), 0)
     for tid in throwaway:
         r.call("timer_delete", tid)
+
+
+def _fire_now(its: bytes, clock: int) -> bytes:
+    """A setting (absolute) under which a timer whose signal is pending in the template fires
+    at once in the clone, queueing that signal as its own (a plain copy would not be the
+    timer's: a second expiry would queue another, where the template's counts an overrun, and
+    re-arming the timer would not drop it), and then keeps the template's period and phase."""
+    isec, insec, vsec, vnsec = _ITS.unpack(its)
+    interval, left = isec * 10**9 + insec, vsec * 10**9 + vnsec
+    at = time.clock_gettime_ns(clock) + left - interval if interval else 1
+    return _ITS.pack(isec, insec, at // 10**9, at % 10**9)
 
 
 OPS = SimpleNamespace(kind="timers", plan_proc=plan_proc, fixup_proc=fixup_proc)
