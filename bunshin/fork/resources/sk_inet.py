@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from ...errors import ForkError
-from . import sharing, sk_tcp
+from . import sharing, sk_tcp, sockopts
 from .sk_tcp import getint, ioctl_int
 
 _PROTOS = {b"TCP", b"TCPv6", b"UDP", b"UDPv6"}  # system.sockprotoname
@@ -53,9 +53,6 @@ _TCP_INFO, _ESTABLISHED, _CLOSE, _LISTEN = 11, 1, 7, 10
 _STATES = {2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 8: "CLOSE_WAIT",
            9: "LAST_ACK", 11: "CLOSING"}
 _SIOCINQ = 0x541B
-# Options copied as plain ints; SO_REUSEADDR is handled apart (see module docstring).
-_OPTS = [(socket.SOL_SOCKET, socket.SO_REUSEPORT), (socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-         (socket.SOL_SOCKET, socket.SO_BROADCAST), (_TCP, socket.TCP_NODELAY)]
 
 
 @dataclass
@@ -110,14 +107,13 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
     sk = InetSk(family=s.family, type=s.type & 0xF, fate="fresh",
                 reuseaddr=getint(s, socket.SOL_SOCKET, socket.SO_REUSEADDR))
     sk.local, sk.peer = _ends(s)
-    sk.opts = {o: v for o in _OPTS if (sk.type == socket.SOCK_STREAM or o[0] != _TCP)
-               and (v := getint(s, *o))}
     if sk.family == socket.AF_INET6:
         sk.v6only = getint(s, socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
     if sk.type == socket.SOCK_DGRAM:
         if ioctl_int(s, _SIOCINQ):
             refuse(sk, "has datagrams queued")
         sk.fate = "bound" if sk.local[1] or sk.peer else "fresh"
+        _read_opts(s, sk, refuse)
         return sk
     info = s.getsockopt(_TCP, _TCP_INFO, 104)
     state = info[0]
@@ -134,7 +130,15 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
         sk_tcp.save(s, sk, info)
     else:
         refuse(sk, f"is in state {_STATES.get(state, state)} (half-closed or closing)")
+    _read_opts(s, sk, refuse)
     return sk
+
+
+def _read_opts(s: socket.socket, sk: InetSk, refuse) -> None:
+    sk.opts = sockopts.read(s, sockopts.table(sk.family, sk.type, sk.fate == "established"))
+    why = sockopts.refusal(sk.opts)
+    if why:
+        refuse(sk, why)
 
 
 SETTLE_S = 2.0  # how long a snapshot waits for the kernel to stop moving bytes between sockets
@@ -211,8 +215,7 @@ def check_tree(procs) -> None:
 
 def _build(s: socket.socket, sk: InetSk) -> None:
     """Give the child's new socket (``s``, a trainer-side copy) the template socket's state."""
-    for (level, opt), v in sk.opts.items():
-        s.setsockopt(level, opt, v)
+    sockopts.apply(s, sk.opts)
     if sk.v6only is not None:
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, sk.v6only)
     if sk.fate == "established":

@@ -1,0 +1,220 @@
+"""Forks carry what a process set on its sockets (options, shutdown()) and the unix sockets
+beyond pairs and listeners: datagram clients of a bound server, names relative to a directory.
+Each program checks its own sockets: after the fork, in the child and in the source, it finds
+what it found before (or, where looking consumes, what an identical set found before)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import fork_one, put, start_script
+from conftest import wait_file as _wait
+
+from bunshin.errors import ForkError
+
+OPTIONS = """
+import fcntl
+S, T = socket.SOL_SOCKET, socket.IPPROTO_TCP
+RAW = [(S, socket.SO_PRIORITY, 4), (S, socket.SO_BINDTODEVICE, 16), (S, socket.SO_RCVBUF, 4),
+       (S, socket.SO_SNDBUF, 4), (S, socket.SO_RCVTIMEO, 16), (S, socket.SO_SNDTIMEO, 16),
+       (S, socket.SO_LINGER, 8), (S, socket.SO_KEEPALIVE, 4), (S, socket.SO_REUSEADDR, 4),
+       (S, socket.SO_PASSCRED, 4), (S, socket.SO_MARK, 4), (S, 42, 4)]  # SO_PEEK_OFF
+INET = [(T, socket.TCP_KEEPIDLE, 4), (T, socket.TCP_USER_TIMEOUT, 4), (T, socket.TCP_NODELAY, 4),
+        (socket.IPPROTO_IP, socket.IP_TOS, 4)]
+def state(s):
+    got = []
+    for level, opt, n in RAW + (INET if s.family == socket.AF_INET and s.type == socket.SOCK_STREAM else []):
+        try:
+            got.append(s.getsockopt(level, opt, n).hex())
+        except OSError as e:
+            got.append(e.errno)
+    return got + [bool(fcntl.fcntl(s, fcntl.F_GETFL) & os.O_NONBLOCK)]
+def dress(s, k):
+    s.setsockopt(S, socket.SO_PRIORITY, 3 + k)
+    s.setsockopt(S, socket.SO_RCVBUF, 40000 + 1000 * k); s.setsockopt(S, socket.SO_SNDBUF, 50000 + 1000 * k)
+    s.setsockopt(S, socket.SO_RCVTIMEO, struct.pack('ll', 1 + k, 500000))
+    s.setsockopt(S, socket.SO_SNDTIMEO, struct.pack('ll', 7, 250 * k))
+    s.setsockopt(S, socket.SO_LINGER, struct.pack('ii', 1, 9 + k))
+    s.setsockopt(S, socket.SO_KEEPALIVE, 1); s.setsockopt(S, socket.SO_REUSEADDR, 1)
+    s.setsockopt(S, socket.SO_MARK, 77 + k); s.setsockopt(S, 42, 0)
+    if s.family == socket.AF_UNIX:
+        s.setsockopt(S, socket.SO_PASSCRED, 1)
+    else:
+        s.setsockopt(S, socket.SO_BINDTODEVICE, b'lo')
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x10)
+        if s.type == socket.SOCK_STREAM:
+            s.setsockopt(T, socket.TCP_KEEPIDLE, 33 + k); s.setsockopt(T, socket.TCP_USER_TIMEOUT, 4000)
+            s.setsockopt(T, socket.TCP_NODELAY, 1)
+    s.setblocking(k % 2 == 0)
+    return s
+U = socket.AF_UNIX
+socks = list(socket.socketpair(U, socket.SOCK_STREAM)) + list(socket.socketpair(U, socket.SOCK_DGRAM))
+socks += [socket.socket(U, t) for t in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET)]
+lu = socket.socket(U); lu.bind('/tmp/opt.sock'); lu.listen(2); socks.append(lu)
+lt = socket.socket(); lt.bind(('127.0.0.1', 7100)); lt.listen(2); socks.append(lt)
+socks += [socket.socket(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)]
+ct = socket.create_connection(('127.0.0.1', 7100)); st, _ = lt.accept(); socks += [ct, st]
+for k, s in enumerate(socks):
+    dress(s, k)
+out('/tmp/ready', json.dumps([state(s) for s in socks]))
+wait('/tmp/go')
+out('/tmp/out', json.dumps([state(s) for s in socks]))
+time.sleep(1000)
+"""
+
+
+def _fork(family, ws, how: str):
+    if how == "fork":
+        return fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        (kid,) = tpl.fork(1)
+        family.append(kid)
+        return kid
+    finally:
+        tpl.close()
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_socket_options_are_carried_for_unix_and_inet_sockets(family, how):
+    ws = start_script(family, OPTIONS, "/tmp/ready")
+    before = _wait(ws, "/tmp/ready")
+    assert '"05000000"' in before and '"6c6f00"' in before  # SO_PRIORITY 5, SO_BINDTODEVICE lo: were set
+    kid = _fork(family, ws, how)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == before
+
+
+SHUTDOWN = """
+import errno
+def probe(a, b):
+    got = []
+    for s in (a, b):
+        data = []
+        while True:
+            try:
+                m = s.recv(100, socket.MSG_DONTWAIT)
+            except OSError as e:
+                data.append(errno.errorcode[e.errno]); break
+            data.append(m.decode())
+            if not m:
+                break
+        got.append(data)
+    for s in (a, b):
+        try:
+            s.send(b'z', socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL); got.append('sent')
+        except OSError as e:
+            got.append(errno.errorcode[e.errno])
+    return got
+def sets():
+    out = []
+    for t in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET, socket.SOCK_DGRAM):
+        for how in (socket.SHUT_RD, socket.SHUT_WR, socket.SHUT_RDWR):
+            a, b = socket.socketpair(socket.AF_UNIX, t)
+            a.send(b'to-b'); b.send(b'to-a')
+            a.shutdown(how)
+            out.append((a, b))
+        a = socket.socket(socket.AF_UNIX, t); a.shutdown(socket.SHUT_WR)   # unconnected
+        b = socket.socket(socket.AF_UNIX, t); b.shutdown(socket.SHUT_RD)
+        out.append((a, b))
+    return out
+first, second = sets(), sets()
+out('/tmp/ready', json.dumps([probe(a, b) for a, b in first]))
+wait('/tmp/go')
+out('/tmp/out', json.dumps([probe(a, b) for a, b in second]))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_shutdown_state_and_queued_bytes_of_unix_sockets_are_carried(family, how):
+    ws = start_script(family, SHUTDOWN, "/tmp/ready")
+    before = _wait(ws, "/tmp/ready")
+    assert "EPIPE" in before and '""' in before  # shut down ends: refused sends, EOF
+    kid = _fork(family, ws, how)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == before
+
+
+DGRAM_CLIENTS = """
+U, D = socket.AF_UNIX, socket.SOCK_DGRAM
+c1 = socket.socket(U, D)                      # a lower fd than its server: made first in a child
+s1 = socket.socket(U, D); s1.bind('/tmp/d.sock'); c1.connect('/tmp/d.sock')
+os.makedirs('/tmp/sub', exist_ok=True); os.chdir('/tmp/sub')
+sr = socket.socket(U, D); sr.bind('r.sock')   # relative to /tmp/sub
+cr = socket.socket(U, D); cr.bind('cr.sock'); cr.connect('r.sock')
+lr = socket.socket(U); lr.bind('l.sock'); lr.listen(1)
+os.chdir('/')
+if os.fork() == 0:                            # a server in a later process than its client
+    s2 = socket.socket(U, D); s2.bind('\\0bunshin-dg')
+    out('/tmp/q-ready', '')
+    wait('/tmp/go')
+    m, frm = s2.recvfrom(100)
+    out('/tmp/q-out', repr((m, frm)))
+    time.sleep(1000)
+wait('/tmp/q-ready')
+c2 = socket.socket(U, D); c2.connect('\\0bunshin-dg')
+def report():
+    return repr([c.getpeername() for c in (c1, cr, c2)] + [s.getsockname() for s in (sr, cr, lr)])
+out('/tmp/ready', report())
+wait('/tmp/go')
+c1.send(b'one'); cr.send(b'rel'); c2.send(b'two')
+got = [s1.recvfrom(100), sr.recvfrom(100)]
+n = socket.socket(U); n.connect('/tmp/sub/l.sock'); a, _ = lr.accept(); n.send(b'l'); got.append(a.recv(9))
+out('/tmp/out', report() + ' ' + repr(got))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_datagram_clients_and_relative_names_are_carried(family, how):
+    ws = start_script(family, DGRAM_CLIENTS, "/tmp/ready")
+    names = _wait(ws, "/tmp/ready")
+    assert names == repr(["/tmp/d.sock", "r.sock", b"\0bunshin-dg", "r.sock", "cr.sock", "l.sock"])
+    kid = _fork(family, ws, how)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == names + " " + repr([(b"one", None), (b"rel", "cr.sock"), b"l"])
+        assert _wait(w, "/tmp/q-out") == repr((b"two", None))
+
+
+def _refused(family, script: str, match: str) -> None:
+    ws = start_script(family, script + "\nout('/tmp/ready', '')\nwait('/tmp/go')\nout('/tmp/out', check())\n"
+                      "time.sleep(1000)\n", "/tmp/ready")
+    with pytest.raises(ForkError, match=match):
+        ws.fork(1)
+    put(ws, "/tmp/go", "")  # untouched: the program finds its sockets as it left them
+    assert _wait(ws, "/tmp/out") == "ok"
+
+
+def test_descriptors_in_flight_are_refused_at_plan_time(family):
+    _refused(family, """
+import array
+a, b = socket.socketpair()
+r, w = os.pipe()
+a.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [w]))])
+def check():
+    m, anc, _, _ = b.recvmsg(1, socket.CMSG_LEN(4))
+    os.write(array.array('i', anc[0][2])[0], b'p')
+    return 'ok' if (m, os.read(r, 1)) == (b'x', b'p') else 'bad'
+""", r"process 2 \(python3\) fd \d+ is a unix socket .* descriptors or credentials queued")
+
+
+def test_relative_name_whose_file_is_gone_is_refused(family):
+    _refused(family, """
+os.chdir('/tmp')
+l = socket.socket(socket.AF_UNIX); l.bind('gone.sock'); l.listen(1)
+os.unlink('/tmp/gone.sock')
+def check():
+    return 'ok' if l.getsockname() == 'gone.sock' else 'bad'
+""", r"fd \d+ is a unix socket .* relative name b'gone.sock'.* no workspace process's working directory")
+
+
+def test_datagram_server_with_datagrams_queued_is_refused(family):
+    _refused(family, """
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind('/tmp/q.sock')
+c = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); c.connect('/tmp/q.sock'); c.send(b'queued')
+def check():
+    return 'ok' if s.recv(9) == b'queued' else 'bad'
+""", r"fd \d+ is a unix socket .* datagrams queued whose senders cannot be told apart")
