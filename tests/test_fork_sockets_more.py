@@ -218,3 +218,58 @@ c = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); c.connect('/tmp/q.sock'); 
 def check():
     return 'ok' if s.recv(9) == b'queued' else 'bad'
 """, r"fd \d+ is a unix socket .* datagrams queued whose senders cannot be told apart")
+
+
+INET_SHUTDOWN = """
+import errno, select
+lt = socket.socket(); lt.bind(('127.0.0.1', 7200)); lt.listen(8)
+def probe(socks):
+    got = []
+    for s in socks:
+        p = select.poll(); p.register(s, select.POLLIN | select.POLLOUT | select.POLLRDHUP)
+        got.append([ev for _, ev in p.poll(0)])
+        for _ in range(2):
+            try:
+                got.append(s.recv(100, socket.MSG_DONTWAIT).decode())
+            except OSError as e:
+                got.append(errno.errorcode[e.errno])
+    for s in socks:
+        try:
+            s.send(b'z', socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL); got.append('sent')
+        except OSError as e:
+            got.append(errno.errorcode[e.errno])
+    return got
+def shut(s, how):
+    try:
+        s.shutdown(how)
+    except OSError as e:
+        assert e.errno == errno.ENOTCONN
+def sets(k):
+    c = socket.create_connection(('127.0.0.1', 7200)); a, _ = lt.accept()
+    a.send(b'x'); time.sleep(0.1); shut(c, socket.SHUT_RD)            # data queued, then EOF
+    f = socket.socket(); shut(f, socket.SHUT_WR)                         # never connected
+    u1 = socket.socket(type=socket.SOCK_DGRAM); u1.bind(('127.0.0.1', 7300 + k))
+    u2 = socket.socket(type=socket.SOCK_DGRAM); u2.bind(('127.0.0.1', 7400 + k))
+    u1.connect(u2.getsockname()); u2.connect(u1.getsockname()); shut(u1, socket.SHUT_RD)
+    u3 = socket.socket(type=socket.SOCK_DGRAM); shut(u3, socket.SHUT_RDWR)
+    return [c, a, f, u1, u2, u3]
+first, second = sets(0), sets(1)
+found = probe(first)
+for s in first:  # what its probe sent would be queued at the fork (UDP: refused)
+    s.close()
+out('/tmp/ready', json.dumps(found))
+wait('/tmp/go')
+out('/tmp/out', json.dumps(probe(second)))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_shutdown_state_of_tcp_and_udp_sockets_is_carried(family, how):
+    ws = start_script(family, INET_SHUTDOWN, "/tmp/ready")
+    before = _wait(ws, "/tmp/ready")
+    assert '"x", ' in before and '""' in before  # the bytes queued, then EOF
+    kid = _fork(family, ws, how)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == before

@@ -26,17 +26,21 @@ their listener's port; either may come first) and set to the template's value in
 
 Refused, naming process, fd and 4-tuple: connections whose peer no workspace process holds
 (not yet accepted, or closed), half-closed and closing states, listeners with connections not
-yet accepted, UDP sockets with datagrams queued. A connection to outside the workspace cannot
+yet accepted, UDP sockets with datagrams queued, sockets bound to a device other than ``lo``
+(SO_BINDTODEVICE). A connection to outside the workspace cannot
 exist: the workspace's namespace has only ``lo``.
 
-Options carried: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_BROADCAST, TCP_NODELAY,
-IPV6_V6ONLY, O_NONBLOCK, the backlog; buffer sizes only where queued bytes need them. Others
-(keepalive timings, SO_LINGER, TCP_CORK, timeouts) and urgent (MSG_OOB) data start afresh.
+Options carried: those a process can set (sockopts.py: SO_*, TCP_*, IP_TOS/TTL, IPv6 traffic
+class and hops), IPV6_V6ONLY, O_NONBLOCK, the backlog, and the shutdown() state (sock_diag for
+bound sockets, poll for the others; a connection shut down for reading only stays
+ESTABLISHED). Urgent (MSG_OOB) data starts afresh.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import select
 import socket
 import struct
 import time
@@ -45,6 +49,7 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from . import sharing, sk_tcp, sockopts
+from .sk_unix import diag_socket
 from .sk_tcp import getint, ioctl_int
 
 _PROTOS = {b"TCP", b"TCPv6", b"UDP", b"UDPv6"}  # system.sockprotoname
@@ -53,6 +58,7 @@ _TCP_INFO, _ESTABLISHED, _CLOSE, _LISTEN = 11, 1, 7, 10
 _STATES = {2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 8: "CLOSE_WAIT",
            9: "LAST_ACK", 11: "CLOSING"}
 _SIOCINQ = 0x541B
+_SOCK_DIAG_BY_FAMILY, _NLMSG_DONE, _NLMSG_ERROR, _INET_DIAG_SHUTDOWN = 20, 3, 2, 8
 
 
 @dataclass
@@ -66,6 +72,7 @@ class InetSk:
     opts: dict = field(default_factory=dict)
     v6only: int | None = None
     backlog: int = 0
+    shutdown: int = 0  # RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2
     # established only
     inq: bytes = b""
     outq: bytes = b""
@@ -134,8 +141,21 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
     return sk
 
 
+def _polled_shutdown(s: socket.socket, sk: InetSk) -> int:
+    """The shutdown() state of a socket sock_diag does not list (not bound: not hashed), as far
+    as a process can tell it: RCV_SHUTDOWN shows as POLLRDHUP; SEND_SHUTDOWN alone changes
+    nothing a process sees, but for UDP with RCV_SHUTDOWN it shows as POLLHUP."""
+    p = select.poll()
+    p.register(s, select.POLLIN | select.POLLRDHUP)
+    ev = next((e for _, e in p.poll(0)), 0)
+    if not ev & select.POLLRDHUP:
+        return 0
+    return 3 if sk.type == socket.SOCK_DGRAM and ev & select.POLLHUP else 1
+
+
 def _read_opts(s: socket.socket, sk: InetSk, refuse) -> None:
     sk.opts = sockopts.read(s, sockopts.table(sk.family, sk.type, sk.fate == "established"))
+    sk.shutdown = _polled_shutdown(s, sk)
     why = sockopts.refusal(sk.opts)
     if why:
         refuse(sk, why)
@@ -202,8 +222,10 @@ def check_tree(procs) -> None:
     finally:
         for s, _, _ in socks.values():
             s.close()
+    shut = _shutdowns(procs[0].hostpid)
     for _, f in mine:
         f.inet = read[f.ino]
+        f.inet.shutdown |= shut.get(f.ino, 0)
     held = {(_key(sk.local), _key(sk.peer)) for sk in read.values() if sk.fate == "established"}
     for p, f in mine:
         sk = f.inet
@@ -213,6 +235,51 @@ def check_tree(procs) -> None:
                             "a fork cannot carry it", pid=p.hostpid, step="plan")
 
 
+def _shutdowns(ns_pid: int) -> dict[int, int]:
+    """shutdown() state (RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2) of every bound TCP and UDP socket of
+    ``ns_pid``'s net namespace that has some, by inode (inet sock_diag; no getsockopt tells)."""
+    out: dict[int, int] = {}
+    with diag_socket(ns_pid) as nl:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for proto in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+                req = struct.pack("=BBBBI", family, proto, 0, 0, 0xFFFFFFFF) + bytes(48)  # all states
+                nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
+                while (msgs := nl.recv(1 << 16)) and _parse_shutdowns(msgs, out):
+                    pass
+    return out
+
+
+def _parse_shutdowns(buf: bytes, out: dict[int, int]) -> bool:
+    """Read one netlink reply into ``out``; False once the dump is over."""
+    while buf:
+        ln, typ = struct.unpack_from("=IH", buf)
+        if typ == _NLMSG_DONE:
+            return False
+        if typ == _NLMSG_ERROR:
+            raise ForkError("sock_diag refused to list inet sockets", step="plan")
+        msg = buf[16:ln]
+        ino = struct.unpack_from("I", msg, 68)[0]  # inet_diag_msg.idiag_inode
+        off = 72
+        while off + 4 <= len(msg):
+            alen, atype = struct.unpack_from("=HH", msg, off)
+            if atype == _INET_DIAG_SHUTDOWN and msg[off + 4]:
+                out[ino] = msg[off + 4]
+            off += (alen + 3) & ~3
+        buf = buf[(ln + 3) & ~3 :]
+    return True
+
+
+def _shutdown(s: socket.socket, sk: InetSk) -> None:
+    """Set the template's shutdown() state. On a socket neither connected nor listening the
+    kernel sets it and says ENOTCONN; on a listener it would not set it (hence before listen)."""
+    if sk.shutdown:
+        try:
+            s.shutdown(sk.shutdown - 1)  # SHUT_RD 0, SHUT_WR 1, SHUT_RDWR 2
+        except OSError as e:
+            if e.errno != errno.ENOTCONN:
+                raise
+
+
 def _build(s: socket.socket, sk: InetSk) -> None:
     """Give the child's new socket (``s``, a trainer-side copy) the template socket's state."""
     sockopts.apply(s, sk.opts)
@@ -220,6 +287,7 @@ def _build(s: socket.socket, sk: InetSk) -> None:
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, sk.v6only)
     if sk.fate == "established":
         sk_tcp.restore(s, sk)
+        _shutdown(s, sk)  # only RCV_SHUTDOWN: SEND_SHUTDOWN would have left ESTABLISHED
         return
     if sk.type == socket.SOCK_STREAM:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # until _finish
@@ -231,7 +299,10 @@ def _build(s: socket.socket, sk: InetSk) -> None:
             s.connect(sk.peer)
     elif sk.fate == "listen":
         s.bind(sk.local)
+        _shutdown(s, sk)
         s.listen(sk.backlog)
+        return
+    _shutdown(s, sk)
 
 
 def _finish(ctx) -> None:

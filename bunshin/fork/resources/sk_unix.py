@@ -85,7 +85,7 @@ def claims(proc, f) -> bool:
         return False
 
 
-def _diag_socket(ns_pid: int) -> socket.socket:
+def diag_socket(ns_pid: int) -> socket.socket:
     """A sock_diag socket in ``ns_pid``'s net namespace: made by a thread that enters it (the
     net namespace is per thread) and ends, so the trainer itself never moves."""
     out: list = []
@@ -106,7 +106,7 @@ def _diag_socket(ns_pid: int) -> socket.socket:
     t.start()
     t.join()
     if isinstance(out[0], OSError):
-        raise ForkError(f"cannot list the workspace's unix sockets: {out[0]}", step="plan")
+        raise ForkError(f"cannot list the workspace's sockets: {out[0]}", step="plan")
     return out[0]
 
 
@@ -114,7 +114,7 @@ def unix_sockets(ns_pid: int) -> dict[int, UnixSk]:
     """Every unix socket of ``ns_pid``'s net namespace, by inode."""
     req = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, _SHOW, 0xFFFFFFFF, 0xFFFFFFFF)
     table: dict[int, UnixSk] = {}
-    with _diag_socket(ns_pid) as nl:
+    with diag_socket(ns_pid) as nl:
         nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)  # REQUEST|DUMP
         while True:
             buf = nl.recv(1 << 16)
