@@ -145,7 +145,9 @@ os.makedirs('/tmp/sub', exist_ok=True); os.chdir('/tmp/sub')
 sr = socket.socket(U, D); sr.bind('r.sock')   # relative to /tmp/sub
 cr = socket.socket(U, D); cr.bind('cr.sock'); cr.connect('r.sock')
 lr = socket.socket(U); lr.bind('l.sock'); lr.listen(1)
+n0 = socket.socket(U); n0.connect('l.sock'); a0, _ = lr.accept()   # accepted: shares lr's name
 os.chdir('/')
+bs = socket.socket(U, socket.SOCK_SEQPACKET); bs.bind('/tmp/bs.sock')  # bound, not listening
 if os.fork() == 0:                            # a server in a later process than its client
     s2 = socket.socket(U, D); s2.bind('\\0bunshin-dg')
     out('/tmp/q-ready', '')
@@ -156,12 +158,14 @@ if os.fork() == 0:                            # a server in a later process than
 wait('/tmp/q-ready')
 c2 = socket.socket(U, D); c2.connect('\\0bunshin-dg')
 def report():
-    return repr([c.getpeername() for c in (c1, cr, c2)] + [s.getsockname() for s in (sr, cr, lr)])
+    return repr([c.getpeername() for c in (c1, cr, c2)] + [s.getsockname() for s in (sr, cr, lr, bs)])
 out('/tmp/ready', report())
 wait('/tmp/go')
 c1.send(b'one'); cr.send(b'rel'); c2.send(b'two')
 got = [s1.recvfrom(100), sr.recvfrom(100)]
 n = socket.socket(U); n.connect('/tmp/sub/l.sock'); a, _ = lr.accept(); n.send(b'l'); got.append(a.recv(9))
+n0.send(b'n0'); got.append(a0.recv(9))
+bs.listen(1); n = socket.socket(U, socket.SOCK_SEQPACKET); n.connect('/tmp/bs.sock'); got.append(bs.accept()[0].fileno() > 0)
 out('/tmp/out', report() + ' ' + repr(got))
 time.sleep(1000)
 """
@@ -171,11 +175,11 @@ time.sleep(1000)
 def test_datagram_clients_and_relative_names_are_carried(family, how):
     ws = start_script(family, DGRAM_CLIENTS, "/tmp/ready")
     names = _wait(ws, "/tmp/ready")
-    assert names == repr(["/tmp/d.sock", "r.sock", b"\0bunshin-dg", "r.sock", "cr.sock", "l.sock"])
+    assert names == repr(["/tmp/d.sock", "r.sock", b"\0bunshin-dg", "r.sock", "cr.sock", "l.sock", "/tmp/bs.sock"])
     kid = _fork(family, ws, how)
     for w in (kid, ws):
         put(w, "/tmp/go", "")
-        assert _wait(w, "/tmp/out") == names + " " + repr([(b"one", None), (b"rel", "cr.sock"), b"l"])
+        assert _wait(w, "/tmp/out") == names + " " + repr([(b"one", None), (b"rel", "cr.sock"), b"l", b"n0", True])
         assert _wait(w, "/tmp/q-out") == repr((b"two", None))
 
 
@@ -208,7 +212,7 @@ l = socket.socket(socket.AF_UNIX); l.bind('gone.sock'); l.listen(1)
 os.unlink('/tmp/gone.sock')
 def check():
     return 'ok' if l.getsockname() == 'gone.sock' else 'bad'
-""", r"fd \d+ is a unix socket .* relative name b'gone.sock'.* no workspace process's working directory")
+""", r"fd \d+ is a unix socket .* relative name b'gone.sock', whose socket file is not found")
 
 
 def test_datagram_server_with_datagrams_queued_is_refused(family):

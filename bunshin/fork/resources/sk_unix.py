@@ -14,7 +14,7 @@ fates:
   reader gets the bytes, then EOF.
 - ``listen``: bound to a name and listening: bound again in the child (its own root, its own
   net namespace: the name is free there) with the same backlog.
-- ``bound``: an unconnected datagram socket bound to a name, with nothing queued.
+- ``bound``: bound to a name, neither listening nor connected, with nothing queued.
 - ``client``: a datagram socket connected to a bound socket another workspace descriptor
   holds (a server), with nothing queued: connected, from the trainer, to the child's copy of
   the server once both exist (whichever clone comes first).
@@ -237,11 +237,6 @@ def check_tree(procs) -> None:
         if sk is None:
             _refuse(p, f, "that the workspace's net namespace does not list")
         f.sk, f.sk_peer_holder, f.sk_fate = sk, None, None
-        if _relative(sk) and sk.bind_dir is None:
-            sk.bind_dir = _find_dir(procs, sk)
-            if sk.bind_dir is None:
-                _refuse(p, f, f"bound to the relative name {sk.name.rstrip(bytes(1))!r}, which leads to its file "
-                        "from no workspace process's working directory (moved or removed)")
         if sk.state == _LISTEN:
             if sk.icons or sk.rq:
                 _refuse(p, f, f"with {max(sk.icons, sk.rq)} connection(s) not yet accepted (what they sent "
@@ -264,15 +259,22 @@ def check_tree(procs) -> None:
                 f.sk_peer_holder = held.get(sk.peer)  # None: the peer is closed
                 f.sk_fate = "pair"
         elif sk.name:
-            if sk.type != _DGRAM or sk.rq:
-                _refuse(p, f, "bound but neither listening nor connected, or with datagrams queued "
-                        "whose senders cannot be told apart")
+            if sk.rq:
+                _refuse(p, f, "bound, not connected, with datagrams queued whose senders cannot be told apart")
             f.sk_fate = "bound"
         else:
             f.sk_fate = "fresh"
     for p, f in mine:
-        if f.sk.opts is None:
-            _read(p, f, f.sk, f.sk_fate)
+        sk = f.sk
+        # the sockets bound again in the child (an accepted connection shares its listener's
+        # name, but no file)
+        if f.sk_fate != "pair" and _relative(sk) and sk.bind_dir is None:
+            sk.bind_dir = _find_dir(procs, sk)
+            if sk.bind_dir is None:
+                _refuse(p, f, f"bound to the relative name {sk.name.rstrip(bytes(1))!r}, whose socket file is not "
+                        "found in the workspace (moved or removed)")
+        if sk.opts is None:
+            _read(p, f, sk, f.sk_fate)
 
 
 def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[bytes]:
