@@ -202,7 +202,7 @@ def check():
     m, anc, _, _ = b.recvmsg(1, socket.CMSG_LEN(4))
     os.write(array.array('i', anc[0][2])[0], b'p')
     return 'ok' if (m, os.read(r, 1)) == (b'x', b'p') else 'bad'
-""", r"process 2 \(python3\) fd \d+ is a unix socket .* descriptors or credentials queued")
+""", r"process 2 \(python3\) fd \d+ is a unix socket .* descriptors queued \(SCM_RIGHTS")
 
 
 def test_relative_name_whose_file_is_gone_is_refused(family):
@@ -277,3 +277,49 @@ def test_shutdown_state_of_tcp_and_udp_sockets_is_carried(family, how):
     for w in (kid, ws):
         put(w, "/tmp/go", "")
         assert _wait(w, "/tmp/out") == before
+
+
+CREDS = """
+a, b = socket.socketpair()                                   # stream: runs of one sender each
+da, db = socket.socketpair(type=socket.SOCK_DGRAM)
+for s in (a, da):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+for k in range(2):                                           # two senders
+    if os.fork() == 0:
+        wait(f'/tmp/turn-{k}')
+        b.send(f's{k}'.encode()); db.send(f'd{k}'.encode())
+        out(f'/tmp/sent-{k}', str(os.getpid())); time.sleep(1000)
+for k in range(2):
+    out(f'/tmp/turn-{k}', ''); wait(f'/tmp/sent-{k}')
+def read(s):
+    m, anc, _, _ = s.recvmsg(100, socket.CMSG_SPACE(12))
+    pid, uid, gid = struct.unpack('iII', anc[0][2])
+    return m.decode(), pid, uid, gid
+out('/tmp/ready', '')
+wait('/tmp/go')
+out('/tmp/out', repr([read(s) for s in (a, a, da, da)]))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_credentials_in_flight_name_the_childs_copies_of_their_senders(family, how):
+    ws = start_script(family, CREDS, "/tmp/ready")
+    p0, p1 = (int(_wait(ws, f"/tmp/sent-{k}")) for k in range(2))
+    kid = _fork(family, ws, how)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == repr([("s0", p0, 0, 0), ("s1", p1, 0, 0), ("d0", p0, 0, 0), ("d1", p1, 0, 0)])
+
+
+def test_credentials_of_an_exited_sender_are_refused(family):
+    _refused(family, """
+a, b = socket.socketpair()
+a.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+pid = os.fork()
+if pid == 0:
+    b.send(b'bye'); os._exit(0)
+os.waitpid(pid, 0)
+def check():
+    return 'ok' if a.recv(9) == b'bye' else 'bad'
+""", r"process 2 \(python3\) fd \d+ is a unix socket .* credentials \(SCM_CREDENTIALS\) name process \d+")

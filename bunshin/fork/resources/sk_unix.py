@@ -7,10 +7,13 @@ fates:
 - ``pair``: connected to a socket another workspace descriptor holds (a socketpair, or both
   ends of an accepted connection), or to a peer already closed. The first clone that meets
   either end makes a new socketpair, keeps the other end aside for whichever clone holds it
-  (sharing.py), and copies the bytes queued at each end. The queues are read once per template,
-  in the trainer, from a pidfd_getfd copy of the template's socket with MSG_PEEK and
-  SO_PEEK_OFF (each peek continues where the last stopped, one datagram at a time), which
-  consumes nothing; the socket's peek offset is put back. A closed peer stays closed: the
+  (sharing.py). The queues are read once per template, in the trainer, from a pidfd_getfd
+  copy of the template's socket with MSG_PEEK and SO_PEEK_OFF (each peek continues where the
+  last stopped, one datagram, or one sender's run of bytes, at a time), which consumes
+  nothing; the socket's peek offset is put back. They are refilled once every unix socket of
+  the child exists, from the peer's copy, each message with the credentials
+  (SCM_CREDENTIALS) of the child's copy of its sender where the reader has SO_PASSCRED (a
+  sender cloned later could not be named earlier). A closed peer is closed after that: the
   reader gets the bytes, then EOF.
 - ``listen``: bound to a name and listening: bound again in the child (its own root, its own
   net namespace: the name is free there) with the same backlog.
@@ -24,20 +27,23 @@ A name is a path, an abstract name, or a path relative to the directory the bind
 that directory is found again as the one, among the workspace processes' working directories,
 from which the name leads to the socket's file (sock_diag gives its inode); the child's copy is
 bound from there, so it reports the same relative name. Every fate keeps the socket's options
-(sockopts.py), O_NONBLOCK and its shutdown() state (set once the queues are refilled).
+(sockopts.py), O_NONBLOCK and its shutdown() state (set once the queues are refilled). A
+message queued at a socket without SO_PASSCRED keeps no credentials: none can read them.
 
 Refused at plan time, naming process, fd and why: connections not yet accepted (the bytes a
 connection sent before it is accepted, and the credentials its acceptor will read, cannot be
 read without accepting it), peers outside the workspace's processes, datagram servers or
 clients with datagrams queued (their senders cannot be told apart), sockets with descriptors
-or credentials queued (SCM_RIGHTS, SCM_CREDENTIALS), a relative name no working directory
-leads to, a device binding a child lacks. Names of connected sockets (getsockname/getpeername
+queued (SCM_RIGHTS, SO_PASSPIDFD's pidfds), credentials naming a process the child will not
+have (exited, outside, or cloned after the last unix socket), a relative name whose socket file
+is gone, a device binding a child lacks. Names of connected sockets (getsockname/getpeername
 of an accepted connection) are not kept: a socketpair has none.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import stat
@@ -73,7 +79,8 @@ class UnixSk:
     vfs_ino: int = 0  # the socket file of a name that is a path
     bind_dir: str | None = None  # where a relative name was bound from
     opts: dict | None = None  # sockopts.read
-    queue: list = field(default_factory=list)  # pair: the messages queued at it
+    queue: list = field(default_factory=list)  # pair: the messages queued at it, with credentials
+    creds_from: set = field(default_factory=set)  # the vpids its queue's credentials name
 
 
 def claims(proc, f) -> bool:
@@ -208,7 +215,7 @@ def _socket_dirs(hostpid: int, rel: str):
                     yield seen_as + path[len(top) : len(path) - len(rel)] or "/"
 
 
-def _read(p, f, sk: UnixSk, fate: str) -> None:
+def _read(p, f, sk: UnixSk, fate: str, vpids: dict[int, int]) -> None:
     """Options and queued messages of a template socket, read once per template: it is frozen,
     and a unix socket's queues move only when a process sends or reads."""
     s = socket.socket(fileno=sharing.getfd_here(p.hostpid, f.fd))
@@ -221,6 +228,12 @@ def _read(p, f, sk: UnixSk, fate: str) -> None:
             sk.queue = _peek_all(s, sk, lambda why: _refuse(p, f, why))
     finally:
         s.close()
+    for _data, cred in sk.queue:
+        if cred is not None and cred[0] not in vpids:
+            _refuse(p, f, f"with a message queued whose credentials (SCM_CREDENTIALS) name process {cred[0]} "
+                    "(host pid), which is not in the workspace (exited, or outside): the child has no such process")
+        if cred is not None:
+            sk.creds_from.add(vpids[cred[0]])
 
 
 def check_tree(procs) -> None:
@@ -229,6 +242,8 @@ def check_tree(procs) -> None:
     if not mine:
         return
     table = unix_sockets(procs[0].hostpid)
+    vpids = {p.hostpid: p.vpid for p in procs}
+    order = {p.vpid: i for i, p in enumerate(procs)}
     held: dict[int, tuple[int, int]] = {}
     for p, f in mine:
         held.setdefault(f.ino, (p.hostpid, f.fd))
@@ -274,64 +289,107 @@ def check_tree(procs) -> None:
                 _refuse(p, f, f"bound to the relative name {sk.name.rstrip(bytes(1))!r}, whose socket file is not "
                         "found in the workspace (moved or removed)")
         if sk.opts is None:
-            _read(p, f, sk, f.sk_fate)
+            _read(p, f, sk, f.sk_fate, vpids)
+    # The queues are refilled once every unix socket of the child exists (fixup); a message's
+    # sender must be cloned by then to be named in its credentials.
+    last = max(i for i, p in enumerate(procs) if any(f.handler is OPS for f in p.fds))
+    for p, f in mine:
+        late = [v for v in f.sk.creds_from if order[v] > last]
+        if late:
+            _refuse(p, f, f"with a message queued whose credentials name process {late[0]}, cloned after every "
+                    "unix socket is made")
 
 
-def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[bytes]:
-    """The messages (stream: one chunk) queued at a template socket ``s``, left where they are."""
-    out: list[bytes] = []
+def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple[bytes, tuple | None]]:
+    """The messages (stream: runs of one sender's bytes) queued at a template socket ``s``, left
+    where they are, each with its credentials (host pid, uid, gid) if ``s`` has SO_PASSCRED."""
+    out: list[tuple[bytes, tuple | None]] = []
     saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
     s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
+    # room for credentials alone: descriptors in flight then do not fit, and so are not
+    # installed in the trainer by the peek, but show as MSG_CTRUNC
+    room = socket.CMSG_SPACE(12) if s.getsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED) else 0
     try:
         while True:
             try:
-                data, _anc, flags, _ = s.recvmsg(1 << 20, 0, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                data, anc, flags, _ = s.recvmsg(1 << 20, room, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             if flags & socket.MSG_CTRUNC:
-                refuse("with descriptors or credentials queued (SCM_RIGHTS/SCM_CREDENTIALS), whose child "
-                       "copies cannot be told")
+                refuse("with descriptors queued (SCM_RIGHTS, or a pidfd for SO_PASSPIDFD), whose child copies "
+                       "cannot be told")
+            cred = next((struct.unpack("iII", d) for lv, ty, d in anc
+                         if (lv, ty) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)), None)
             if not data:
                 if sk.type != _DGRAM or sk.shutdown & 1 or len(out) > 100000:
                     break  # the end: a stream's peer gone, or this end shut down for reading
                 refuse("with an empty datagram queued, which cannot be told from none")
-            out.append(data)
+            out.append((data, cred))
     finally:
         s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, saved)
-    if sk.type != _DGRAM and sum(map(len, out)) != sk.rq:  # stream and seqpacket report the bytes
-        refuse(f"whose {sk.rq} queued bytes could not all be read ({sum(map(len, out))})")
+    got = sum(len(d) for d, _ in out)
+    if sk.type != _DGRAM and got != sk.rq:  # stream and seqpacket report the bytes
+        refuse(f"whose {sk.rq} queued bytes could not all be read ({got})")
     return out
 
 
-def _fill(clone_pid: int, fd: int, msgs: list[bytes], what: str) -> None:
-    """Send ``msgs`` from descriptor ``fd`` of a clone: they land in its peer's queue."""
+def _fill(r, clone_pid: int, fd: int, msgs: list[tuple[bytes, tuple | None]], vpids: dict[int, int],
+          what: str) -> None:
+    """Send ``msgs`` from descriptor ``fd`` of clone ``clone_pid``: they land in its peer's
+    queue, with the credentials of the child's copy of their sender (found through a pidfd
+    ``r``'s clone opens: the child's pid namespace names it as the template's did)."""
     if not msgs:
         return
+    hostpids: dict[int, int] = {}
     s = socket.socket(fileno=sharing.getfd_here(clone_pid, fd))
     try:
-        for m in msgs:
+        for data, cred in msgs:
+            anc = []
+            if cred is not None:
+                vpid = vpids[cred[0]]
+                if vpid not in hostpids:
+                    hostpids[vpid] = _hostpid(r, vpid)
+                anc = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", hostpids[vpid], *cred[1:]))]
             try:
-                s.sendall(m, socket.MSG_DONTWAIT)
-            except (BlockingIOError, OSError) as e:
-                raise ForkError(f"{what}: cannot copy {len(m)} queued bytes: {e}", step="unix") from None
+                if s.sendmsg([data], anc, socket.MSG_DONTWAIT) != len(data):
+                    raise OSError(errno.EAGAIN, "short send")
+            except OSError as e:
+                raise ForkError(f"{what}: cannot copy {len(data)} queued bytes: {e}", step="unix") from None
     finally:
         s.close()
 
 
+def _hostpid(r, vpid: int) -> int:
+    """The trainer's pid of the child's process ``vpid``."""
+    pidfd = r.call("pidfd_open", vpid, 0)
+    try:
+        here = sharing.getfd_here(r.t.pid, pidfd)
+    finally:
+        r.call("close", pidfd)
+    try:
+        return int(sharing.fdinfo(os.getpid(), here)["Pid"])
+    finally:
+        os.close(here)
+
+
 def _pair(ctx, proc, r, f) -> int:
-    sk, what = f.sk, f"process {proc.vpid} ({proc.name}) fd {f.fd}"
+    """A new socketpair for ``f`` and its peer; the queues are refilled once every unix socket
+    of the child exists (:func:`_refill`): a message's sender may be cloned later."""
+    sk = f.sk
     addr = r.put(bytes(8))
     r.call("socketpair", socket.AF_UNIX, sk.type | socket.SOCK_CLOEXEC, 0, addr)
     mine, theirs = struct.unpack("ii", r.t.read(addr, 8))
-    # bytes queued at this end were sent by the peer: send them again from the peer's copy
-    _fill(r.t.pid, theirs, sk.queue, what)
+    fills = ctx.shared.setdefault("unix-fills", [])
+    # bytes queued at this end were sent by the peer: sent again from the peer's copy
+    fills.append((r.t.pid, theirs, sk.queue, f"process {proc.vpid} ({proc.name}) fd {f.fd}"))
     if f.sk_peer_holder is not None:
-        _fill(r.t.pid, mine, ctx.shared["unix-table"][sk.peer].queue, what)
+        fills.append((r.t.pid, f.fd, ctx.shared["unix-table"][sk.peer].queue,  # mine, once installed
+                      f"the peer of process {proc.vpid} ({proc.name}) fd {f.fd}"))
         ctx.shared.setdefault("unix", {})[sk.peer] = (proc.vpid, theirs)
         ctx.shared.setdefault("unix-unfinished", set()).add(sk.peer)
-        ctx.shared.setdefault("close_later", []).append((r.t, theirs))  # shmem.finish closes it
-    else:
-        r.call("close", theirs)  # the peer was closed in the template: EOF after the bytes
+    # shmem.finish closes it, after the refill: a peer closed in the template then gives EOF
+    # after the bytes
+    ctx.shared.setdefault("close_later", []).append((r.t, theirs))
     return mine
 
 
@@ -383,22 +441,38 @@ def _connect(root_pid: int, pid: int, fd: int, server: UnixSk, what: str) -> Non
         s.close()
 
 
-def _finish_socket(proc, r, f, newfd: int) -> None:
-    """What every fate ends with, once the queues are refilled: options, O_NONBLOCK, shutdown()."""
-    s = socket.socket(fileno=sharing.getfd_here(r.t.pid, newfd))
+def _finish_socket(pid: int, fd: int, proc, f) -> None:
+    """What every fate ends with, once the queues are refilled: options, O_NONBLOCK, shutdown(),
+    set from the trainer on a copy of descriptor ``fd`` of clone ``pid`` (they act on the
+    socket and its open file, which the copy shares)."""
+    s = socket.socket(fileno=sharing.getfd_here(pid, fd))
     try:
         sockopts.apply(s, f.sk.opts)
+        s.setblocking(not f.flags & os.O_NONBLOCK)
+        if f.sk.shutdown:  # RCV_SHUTDOWN 1, SEND_SHUTDOWN 2 -> SHUT_RD 0, SHUT_WR 1, SHUT_RDWR 2
+            s.shutdown(f.sk.shutdown - 1)
     except OSError as e:
-        raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: setting the unix socket's options: {e}",
+        raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: setting the unix socket's state: {e}",
                         pid=proc.hostpid, step="unix") from None
     finally:
         s.close()
-    r.call("fcntl", newfd, 4, f.flags & os.O_NONBLOCK)  # F_SETFL
-    if f.sk.shutdown:  # RCV_SHUTDOWN 1, SEND_SHUTDOWN 2 -> SHUT_RD 0, SHUT_WR 1, SHUT_RDWR 2
-        r.call("shutdown", newfd, f.sk.shutdown - 1)
+
+
+def _refill(ctx, r) -> None:
+    """Every unix socket of the child exists: refill the queues, then give each socket its
+    options and shutdown() state (a socket shut down takes no more bytes)."""
+    r.flush()
+    vpids = {p.hostpid: p.vpid for p in ctx.plans.values()}
+    for pid, fd, msgs, what in ctx.shared.pop("unix-fills", []):
+        _fill(r, pid, fd, msgs, vpids, what)
+    for pid, fd, proc, f in ctx.shared.pop("unix-finish", []):
+        _finish_socket(pid, fd, proc, f)
 
 
 def fixup(ctx, proc, r, f) -> None:
+    if "unix-left" not in ctx.shared:  # descriptors to make before _refill can run
+        ctx.shared["unix-left"] = sum(1 for p in ctx.plans.values() if not p.is_init for g in p.fds
+                                      if g.handler is OPS and g.dup_of is None)
     made = ctx.shared.setdefault("unix", {})
     waiting = ctx.shared.setdefault("unix-clients", {})  # server ino -> [(clone pid, fd, what)]
     if "unix-table" not in ctx.shared:
@@ -416,9 +490,9 @@ def fixup(ctx, proc, r, f) -> None:
         newfd = _bind(proc, r, f)
     else:
         newfd = r.call("socket", socket.AF_UNIX, f.sk.type | socket.SOCK_CLOEXEC, 0)
-    if finish:
-        _finish_socket(proc, r, f, newfd)
     r.install(newfd, f)
+    if finish:
+        ctx.shared.setdefault("unix-finish", []).append((r.t.pid, f.fd, proc, f))
     if f.ino not in made:
         made[f.ino] = (proc.vpid, f.fd)
         if f.sk_fate == "client":
@@ -428,6 +502,9 @@ def fixup(ctx, proc, r, f) -> None:
     if server in made:
         for pid, fd, who in waiting.pop(server, []):
             _connect(r.t.pid, pid, fd, ctx.shared["unix-table"][server], who)
+    ctx.shared["unix-left"] -= 1
+    if ctx.shared["unix-left"] == 0:
+        _refill(ctx, r)
 
 
 OPS = SimpleNamespace(kind="unix-socket", claims=claims, check_tree=check_tree, fixup=fixup)
