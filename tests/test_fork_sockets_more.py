@@ -323,3 +323,13 @@ os.waitpid(pid, 0)
 def check():
     return 'ok' if a.recv(9) == b'bye' else 'bad'
 """, r"process 2 \(python3\) fd \d+ is a unix socket .* credentials \(SCM_CREDENTIALS\) name process \d+")
+
+
+def test_relative_name_with_a_file_in_two_directories_is_refused(family):
+    _refused(family, """
+os.makedirs('/tmp/a'); os.makedirs('/tmp/b'); os.chdir('/tmp/a')
+l = socket.socket(socket.AF_UNIX); l.bind('h.sock'); l.listen(1)
+os.chdir('/'); os.link('/tmp/a/h.sock', '/tmp/b/h.sock')   # hard link: either could be where it was bound
+def check():
+    return 'ok' if l.getsockname() == 'h.sock' else 'bad'
+""", r"fd \d+ is a unix socket .* relative name b'h.sock', whose socket file is in each of \['/tmp/a', '/tmp/b'\]")

@@ -167,12 +167,11 @@ def _relative(sk: UnixSk) -> bool:
     return bool(sk.name) and sk.name[0] != 0 and sk.name[0] != ord("/")
 
 
-def _find_dir(procs, sk: UnixSk) -> str | None:
-    """The directory a relative name was bound from: the one from which the name leads to the
-    socket's own file (sock_diag gives its inode). Tried first: the processes' working
-    directories; then every directory of the workspace's own layers (what it wrote, where its
-    socket files are) holding a socket file of that name. ForkError if several lead to it
-    (hard links: the child's copy would answer at one path only)."""
+def _bind_dirs(procs, sk: UnixSk) -> set[str]:
+    """The directories a relative name may have been bound from: those from which the name
+    leads to the socket's own file (sock_diag gives its inode). Tried first: the processes'
+    working directories; then every directory of the workspace's own layers (what it wrote,
+    where its socket files are) holding a socket file of that name."""
     rel = sk.name.rstrip(b"\0").decode(errors="surrogateescape")
     root = f"/proc/{procs[0].hostpid}/root"
 
@@ -186,12 +185,8 @@ def _find_dir(procs, sk: UnixSk) -> str | None:
 
     for p in procs:
         if leads(p.cwd):
-            return p.cwd
-    found = {os.path.normpath(d) for d in _socket_dirs(procs[0].hostpid, rel) if leads(d)}
-    if len(found) > 1:
-        raise ForkError(f"the unix socket bound to the relative name {rel!r} has a file in each of {sorted(found)}: "
-                        "which one it was bound from cannot be told; a fork cannot carry it", step="plan")
-    return found.pop() if found else None
+            return {p.cwd}
+    return {os.path.normpath(d) for d in _socket_dirs(procs[0].hostpid, rel) if leads(d)}
 
 
 def _socket_dirs(hostpid: int, rel: str):
@@ -284,10 +279,15 @@ def check_tree(procs) -> None:
         # the sockets bound again in the child (an accepted connection shares its listener's
         # name, but no file)
         if f.sk_fate != "pair" and _relative(sk) and sk.bind_dir is None:
-            sk.bind_dir = _find_dir(procs, sk)
-            if sk.bind_dir is None:
-                _refuse(p, f, f"bound to the relative name {sk.name.rstrip(bytes(1))!r}, whose socket file is not "
-                        "found in the workspace (moved or removed)")
+            dirs = _bind_dirs(procs, sk)
+            rel = sk.name.rstrip(bytes(1))
+            if not dirs:
+                _refuse(p, f, f"bound to the relative name {rel!r}, whose socket file is not found in the workspace "
+                        "(moved or removed)")
+            if len(dirs) > 1:  # hard links: the child's copy would answer at one path only
+                _refuse(p, f, f"bound to the relative name {rel!r}, whose socket file is in each of {sorted(dirs)}: "
+                        "which one it was bound from cannot be told")
+            sk.bind_dir = dirs.pop()
         if sk.opts is None:
             _read(p, f, sk, f.sk_fate, vpids)
     # The queues are refilled once every unix socket of the child exists (fixup); a message's
