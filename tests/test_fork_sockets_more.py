@@ -215,13 +215,44 @@ def check():
 """, r"fd \d+ is a unix socket .* relative name b'gone.sock', whose socket file is not found")
 
 
-def test_datagram_server_with_datagrams_queued_is_refused(family):
+def test_datagram_queued_from_an_unnamed_sender_is_refused(family):
     _refused(family, """
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind('/tmp/q.sock')
 c = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); c.connect('/tmp/q.sock'); c.send(b'queued')
 def check():
     return 'ok' if s.recv(9) == b'queued' else 'bad'
-""", r"fd \d+ is a unix socket .* datagrams queued whose senders cannot be told apart")
+""", r"fd \d+ is a unix socket .* datagram queued from an unnamed socket: its sender cannot be told")
+
+
+SERVER_QUEUE = """
+U, D = socket.AF_UNIX, socket.SOCK_DGRAM
+srv = socket.socket(U, D); srv.bind('/tmp/srv.sock'); srv.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+a = socket.socket(U, D); a.bind('/tmp/a.sock')
+b = socket.socket(U, D); b.bind('\\0bunshin-b'); b.connect('/tmp/srv.sock')
+a.sendto(b'a1', '/tmp/srv.sock'); b.send(b'b1'); a.sendto(b'a2', '/tmp/srv.sock')
+srv.sendto(b'to-b', '\\0bunshin-b')                            # queued at a connected client
+out('/tmp/ready', '')
+wait('/tmp/go')
+got = []
+for _ in range(3):
+    m, anc, _, frm = srv.recvmsg(9, socket.CMSG_SPACE(12))
+    got.append((m, frm, struct.unpack('iII', anc[0][2])[0] == os.getpid()))
+got.append(b.recvfrom(9))
+a.sendto(b'a3', '/tmp/srv.sock'); got.append(srv.recvfrom(9))   # and they go on talking
+out('/tmp/out', repr(got))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_datagrams_queued_at_a_server_come_from_the_childs_copies_of_their_senders(family, how):
+    ws = start_script(family, SERVER_QUEUE, "/tmp/ready")
+    kid = _fork(family, ws, how)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == repr([(b"a1", "/tmp/a.sock", True), (b"b1", b"\0bunshin-b", True),
+                                              (b"a2", "/tmp/a.sock", True), (b"to-b", "/tmp/srv.sock"),
+                                              (b"a3", "/tmp/a.sock")])
 
 
 INET_SHUTDOWN = """

@@ -17,10 +17,14 @@ fates:
   reader gets the bytes, then EOF.
 - ``listen``: bound to a name and listening: bound again in the child (its own root, its own
   net namespace: the name is free there) with the same backlog.
-- ``bound``: bound to a name, neither listening nor connected, with nothing queued.
+- ``bound``: bound to a name, neither listening nor connected.
 - ``client``: a datagram socket connected to a bound socket another workspace descriptor
-  holds (a server), with nothing queued: connected, from the trainer, to the child's copy of
-  the server once both exist (whichever clone comes first).
+  holds (a server): connected, from the trainer, to the child's copy of the server once both
+  exist (whichever clone comes first).
+
+Datagrams queued at a ``bound`` or ``client`` socket are sent to its copy again, in the same
+order, each from the child's copy of the socket bound to the name it came from (with its
+credentials, as above).
 - ``fresh``: never bound nor connected.
 
 A name is a path, an abstract name, or a path relative to the directory the binder was in:
@@ -32,8 +36,9 @@ message queued at a socket without SO_PASSCRED keeps no credentials: none can re
 
 Refused at plan time, naming process, fd and why: connections not yet accepted (the bytes a
 connection sent before it is accepted, and the credentials its acceptor will read, cannot be
-read without accepting it), peers outside the workspace's processes, datagram servers or
-clients with datagrams queued (their senders cannot be told apart), sockets with descriptors
+read without accepting it), peers outside the workspace's processes, datagrams queued from
+an unnamed socket or a name no single workspace socket holds (their sender cannot be told),
+or at a socket connected to another than their sender, sockets with descriptors
 queued (SCM_RIGHTS, SO_PASSPIDFD's pidfds), credentials naming a process the child will not
 have (exited, outside, or cloned after the last unix socket), a relative name whose socket file
 is gone, a device binding a child lacks. Names of connected sockets (getsockname/getpeername
@@ -210,7 +215,21 @@ def _socket_dirs(hostpid: int, rel: str):
                     yield seen_as + path[len(top) : len(path) - len(rel)] or "/"
 
 
-def _read(p, f, sk: UnixSk, fate: str, vpids: dict[int, int]) -> None:
+def _sender(p, f, sk: UnixSk, frm, names: dict[bytes, list[int]]) -> int:
+    """The socket (inode) a datagram queued at ``sk`` came from: the one workspace socket bound
+    to the name it came from. It sends it again in the child, to ``sk``'s copy."""
+    name = frm if isinstance(frm, bytes) else os.fsencode(frm or "") + b"\0" if frm else b""
+    senders = names.get(name, []) if name else []
+    if len(senders) != 1:
+        _refuse(p, f, "with a datagram queued from " + (f"{name!r}, a name {len(senders)} workspace sockets are bound "
+                "to" if name else "an unnamed socket") + ": its sender cannot be told")
+    if sk.peer and senders[0] != sk.peer:
+        _refuse(p, f, "with a datagram queued from a socket other than the one it is connected to: none other "
+                "can send to it again")
+    return senders[0]
+
+
+def _read(p, f, sk: UnixSk, fate: str, vpids: dict[int, int], names: dict[bytes, list[int]]) -> None:
     """Options and queued messages of a template socket, read once per template: it is frozen,
     and a unix socket's queues move only when a process sends or reads."""
     s = socket.socket(fileno=sharing.getfd_here(p.hostpid, f.fd))
@@ -219,11 +238,13 @@ def _read(p, f, sk: UnixSk, fate: str, vpids: dict[int, int]) -> None:
         why = sockopts.refusal(sk.opts)
         if why:
             _refuse(p, f, why)
-        if fate == "pair":
+        if fate == "pair" or sk.type == _DGRAM:
             sk.queue = _peek_all(s, sk, lambda why: _refuse(p, f, why))
     finally:
         s.close()
-    for _data, cred in sk.queue:
+    if fate != "pair":
+        sk.queue = [(data, cred, _sender(p, f, sk, frm, names)) for data, cred, frm in sk.queue]
+    for _data, cred, *_ in sk.queue:
         if cred is not None and cred[0] not in vpids:
             _refuse(p, f, f"with a message queued whose credentials (SCM_CREDENTIALS) name process {cred[0]} "
                     "(host pid), which is not in the workspace (exited, or outside): the child has no such process")
@@ -261,19 +282,18 @@ def check_tree(procs) -> None:
             if peer is not None and peer.peer != sk.ino:
                 if sk.type != _DGRAM or not peer.name:
                     _refuse(p, f, "connected to a socket that is connected elsewhere")
-                if sk.rq:
-                    _refuse(p, f, "connected to a datagram server, with datagrams queued whose senders "
-                            "cannot be told apart")
                 f.sk_fate = "client"
             else:
                 f.sk_peer_holder = held.get(sk.peer)  # None: the peer is closed
                 f.sk_fate = "pair"
         elif sk.name:
-            if sk.rq:
-                _refuse(p, f, "bound, not connected, with datagrams queued whose senders cannot be told apart")
             f.sk_fate = "bound"
         else:
             f.sk_fate = "fresh"
+    names: dict[bytes, list[int]] = {}  # the names of the sockets workspace processes hold
+    for ino in held:
+        if table[ino].name:
+            names.setdefault(table[ino].name, []).append(ino)
     for p, f in mine:
         sk = f.sk
         # the sockets bound again in the child (an accepted connection shares its listener's
@@ -289,7 +309,7 @@ def check_tree(procs) -> None:
                         "which one it was bound from cannot be told")
             sk.bind_dir = dirs.pop()
         if sk.opts is None:
-            _read(p, f, sk, f.sk_fate, vpids)
+            _read(p, f, sk, f.sk_fate, vpids, names)
     # The queues are refilled once every unix socket of the child exists (fixup); a message's
     # sender must be cloned by then to be named in its credentials.
     last = max(i for i, p in enumerate(procs) if any(f.handler is OPS for f in p.fds))
@@ -300,10 +320,11 @@ def check_tree(procs) -> None:
                     "unix socket is made")
 
 
-def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple[bytes, tuple | None]]:
+def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple]:
     """The messages (stream: runs of one sender's bytes) queued at a template socket ``s``, left
-    where they are, each with its credentials (host pid, uid, gid) if ``s`` has SO_PASSCRED."""
-    out: list[tuple[bytes, tuple | None]] = []
+    where they are, each with its credentials (host pid, uid, gid) if ``s`` has SO_PASSCRED,
+    and the name it came from."""
+    out: list[tuple] = []
     saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
     s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
     # room for credentials alone: descriptors in flight then do not fit, and so are not
@@ -312,7 +333,7 @@ def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple[bytes, tuple |
     try:
         while True:
             try:
-                data, anc, flags, _ = s.recvmsg(1 << 20, room, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                data, anc, flags, frm = s.recvmsg(1 << 20, room, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             if flags & socket.MSG_CTRUNC:
@@ -324,26 +345,35 @@ def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple[bytes, tuple |
                 if sk.type != _DGRAM or sk.shutdown & 1 or len(out) > 100000:
                     break  # the end: a stream's peer gone, or this end shut down for reading
                 refuse("with an empty datagram queued, which cannot be told from none")
-            out.append((data, cred))
+            out.append((data, cred, frm))
     finally:
         s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, saved)
-    got = sum(len(d) for d, _ in out)
+    got = sum(len(m[0]) for m in out)
     if sk.type != _DGRAM and got != sk.rq:  # stream and seqpacket report the bytes
         refuse(f"whose {sk.rq} queued bytes could not all be read ({got})")
     return out
 
 
-def _fill(r, clone_pid: int, fd: int, msgs: list[tuple[bytes, tuple | None]], vpids: dict[int, int],
-          what: str) -> None:
+def _fill(r, clone_pid: int, fd: int, msgs: list[tuple], vpids: dict[int, int], what: str,
+          to: UnixSk | None = None) -> None:
     """Send ``msgs`` from descriptor ``fd`` of clone ``clone_pid``: they land in its peer's
-    queue, with the credentials of the child's copy of their sender (found through a pidfd
-    ``r``'s clone opens: the child's pid namespace names it as the template's did)."""
+    queue (or ``to``'s), with the credentials of the child's copy of their sender (found
+    through a pidfd ``r``'s clone opens: the child's pid namespace names it as the template's
+    did)."""
     if not msgs:
         return
     hostpids: dict[int, int] = {}
     s = socket.socket(fileno=sharing.getfd_here(clone_pid, fd))
+    at = -1
+    dest: tuple = ()
+    if to is not None:
+        if to.name[0] == 0:
+            dest = (to.name,)
+        else:
+            at = os.open(f"/proc/{r.t.pid}/root{_path(to)}", os.O_PATH)
+            dest = (f"/proc/self/fd/{at}",)
     try:
-        for data, cred in msgs:
+        for data, cred, *_ in msgs:
             anc = []
             if cred is not None:
                 vpid = vpids[cred[0]]
@@ -351,12 +381,14 @@ def _fill(r, clone_pid: int, fd: int, msgs: list[tuple[bytes, tuple | None]], vp
                     hostpids[vpid] = _hostpid(r, vpid)
                 anc = [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", hostpids[vpid], *cred[1:]))]
             try:
-                if s.sendmsg([data], anc, socket.MSG_DONTWAIT) != len(data):
+                if s.sendmsg([data], anc, socket.MSG_DONTWAIT, *dest) != len(data):
                     raise OSError(errno.EAGAIN, "short send")
             except OSError as e:
                 raise ForkError(f"{what}: cannot copy {len(data)} queued bytes: {e}", step="unix") from None
     finally:
         s.close()
+        if at >= 0:
+            os.close(at)
 
 
 def _hostpid(r, vpid: int) -> int:
@@ -465,6 +497,13 @@ def _refill(ctx, r) -> None:
     vpids = {p.hostpid: p.vpid for p in ctx.plans.values()}
     for pid, fd, msgs, what in ctx.shared.pop("unix-fills", []):
         _fill(r, pid, fd, msgs, vpids, what)
+    made, hostpids = ctx.shared["unix"], {}
+    for sk, what in ctx.shared.pop("unix-datagrams", []):  # each from the child's copy of its sender
+        for msg in sk.queue:
+            vpid, fd = made[msg[2]]
+            if vpid not in hostpids:
+                hostpids[vpid] = _hostpid(r, vpid)
+            _fill(r, hostpids[vpid], fd, [msg], vpids, what, to=sk)
     for pid, fd, proc, f in ctx.shared.pop("unix-finish", []):
         _finish_socket(pid, fd, proc, f)
 
@@ -493,6 +532,8 @@ def fixup(ctx, proc, r, f) -> None:
     r.install(newfd, f)
     if finish:
         ctx.shared.setdefault("unix-finish", []).append((r.t.pid, f.fd, proc, f))
+        if f.sk_fate != "pair" and f.sk.queue:
+            ctx.shared.setdefault("unix-datagrams", []).append((f.sk, what))
     if f.ino not in made:
         made[f.ino] = (proc.vpid, f.fd)
         if f.sk_fate == "client":
