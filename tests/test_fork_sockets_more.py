@@ -165,7 +165,8 @@ c1.send(b'one'); cr.send(b'rel'); c2.send(b'two')
 got = [s1.recvfrom(100), sr.recvfrom(100)]
 n = socket.socket(U); n.connect('/tmp/sub/l.sock'); a, _ = lr.accept(); n.send(b'l'); got.append(a.recv(9))
 n0.send(b'n0'); got.append(a0.recv(9))
-bs.listen(1); n = socket.socket(U, socket.SOCK_SEQPACKET); n.connect('/tmp/bs.sock'); got.append(bs.accept()[0].fileno() > 0)
+bs.listen(1); n = socket.socket(U, socket.SOCK_SEQPACKET); n.connect('/tmp/bs.sock')
+got.append(bs.accept()[0].fileno() > 0)
 out('/tmp/out', report() + ' ' + repr(got))
 time.sleep(1000)
 """
@@ -364,3 +365,44 @@ os.chdir('/'); os.link('/tmp/a/h.sock', '/tmp/b/h.sock')   # hard link: either c
 def check():
     return 'ok' if l.getsockname() == 'h.sock' else 'bad'
 """, r"fd \d+ is a unix socket .* relative name b'h.sock', whose socket file is in each of \['/tmp/a', '/tmp/b'\]")
+
+
+UDP_QUEUE = """
+D = socket.SOCK_DGRAM
+srv = socket.socket(type=D); srv.bind(('0.0.0.0', 7500))                 # on all addresses
+a = socket.socket(type=D); a.bind(('127.0.0.1', 7501))
+c = socket.socket(socket.AF_INET6, D); c.bind(('::1', 7502)); c.connect(('::1', 7503))
+d = socket.socket(socket.AF_INET6, D); d.bind(('::1', 7503)); d.sendto(b'to-c', ('::1', 7502))
+a.sendto(b'a1', ('127.0.0.1', 7500))
+a.sendto(b'a2', ('127.0.0.1', 7500)); srv.sendto(b'to-a', ('127.0.0.1', 7501))
+time.sleep(0.2)
+out('/tmp/ready', '')
+wait('/tmp/go')
+m, frm = c.recvfrom(9)
+got = [srv.recvfrom(9), srv.recvfrom(9), a.recvfrom(9), (m, frm[:2])]
+a.sendto(b'a3', ('127.0.0.1', 7500)); got.append(srv.recvfrom(9))         # and they go on talking
+out('/tmp/out', repr(got))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_udp_datagrams_queued_come_from_the_childs_copies_of_their_senders(family, how):
+    ws = start_script(family, UDP_QUEUE, "/tmp/ready")
+    kid = _fork(family, ws, how)
+    a, srv = ("127.0.0.1", 7501), ("127.0.0.1", 7500)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == repr([(b"a1", a), (b"a2", a), (b"to-a", srv), (b"to-c", ("::1", 7503)),
+                                              (b"a3", a)])
+
+
+def test_udp_datagram_from_a_socket_no_longer_there_is_refused(family):
+    _refused(family, """
+u = socket.socket(type=socket.SOCK_DGRAM); u.bind(('127.0.0.1', 7600))
+t = socket.socket(type=socket.SOCK_DGRAM); t.sendto(b'x', ('127.0.0.1', 7600)); t.close()
+time.sleep(0.2)
+def check():
+    return 'ok' if u.recv(9) == b'x' else 'bad'
+""", r"process 2 \(python3\) fd \d+: UDP socket 127.0.0.1:7600 has a datagram queued that came from 127.0.0.1:\d+, "
+       r"where 0 workspace UDP sockets are bound")

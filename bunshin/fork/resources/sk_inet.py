@@ -7,8 +7,9 @@ in the socket's own namespace whoever makes them.
 
 - ``fresh`` / ``bound`` (TCP never listened nor connected, UDP): same options, same address.
   A UDP socket connected to an address is connected again (its peer, if any, is in the
-  workspace and is recreated too); datagrams still queued are refused (their senders' addresses
-  would be lost).
+  workspace and is recreated too). Datagrams still queued (peeked, with SO_PEEK_OFF) are sent
+  again, in order, once every inet socket of the child exists, each from the child's copy of
+  the one workspace socket bound to its source address and port, and awaited at the receiver.
 - ``listen``: bound to the same address and port, same backlog and options.
 - ``established``: a loopback connection whose other end another workspace descriptor holds.
   The template's socket is read in TCP_REPAIR mode (sk_tcp.py) (sequence numbers, MSS, window scale, SACK,
@@ -26,9 +27,10 @@ their listener's port; either may come first) and set to the template's value in
 
 Refused, naming process, fd and 4-tuple: connections whose peer no workspace process holds
 (not yet accepted, or closed), half-closed and closing states, listeners with connections not
-yet accepted, UDP sockets with datagrams queued, sockets bound to a device other than ``lo``
-(SO_BINDTODEVICE). A connection to outside the workspace cannot
-exist: the workspace's namespace has only ``lo``.
+yet accepted, UDP datagrams queued from a socket no longer there (or from an address several
+are bound to, or other than the one the receiver is connected to), sockets bound to a device
+other than ``lo`` (SO_BINDTODEVICE). A connection to outside the workspace cannot exist: the
+workspace's namespace has only ``lo``.
 
 Options carried: those a process can set (sockopts.py: SO_*, TCP_*, IP_TOS/TTL, IPv6 traffic
 class and hops), IPV6_V6ONLY, O_NONBLOCK, the backlog, and the shutdown() state (sock_diag for
@@ -50,14 +52,14 @@ from types import SimpleNamespace
 from ...errors import ForkError
 from . import sharing, sk_tcp, sockopts
 from .sk_unix import diag_socket
-from .sk_tcp import getint, ioctl_int
+from .sk_tcp import getint
 
 _PROTOS = {b"TCP", b"TCPv6", b"UDP", b"UDPv6"}  # system.sockprotoname
 _TCP = socket.IPPROTO_TCP
 _TCP_INFO, _ESTABLISHED, _CLOSE, _LISTEN = 11, 1, 7, 10
 _STATES = {2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 8: "CLOSE_WAIT",
            9: "LAST_ACK", 11: "CLOSING"}
-_SIOCINQ = 0x541B
+_SO_PEEK_OFF = 42
 _SOCK_DIAG_BY_FAMILY, _NLMSG_DONE, _NLMSG_ERROR, _INET_DIAG_SHUTDOWN = 20, 3, 2, 8
 
 
@@ -73,6 +75,7 @@ class InetSk:
     v6only: int | None = None
     backlog: int = 0
     shutdown: int = 0  # RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2
+    queue: list = field(default_factory=list)  # UDP: (datagram, its sender's inode)
     # established only
     inq: bytes = b""
     outq: bytes = b""
@@ -117,8 +120,7 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
     if sk.family == socket.AF_INET6:
         sk.v6only = getint(s, socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
     if sk.type == socket.SOCK_DGRAM:
-        if ioctl_int(s, _SIOCINQ):
-            refuse(sk, "has datagrams queued")
+        sk.queue = _peek_datagrams(s)
         sk.fate = "bound" if sk.local[1] or sk.peer else "fresh"
         _read_opts(s, sk, refuse)
         return sk
@@ -151,6 +153,23 @@ def _polled_shutdown(s: socket.socket, sk: InetSk) -> int:
     if not ev & select.POLLRDHUP:
         return 0
     return 3 if sk.type == socket.SOCK_DGRAM and ev & select.POLLHUP else 1
+
+
+def _peek_datagrams(s: socket.socket) -> list[tuple[bytes, tuple]]:
+    """The datagrams queued at a template UDP socket, each with the address it came from, left
+    where they are (SO_PEEK_OFF: each peek starts at the next one; put back after)."""
+    out = []
+    saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
+    s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
+    try:
+        while True:
+            try:
+                data, frm = s.recvfrom(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return out
+            out.append((data, frm[:2]))
+    finally:
+        s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, saved)
 
 
 def _read_opts(s: socket.socket, sk: InetSk, refuse) -> None:
@@ -226,6 +245,9 @@ def check_tree(procs) -> None:
     for _, f in mine:
         f.inet = read[f.ino]
         f.inet.shutdown |= shut.get(f.ino, 0)
+    for p, f in mine:
+        if f.inet.queue and not isinstance(f.inet.queue[0][1], int):
+            f.inet.queue = [(data, _sender(p, f, f.inet, frm, read)) for data, frm in f.inet.queue]
     held = {(_key(sk.local), _key(sk.peer)) for sk in read.values() if sk.fate == "established"}
     for p, f in mine:
         sk = f.inet
@@ -233,6 +255,53 @@ def check_tree(procs) -> None:
             raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} is connected to a socket no "
                             "workspace process holds (a connection not yet accepted, or its peer closed); "
                             "a fork cannot carry it", pid=p.hostpid, step="plan")
+
+
+def _sender(p, f, sk: InetSk, frm: tuple, read: dict[int, InetSk]) -> int:
+    """The workspace UDP socket (inode) a datagram queued at ``sk`` came from: the one bound to
+    its source port, on its source address or on all. It sends it again in the child."""
+    found = [ino for ino, o in read.items() if o.type == socket.SOCK_DGRAM and o.local[1] == frm[1]
+             and _key(o.local)[0] in (_key(frm)[0], "0.0.0.0", "::")]
+    why = None
+    if len(found) != 1:
+        why = f"came from {frm[0]}:{frm[1]}, where {len(found)} workspace UDP sockets are bound"
+    elif sk.peer and _key(sk.peer) != _key(frm):
+        why = f"came from {frm[0]}:{frm[1]}, not from the address it is now connected to"
+    if why:
+        raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} has a datagram queued that {why}; a "
+                        "fork cannot carry it", pid=p.hostpid, step="plan")
+    return found[0]
+
+
+def _send_datagrams(ctx) -> None:
+    """Every inet socket of the child exists: each datagram queued at a template UDP socket is
+    sent again to its copy, in order, from the child's copy of its sender, and awaited there."""
+    where = ctx.shared.get("inet-where", {})
+    for pid, fd, sk in ctx.shared.pop("inet-datagrams", []):
+        to = socket.socket(fileno=sharing.getfd_here(pid, fd))
+        host = sk.local[0] if sk.local[0] not in ("0.0.0.0", "::") else \
+            ("127.0.0.1" if sk.family == socket.AF_INET else "::1")
+        try:
+            for n, (data, ino) in enumerate(sk.queue, 1):
+                frm = socket.socket(fileno=sharing.getfd_here(*where[ino]))
+                try:
+                    frm.sendto(data, (host, sk.local[1]))
+                finally:
+                    frm.close()
+                _await_datagrams(to, n, sk)
+        except OSError as e:
+            raise ForkError(f"refilling the child's {_name(sk)}: {e}", step="inet") from None
+        finally:
+            to.close()
+
+
+def _await_datagrams(s: socket.socket, n: int, sk: InetSk) -> None:
+    """Wait until ``n`` datagrams are queued at ``s`` (loopback delivers them in a softirq)."""
+    deadline = time.monotonic() + SETTLE_S
+    while len(_peek_datagrams(s)) < n:
+        if time.monotonic() > deadline:
+            raise ForkError(f"the child's {_name(sk)}: a datagram sent again never arrived", step="inet")
+        time.sleep(0.0005)
 
 
 def _shutdowns(ns_pid: int) -> dict[int, int]:
@@ -306,7 +375,9 @@ def _build(s: socket.socket, sk: InetSk) -> None:
 
 
 def _finish(ctx) -> None:
-    """Every inet socket of the child exists: wake the connections and put SO_REUSEADDR back."""
+    """Every inet socket of the child exists: wake the connections, put SO_REUSEADDR back, send
+    the queued datagrams again."""
+    _send_datagrams(ctx)
     for pid, fd, sk in ctx.shared.pop("inet-made", []):
         s = socket.socket(fileno=sharing.getfd_here(pid, fd))
         try:
@@ -341,6 +412,9 @@ def fixup(ctx, proc, r, f) -> None:
     r.install(newfd, f)
     if where is None:
         sharing.remember(ctx, "inet", proc, f, f.fd)
+        ctx.shared.setdefault("inet-where", {})[f.ino] = (r.t.pid, f.fd)
+        if sk.queue:
+            ctx.shared.setdefault("inet-datagrams", []).append((r.t.pid, f.fd, sk))
         if sk.type == socket.SOCK_STREAM:
             ctx.shared.setdefault("inet-made", []).append((r.t.pid, f.fd, sk))
     ctx.shared["inet-left"] -= 1
