@@ -406,3 +406,12 @@ def check():
     return 'ok' if u.recv(9) == b'x' else 'bad'
 """, r"process 2 \(python3\) fd \d+: UDP socket 127.0.0.1:7600 has a datagram queued that came from 127.0.0.1:\d+, "
        r"where 0 workspace UDP sockets are bound")
+
+
+def test_empty_datagram_queued_is_refused_even_shut_down_for_reading(family):
+    _refused(family, """
+a, b = socket.socketpair(type=socket.SOCK_DGRAM)
+b.send(b''); b.send(b'x'); a.shutdown(socket.SHUT_RD)
+def check():
+    return 'ok' if [a.recv(9), a.recv(9)] == [b'', b'x'] else 'bad'
+""", r"process 2 \(python3\) fd \d+ is a unix socket .* with an empty datagram queued")

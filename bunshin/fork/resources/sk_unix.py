@@ -342,9 +342,11 @@ def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple]:
             cred = next((struct.unpack("iII", d) for lv, ty, d in anc
                          if (lv, ty) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)), None)
             if not data:
-                if sk.type != _DGRAM or sk.shutdown & 1 or len(out) > 100000:
-                    break  # the end: a stream's peer gone, or this end shut down for reading
-                refuse("with an empty datagram queued, which cannot be told from none")
+                if sk.type != _DGRAM:
+                    break  # the end: the peer gone, or this end shut down for reading
+                # a datagram socket's end is EAGAIN, even shut down; an empty datagram is
+                # peeked once, then skipped by every later peek: it cannot be read again
+                refuse("with an empty datagram queued, which a fork cannot read again")
             out.append((data, cred, frm))
     finally:
         s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, saved)
