@@ -7,8 +7,9 @@ in the socket's own namespace whoever makes them.
 
 - ``fresh`` / ``bound`` (TCP never listened nor connected, UDP): same options, same address.
   A UDP socket connected to an address is connected again (its peer, if any, is in the
-  workspace and is recreated too); datagrams still queued are refused (their senders' addresses
-  would be lost).
+  workspace and is recreated too). Datagrams still queued (peeked, with SO_PEEK_OFF) are sent
+  again, in order, once every inet socket of the child exists, each from the child's copy of
+  the one workspace socket bound to its source address and port, and awaited at the receiver.
 - ``listen``: bound to the same address and port, same backlog and options.
 - ``established``: a loopback connection whose other end another workspace descriptor holds.
   The template's socket is read in TCP_REPAIR mode (sk_tcp.py) (sequence numbers, MSS, window scale, SACK,
@@ -26,17 +27,22 @@ their listener's port; either may come first) and set to the template's value in
 
 Refused, naming process, fd and 4-tuple: connections whose peer no workspace process holds
 (not yet accepted, or closed), half-closed and closing states, listeners with connections not
-yet accepted, UDP sockets with datagrams queued. A connection to outside the workspace cannot
-exist: the workspace's namespace has only ``lo``.
+yet accepted, UDP datagrams queued from a socket no longer there (or from an address several
+are bound to, or other than the one the receiver is connected to), sockets bound to a device
+other than ``lo`` (SO_BINDTODEVICE). A connection to outside the workspace cannot exist: the
+workspace's namespace has only ``lo``.
 
-Options carried: SO_REUSEADDR, SO_REUSEPORT, SO_KEEPALIVE, SO_BROADCAST, TCP_NODELAY,
-IPV6_V6ONLY, O_NONBLOCK, the backlog; buffer sizes only where queued bytes need them. Others
-(keepalive timings, SO_LINGER, TCP_CORK, timeouts) and urgent (MSG_OOB) data start afresh.
+Options carried: those a process can set (sockopts.py: SO_*, TCP_*, IP_TOS/TTL, IPv6 traffic
+class and hops), IPV6_V6ONLY, O_NONBLOCK, the backlog, and the shutdown() state (sock_diag for
+bound sockets, poll for the others; a connection shut down for reading only stays
+ESTABLISHED). Urgent (MSG_OOB) data starts afresh.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import select
 import socket
 import struct
 import time
@@ -44,18 +50,17 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from ...errors import ForkError
-from . import sharing, sk_tcp
-from .sk_tcp import getint, ioctl_int
+from . import sharing, sk_tcp, sockopts
+from .sk_unix import diag_socket
+from .sk_tcp import getint
 
 _PROTOS = {b"TCP", b"TCPv6", b"UDP", b"UDPv6"}  # system.sockprotoname
 _TCP = socket.IPPROTO_TCP
 _TCP_INFO, _ESTABLISHED, _CLOSE, _LISTEN = 11, 1, 7, 10
 _STATES = {2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 8: "CLOSE_WAIT",
            9: "LAST_ACK", 11: "CLOSING"}
-_SIOCINQ = 0x541B
-# Options copied as plain ints; SO_REUSEADDR is handled apart (see module docstring).
-_OPTS = [(socket.SOL_SOCKET, socket.SO_REUSEPORT), (socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-         (socket.SOL_SOCKET, socket.SO_BROADCAST), (_TCP, socket.TCP_NODELAY)]
+_SO_PEEK_OFF = 42
+_SOCK_DIAG_BY_FAMILY, _NLMSG_DONE, _NLMSG_ERROR, _INET_DIAG_SHUTDOWN = 20, 3, 2, 8
 
 
 @dataclass
@@ -69,6 +74,8 @@ class InetSk:
     opts: dict = field(default_factory=dict)
     v6only: int | None = None
     backlog: int = 0
+    shutdown: int = 0  # RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2
+    queue: list = field(default_factory=list)  # UDP: (datagram, its sender's inode)
     # established only
     inq: bytes = b""
     outq: bytes = b""
@@ -110,14 +117,12 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
     sk = InetSk(family=s.family, type=s.type & 0xF, fate="fresh",
                 reuseaddr=getint(s, socket.SOL_SOCKET, socket.SO_REUSEADDR))
     sk.local, sk.peer = _ends(s)
-    sk.opts = {o: v for o in _OPTS if (sk.type == socket.SOCK_STREAM or o[0] != _TCP)
-               and (v := getint(s, *o))}
     if sk.family == socket.AF_INET6:
         sk.v6only = getint(s, socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
     if sk.type == socket.SOCK_DGRAM:
-        if ioctl_int(s, _SIOCINQ):
-            refuse(sk, "has datagrams queued")
+        sk.queue = _peek_datagrams(s)
         sk.fate = "bound" if sk.local[1] or sk.peer else "fresh"
+        _read_opts(s, sk, refuse)
         return sk
     info = s.getsockopt(_TCP, _TCP_INFO, 104)
     state = info[0]
@@ -134,7 +139,45 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
         sk_tcp.save(s, sk, info)
     else:
         refuse(sk, f"is in state {_STATES.get(state, state)} (half-closed or closing)")
+    _read_opts(s, sk, refuse)
     return sk
+
+
+def _polled_shutdown(s: socket.socket, sk: InetSk) -> int:
+    """The shutdown() state of a socket sock_diag does not list (not bound: not hashed), as far
+    as a process can tell it: RCV_SHUTDOWN shows as POLLRDHUP; SEND_SHUTDOWN alone changes
+    nothing a process sees, but for UDP with RCV_SHUTDOWN it shows as POLLHUP."""
+    p = select.poll()
+    p.register(s, select.POLLIN | select.POLLRDHUP)
+    ev = next((e for _, e in p.poll(0)), 0)
+    if not ev & select.POLLRDHUP:
+        return 0
+    return 3 if sk.type == socket.SOCK_DGRAM and ev & select.POLLHUP else 1
+
+
+def _peek_datagrams(s: socket.socket) -> list[tuple[bytes, tuple]]:
+    """The datagrams queued at a template UDP socket, each with the address it came from, left
+    where they are (SO_PEEK_OFF: each peek starts at the next one; put back after)."""
+    out = []
+    saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
+    s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
+    try:
+        while True:
+            try:
+                data, frm = s.recvfrom(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return out
+            out.append((data, frm[:2]))
+    finally:
+        s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, saved)
+
+
+def _read_opts(s: socket.socket, sk: InetSk, refuse) -> None:
+    sk.opts = sockopts.read(s, sockopts.table(sk.family, sk.type, sk.fate == "established"))
+    sk.shutdown = _polled_shutdown(s, sk)
+    why = sockopts.refusal(sk.opts)
+    if why:
+        refuse(sk, why)
 
 
 SETTLE_S = 2.0  # how long a snapshot waits for the kernel to stop moving bytes between sockets
@@ -198,8 +241,13 @@ def check_tree(procs) -> None:
     finally:
         for s, _, _ in socks.values():
             s.close()
+    shut = _shutdowns(procs[0].hostpid)
     for _, f in mine:
         f.inet = read[f.ino]
+        f.inet.shutdown |= shut.get(f.ino, 0)
+    for p, f in mine:
+        if f.inet.queue and not isinstance(f.inet.queue[0][1], int):
+            f.inet.queue = [(data, _sender(p, f, f.inet, frm, read)) for data, frm in f.inet.queue]
     held = {(_key(sk.local), _key(sk.peer)) for sk in read.values() if sk.fate == "established"}
     for p, f in mine:
         sk = f.inet
@@ -209,14 +257,106 @@ def check_tree(procs) -> None:
                             "a fork cannot carry it", pid=p.hostpid, step="plan")
 
 
+def _sender(p, f, sk: InetSk, frm: tuple, read: dict[int, InetSk]) -> int:
+    """The workspace UDP socket (inode) a datagram queued at ``sk`` came from: the one bound to
+    its source port, on its source address or on all. It sends it again in the child."""
+    found = [ino for ino, o in read.items() if o.type == socket.SOCK_DGRAM and o.local[1] == frm[1]
+             and _key(o.local)[0] in (_key(frm)[0], "0.0.0.0", "::")]
+    why = None
+    if len(found) != 1:
+        why = f"came from {frm[0]}:{frm[1]}, where {len(found)} workspace UDP sockets are bound"
+    elif sk.peer and _key(sk.peer) != _key(frm):
+        why = f"came from {frm[0]}:{frm[1]}, not from the address it is now connected to"
+    if why:
+        raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} has a datagram queued that {why}; a "
+                        "fork cannot carry it", pid=p.hostpid, step="plan")
+    return found[0]
+
+
+def _send_datagrams(ctx) -> None:
+    """Every inet socket of the child exists: each datagram queued at a template UDP socket is
+    sent again to its copy, in order, from the child's copy of its sender, and awaited there."""
+    where = ctx.shared.get("inet-where", {})
+    for pid, fd, sk in ctx.shared.pop("inet-datagrams", []):
+        to = socket.socket(fileno=sharing.getfd_here(pid, fd))
+        host = sk.local[0] if sk.local[0] not in ("0.0.0.0", "::") else \
+            ("127.0.0.1" if sk.family == socket.AF_INET else "::1")
+        try:
+            for n, (data, ino) in enumerate(sk.queue, 1):
+                frm = socket.socket(fileno=sharing.getfd_here(*where[ino]))
+                try:
+                    frm.sendto(data, (host, sk.local[1]))
+                finally:
+                    frm.close()
+                _await_datagrams(to, n, sk)
+        except OSError as e:
+            raise ForkError(f"refilling the child's {_name(sk)}: {e}", step="inet") from None
+        finally:
+            to.close()
+
+
+def _await_datagrams(s: socket.socket, n: int, sk: InetSk) -> None:
+    """Wait until ``n`` datagrams are queued at ``s`` (loopback delivers them in a softirq)."""
+    deadline = time.monotonic() + SETTLE_S
+    while len(_peek_datagrams(s)) < n:
+        if time.monotonic() > deadline:
+            raise ForkError(f"the child's {_name(sk)}: a datagram sent again never arrived", step="inet")
+        time.sleep(0.0005)
+
+
+def _shutdowns(ns_pid: int) -> dict[int, int]:
+    """shutdown() state (RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2) of every bound TCP and UDP socket of
+    ``ns_pid``'s net namespace that has some, by inode (inet sock_diag; no getsockopt tells)."""
+    out: dict[int, int] = {}
+    with diag_socket(ns_pid) as nl:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for proto in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+                req = struct.pack("=BBBBI", family, proto, 0, 0, 0xFFFFFFFF) + bytes(48)  # all states
+                nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
+                while (msgs := nl.recv(1 << 16)) and _parse_shutdowns(msgs, out):
+                    pass
+    return out
+
+
+def _parse_shutdowns(buf: bytes, out: dict[int, int]) -> bool:
+    """Read one netlink reply into ``out``; False once the dump is over."""
+    while buf:
+        ln, typ = struct.unpack_from("=IH", buf)
+        if typ == _NLMSG_DONE:
+            return False
+        if typ == _NLMSG_ERROR:
+            raise ForkError("sock_diag refused to list inet sockets", step="plan")
+        msg = buf[16:ln]
+        ino = struct.unpack_from("I", msg, 68)[0]  # inet_diag_msg.idiag_inode
+        off = 72
+        while off + 4 <= len(msg):
+            alen, atype = struct.unpack_from("=HH", msg, off)
+            if atype == _INET_DIAG_SHUTDOWN and msg[off + 4]:
+                out[ino] = msg[off + 4]
+            off += (alen + 3) & ~3
+        buf = buf[(ln + 3) & ~3 :]
+    return True
+
+
+def _shutdown(s: socket.socket, sk: InetSk) -> None:
+    """Set the template's shutdown() state. On a socket neither connected nor listening the
+    kernel sets it and says ENOTCONN; on a listener it would not set it (hence before listen)."""
+    if sk.shutdown:
+        try:
+            s.shutdown(sk.shutdown - 1)  # SHUT_RD 0, SHUT_WR 1, SHUT_RDWR 2
+        except OSError as e:
+            if e.errno != errno.ENOTCONN:
+                raise
+
+
 def _build(s: socket.socket, sk: InetSk) -> None:
     """Give the child's new socket (``s``, a trainer-side copy) the template socket's state."""
-    for (level, opt), v in sk.opts.items():
-        s.setsockopt(level, opt, v)
+    sockopts.apply(s, sk.opts)
     if sk.v6only is not None:
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, sk.v6only)
     if sk.fate == "established":
         sk_tcp.restore(s, sk)
+        _shutdown(s, sk)  # only RCV_SHUTDOWN: SEND_SHUTDOWN would have left ESTABLISHED
         return
     if sk.type == socket.SOCK_STREAM:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # until _finish
@@ -228,11 +368,16 @@ def _build(s: socket.socket, sk: InetSk) -> None:
             s.connect(sk.peer)
     elif sk.fate == "listen":
         s.bind(sk.local)
+        _shutdown(s, sk)
         s.listen(sk.backlog)
+        return
+    _shutdown(s, sk)
 
 
 def _finish(ctx) -> None:
-    """Every inet socket of the child exists: wake the connections and put SO_REUSEADDR back."""
+    """Every inet socket of the child exists: wake the connections, put SO_REUSEADDR back, send
+    the queued datagrams again."""
+    _send_datagrams(ctx)
     for pid, fd, sk in ctx.shared.pop("inet-made", []):
         s = socket.socket(fileno=sharing.getfd_here(pid, fd))
         try:
@@ -267,6 +412,9 @@ def fixup(ctx, proc, r, f) -> None:
     r.install(newfd, f)
     if where is None:
         sharing.remember(ctx, "inet", proc, f, f.fd)
+        ctx.shared.setdefault("inet-where", {})[f.ino] = (r.t.pid, f.fd)
+        if sk.queue:
+            ctx.shared.setdefault("inet-datagrams", []).append((r.t.pid, f.fd, sk))
         if sk.type == socket.SOCK_STREAM:
             ctx.shared.setdefault("inet-made", []).append((r.t.pid, f.fd, sk))
     ctx.shared["inet-left"] -= 1
