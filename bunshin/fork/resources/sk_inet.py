@@ -158,7 +158,7 @@ def _polled_shutdown(s: socket.socket, sk: InetSk) -> int:
 def _peek_datagrams(s: socket.socket) -> list[tuple[bytes, tuple]]:
     """The datagrams queued at a template UDP socket, each with the address it came from, left
     where they are (SO_PEEK_OFF: each peek starts at the next one; put back after)."""
-    out = []
+    out: list[tuple[bytes, tuple]] = []
     saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
     s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
     try:
