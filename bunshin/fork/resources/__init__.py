@@ -23,7 +23,7 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 # remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
 # Locks are last: any close of a file before them would drop its POSIX locks.
 PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, timers.OPS, signals.OPS,
-                 locks.OPS]
+                 ptys.CTTY, locks.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

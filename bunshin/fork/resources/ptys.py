@@ -3,36 +3,104 @@ in the trainer: the child gets pty N in its own devpts, with the template's term
 size, and the trainer keeps the new master for the child's Shell object. A pty whose master is
 inside the workspace (script, tmux, expect, a REPL driver) is recreated the same way, its
 master opened inside the child by whichever clone needs the pty first and fetched by the
-others (pidfd_getfd). A session leader that had the terminal as its controlling tty gets it
-again (setsid + TIOCSCTTY). Bytes buffered in a pty are not carried."""
+others (pidfd_getfd), with the template's packet mode and lock. The slave keeps its owner and
+mode. A session leader that had the terminal as its controlling tty gets it again (setsid +
+TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template
+(another foreground group is refused). Any other process's clone keeps its template's session
+(outside the child, without the module), whose terminal is the template's: it is dropped, so no
+child reaches the template's pty, nor another child's, through /dev/tty (the module's
+JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty are
+not carried."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..remote import ANY_ERROR
 from . import sharing
 
 _TIOCGPTN = 0x80045430
 _TIOCSPTLCK = 0x40045431
 _TIOCSCTTY = 0x540E
+_TIOCNOTTY = 0x5422
+_TIOCPKT = 0x5420
+_TIOCGPKT = 0x80045438
+_TIOCGPTLCK = 0x80045439
 
 
 _MASTERS = ("/dev/ptmx", "/dev/pts/ptmx")
 
 
 def claims(proc, f) -> bool:
-    return f.target in _MASTERS or (f.target.startswith("/dev/pts/") and f.target[9:].isdigit())
+    return f.target in _MASTERS or _is_slave(f)
+
+
+def _is_slave(f) -> bool:
+    return f.target.startswith("/dev/pts/") and f.target[9:].isdigit()
+
+
+def _master_holders(plans) -> dict[int, tuple[int, int]]:
+    """(host pid, fd) of a template process holding the master, by pty index."""
+    return {int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"]): (p.hostpid, f.fd)
+            for p in plans if not p.is_init for f in p.fds if f.target in _MASTERS}
 
 
 def _held_masters(plans) -> set[int]:
     """Indexes of the ptys whose master a template process holds."""
-    return {int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"])
-            for p in plans if not p.is_init for f in p.fds if f.target in _MASTERS}
+    return set(_master_holders(plans))
+
+
+def _master_state(holder: tuple[int, int]) -> tuple[bool, bool]:
+    """(packet mode, locked) of the template master ``holder`` (host pid, fd) names."""
+    fd = sharing.getfd_here(*holder)
+    try:
+        return tuple(bool(struct.unpack("i", fcntl.ioctl(fd, op, b"\0" * 4))[0])  # type: ignore[return-value]
+                     for op in (_TIOCGPKT, _TIOCGPTLCK))
+    finally:
+        os.close(fd)
+
+
+def _stat(hostpid: int) -> list[str]:
+    """/proc/PID/stat's fields after the comm (state ppid pgrp session tty_nr tpgid ...), as
+    the host sees them."""
+    with open(f"/proc/{hostpid}/stat", "rb") as fh:
+        raw = fh.read()
+    return raw[raw.rindex(b")") + 2 :].decode().split()
+
+
+def check_tree(procs) -> None:
+    """Refuse what a child's pty would not have as the template's: a slave open on a locked
+    pty, a leader's controlling terminal no process of the workspace has open (its master
+    could not be made again), another foreground group than the leader's."""
+    plans = [p for p in procs if not p.is_init]
+    holders = _master_holders(plans)
+    opened = {int(f.target[9:]) for p in plans for f in p.fds if _is_slave(f)}
+    for index, holder in holders.items():
+        if _master_state(holder)[1] and index in opened:
+            p, f = next((p, f) for p in plans for f in p.fds if _is_slave(f) and int(f.target[9:]) == index)
+            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: pty /dev/pts/{index} was locked again "
+                            "(TIOCSPTLCK) while its slave is open; a fork cannot open the slave of a locked "
+                            "pty", pid=p.hostpid, step="plan")
+    group_of = {int(_stat(p.hostpid)[2]): p.pgid for p in plans}
+    for p in plans:
+        if p.ctty is None or p.sid != p.vpid:
+            continue
+        what = f"process {p.vpid} ({p.name}): its controlling terminal /dev/pts/{p.ctty}"
+        if p.ctty not in opened | set(holders):
+            raise ForkError(f"{what} is open in no process of the workspace; a fork cannot make it again",
+                            pid=p.hostpid, step="plan")
+        st = _stat(p.hostpid)
+        if st[5] != st[2]:
+            fg = group_of.get(int(st[5]))
+            raise ForkError(f"{what} has {'no' if fg is None else f'group {fg}'} as its foreground process "
+                            f"group, not the session leader's: a fork gives the terminal back to the leader "
+                            "alone (the group's clones are in another session)", pid=p.hostpid, step="plan")
 
 
 def _inner_indexes(ctx) -> set[int]:
@@ -59,7 +127,11 @@ def _open_index(index: int, open_master, index_of, close) -> int:
             close(fd)
 
 
-def _copy_termios(src_path: str, dst_path: str) -> None:
+def _copy_tty(src_path: str, dst_path: str) -> None:
+    """Termios, window size, owner and mode of slave ``src_path`` onto slave ``dst_path``."""
+    st = os.stat(src_path)
+    os.chown(dst_path, st.st_uid, st.st_gid)
+    os.chmod(dst_path, stat.S_IMODE(st.st_mode))
     src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
     try:
         dst = os.open(dst_path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
@@ -87,9 +159,12 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
         return struct.unpack("I", r.t.read(addr, 4))[0]
 
     fd = _open_index(index, open_master, index_of, lambda fd: r.call("close", fd))
+    packet, locked = _master_state(_master_holders(ctx.plans.values())[index])
     r.call("ioctl", fd, _TIOCSPTLCK, r.put(struct.pack("i", 0)))
-    tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
-    _copy_termios(f"/proc/{tpl_init}/root/dev/pts/{index}", f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
+    _copy_tty(_template_slave(ctx, index), f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
+    for op, on in ((_TIOCPKT, packet), (_TIOCSPTLCK, locked)):
+        if on:
+            r.call("ioctl", fd, op, r.put(struct.pack("i", 1)))
     made[index] = (proc.vpid, fd)
     ctx.shared.setdefault("close_later", []).append((r.t, fd))  # a spare until its holder takes it
     return made[index]
@@ -105,7 +180,7 @@ def open_master(child_init: int, index: int, template_slave: str) -> int:
                     os.close)
     try:
         fcntl.ioctl(m, _TIOCSPTLCK, struct.pack("i", 0))
-        _copy_termios(template_slave, f"/proc/{child_init}/root/dev/pts/{index}")
+        _copy_tty(template_slave, f"/proc/{child_init}/root/dev/pts/{index}")
     except BaseException:
         os.close(m)
         raise
@@ -129,20 +204,44 @@ def _master(ctx, index: int, template_slave: str) -> int:
     return masters[index]
 
 
+def _template_slave(ctx, index: int) -> str:
+    tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
+    return f"/proc/{tpl_init}/root/dev/pts/{index}"
+
+
+def _ensure_master(ctx, proc, r, index: int) -> None:
+    """The child's pty ``index`` exists (a slave opens only once its master does)."""
+    if index in _inner_indexes(ctx):
+        _inner_master(ctx, proc, r, index)
+    else:
+        _master(ctx, index, _template_slave(ctx, index))
+
+
 def fixup(ctx, proc, r, f) -> None:
     if f.target in _MASTERS:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
         r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
         return
-    index = int(f.target[9:])
-    if index in _inner_indexes(ctx):
-        _inner_master(ctx, proc, r, index)  # the slave's master must exist before it opens
-    else:
-        _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
-    newfd = r.queue_openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
-    if proc.sid == proc.vpid and index == proc.ctty:
-        r.queue("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
-    r.install(newfd, f)
+    _ensure_master(ctx, proc, r, int(f.target[9:]))
+    r.install(r.queue_openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY), f)
 
 
-OPS = SimpleNamespace(kind="pty", claims=claims, fixup=fixup)
+def fixup_proc(ctx, proc, r) -> None:
+    """The clone's controlling terminal: its pty again for a session leader (its clone has
+    called setsid, which left it none); none for another process, whose terminal is still
+    the template's (see the module's docstring)."""
+    if proc.ctty is None:
+        return
+    if proc.sid == proc.vpid:
+        _ensure_master(ctx, proc, r, proc.ctty)
+        fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        r.queue("ioctl", fd, _TIOCSCTTY, 0)
+        r.queue("close", fd)
+        return
+    fd = r.queue_openat("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    r.queue("ioctl", fd, _TIOCNOTTY, 0, ok_errnos=ANY_ERROR)
+    r.queue("close", fd, ok_errnos=ANY_ERROR)
+
+
+OPS = SimpleNamespace(kind="pty", claims=claims, check_tree=check_tree, fixup=fixup)
+CTTY = SimpleNamespace(kind="controlling terminal", plan_proc=lambda proc: None, fixup_proc=fixup_proc)
