@@ -56,12 +56,17 @@ def _held_masters(plans) -> set[int]:
     return set(_master_holders(plans))
 
 
-def _master_state(holder: tuple[int, int]) -> tuple[bool, bool]:
-    """(packet mode, locked) of the template master ``holder`` (host pid, fd) names."""
+def _master_state(master: int) -> tuple[bool, bool]:
+    """(packet mode, locked) of a pty, asked of its ``master``."""
+    packet, locked = (struct.unpack("i", fcntl.ioctl(master, op, b"\0" * 4))[0] for op in (_TIOCGPKT, _TIOCGPTLCK))
+    return bool(packet), bool(locked)
+
+
+def _locked(holder: tuple[int, int]) -> bool:
+    """Whether the pty of template master ``holder`` (host pid, fd) is locked."""
     fd = sharing.getfd_here(*holder)
     try:
-        return tuple(bool(struct.unpack("i", fcntl.ioctl(fd, op, b"\0" * 4))[0])  # type: ignore[return-value]
-                     for op in (_TIOCGPKT, _TIOCGPTLCK))
+        return _master_state(fd)[1]
     finally:
         os.close(fd)
 
@@ -82,7 +87,7 @@ def check_tree(procs) -> None:
     holders = _master_holders(plans)
     opened = {int(f.target[9:]) for p in plans for f in p.fds if _is_slave(f)}
     for index, holder in holders.items():
-        if _master_state(holder)[1] and index in opened:
+        if index in opened and _locked(holder):
             p, f = next((p, f) for p in plans for f in p.fds if _is_slave(f) and int(f.target[9:]) == index)
             raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: pty /dev/pts/{index} was locked again "
                             "(TIOCSPTLCK) while its slave is open; a fork cannot open the slave of a locked "
@@ -127,12 +132,14 @@ def _open_index(index: int, open_master, index_of, close) -> int:
             close(fd)
 
 
-def _copy_tty(src_path: str, dst_path: str) -> None:
-    """Termios, window size, owner and mode of slave ``src_path`` onto slave ``dst_path``."""
+def _copy_tty(src_path: str, dst_path: str, src_master: int | None = None) -> None:
+    """Termios, window size, owner and mode of slave ``src_path`` onto slave ``dst_path``; the
+    termios and size are read through ``src_master`` when given (a locked slave cannot be
+    opened: a master's termios calls act on its slave)."""
     st = os.stat(src_path)
     os.chown(dst_path, st.st_uid, st.st_gid)
     os.chmod(dst_path, stat.S_IMODE(st.st_mode))
-    src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK) if src_master is None else src_master
     try:
         dst = os.open(dst_path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
         try:
@@ -141,7 +148,8 @@ def _copy_tty(src_path: str, dst_path: str) -> None:
         finally:
             os.close(dst)
     finally:
-        os.close(src)
+        if src_master is None:
+            os.close(src)
 
 
 def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
@@ -159,9 +167,13 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
         return struct.unpack("I", r.t.read(addr, 4))[0]
 
     fd = _open_index(index, open_master, index_of, lambda fd: r.call("close", fd))
-    packet, locked = _master_state(_master_holders(ctx.plans.values())[index])
     r.call("ioctl", fd, _TIOCSPTLCK, r.put(struct.pack("i", 0)))
-    _copy_tty(_template_slave(ctx, index), f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
+    src = sharing.getfd_here(*_master_holders(ctx.plans.values())[index])
+    try:
+        _copy_tty(_template_slave(ctx, index), f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}", src)
+        packet, locked = _master_state(src)
+    finally:
+        os.close(src)
     for op, on in ((_TIOCPKT, packet), (_TIOCSPTLCK, locked)):
         if on:
             r.call("ioctl", fd, op, r.put(struct.pack("i", 1)))
