@@ -209,3 +209,25 @@ time.sleep(1000)
     slave = ws.read_file("/tmp/ready").decode()
     with pytest.raises(ForkError, match=rf"process \d+ \(python3\) fd {slave}: pty /dev/pts/0 was locked again"):
         ws.fork(1)
+
+
+def test_output_the_master_inside_has_not_read_is_kept(family, fork):
+    """Bytes the slave's program wrote (after its output processing: "\\n" became "\\r\\n")
+    and the driver had not read yet: the driver reads them in the child and in the source."""
+    ws = start_script(family, """
+import pty, signal
+pid, master = pty.fork()
+if pid == 0:
+    os.write(1, b'prompt>\\n')
+    out('/tmp/ready', '')
+    time.sleep(1000)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+while True:
+    signal.sigwait({signal.SIGUSR1})
+    out('/tmp/got', os.read(master, 100).hex())
+""", "/tmp/ready")
+    driver = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"] and p.ppid == 1)
+    kid = fork(ws)
+    for w in (kid, ws):
+        w.kill(driver, signal.SIGUSR1)
+        assert bytes.fromhex(_wait(w, "/tmp/got")) == b"prompt>\r\n"

@@ -9,8 +9,11 @@ TIOCSCTTY), the terminal's foreground group then being the leader's, as in the t
 (another foreground group is refused). Any other process's clone keeps its template's session
 (outside the child, without the module), whose terminal is the template's: it is dropped, so no
 child reaches the template's pty, nor another child's, through /dev/tty (the module's
-JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty are
-not carried."""
+JOIN_SESSION gives the clone its leader's clone's terminal after). What the slave wrote and a
+master inside the workspace has not read is carried (unless in packet mode, whose reads would
+take status bytes too); bytes waiting for the slave's reader are not (the line discipline has
+processed them: written again they would be echoed and edited again), nor those a shell
+session's master has not read."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import os
 import stat
 import struct
 import termios
+import time
 from types import SimpleNamespace
 
 from ...errors import ForkError
@@ -108,6 +112,13 @@ def check_tree(procs) -> None:
                             "alone (the group's clones are in another session)", pid=p.hostpid, step="plan")
 
 
+def _opened(ctx) -> set[int]:
+    """Indexes of the ptys whose slave a template process holds."""
+    if "opened-ptys" not in ctx.shared:
+        ctx.shared["opened-ptys"] = {int(f.target[9:]) for p in ctx.plans.values() for f in p.fds if _is_slave(f)}
+    return ctx.shared["opened-ptys"]
+
+
 def _inner_indexes(ctx) -> set[int]:
     if "inner-ptys" not in ctx.shared:
         ctx.shared["inner-ptys"] = _held_masters(ctx.plans.values())
@@ -132,24 +143,53 @@ def _open_index(index: int, open_master, index_of, close) -> int:
             close(fd)
 
 
-def _copy_tty(src_path: str, dst_path: str, src_master: int | None = None) -> None:
-    """Termios, window size, owner and mode of slave ``src_path`` onto slave ``dst_path``; the
-    termios and size are read through ``src_master`` when given (a locked slave cannot be
-    opened: a master's termios calls act on its slave)."""
-    st = os.stat(src_path)
-    os.chown(dst_path, st.st_uid, st.st_gid)
-    os.chmod(dst_path, stat.S_IMODE(st.st_mode))
-    src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK) if src_master is None else src_master
+def _copy_tty(src_slave: str, dst_slave: str, src: int, dst: int) -> None:
+    """Owner and mode of slave ``src_slave`` onto slave ``dst_slave``; termios and window size
+    from ``src`` to ``dst`` (a slave, or its master: a master's termios calls act on its slave,
+    and no slave need be opened, whose last close would end the master's packet mode and make
+    its reads fail)."""
+    st = os.stat(src_slave)
+    os.chown(dst_slave, st.st_uid, st.st_gid)
+    os.chmod(dst_slave, stat.S_IMODE(st.st_mode))
+    termios.tcsetattr(dst, termios.TCSANOW, termios.tcgetattr(src))
+    fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
+
+
+def _take_output(master: int) -> bytes:
+    """What the slave wrote and ``master`` (a template's, frozen) has not read, taken out of
+    it. The ldisc's buffer is read until no byte arrives from the pty's own buffer behind it
+    (the kernel moves them there in a worker, frozen processes or not)."""
+    out = b""
+    quiet = 0
+    while quiet < 2:
+        n = struct.unpack("i", fcntl.ioctl(master, termios.FIONREAD, b"\0" * 4))[0]
+        if n:
+            out += os.read(master, n)  # available: it cannot block
+            quiet = 0
+        else:
+            quiet += 1
+            time.sleep(0.001)
+    return out
+
+
+def _put_output(slave: str, data: bytes) -> None:
+    """``data`` into the master's side of pty ``slave``, as the slave had written it: written
+    with OPOST off, since it went through the output processing once already."""
+    fd = os.open(slave, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
     try:
-        dst = os.open(dst_path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+        was = termios.tcgetattr(fd)
+        termios.tcsetattr(fd, termios.TCSANOW, [was[0], was[1] & ~termios.OPOST, *was[2:]])
         try:
-            termios.tcsetattr(dst, termios.TCSANOW, termios.tcgetattr(src))
-            fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BlockingIOError:  # its output stopped (^S): they fitted before
+            raise ForkError(f"{slave}: {len(view)} of the {len(data)} bytes the pty's master had not read "
+                            "could not be written back: its output is stopped (^S)") from None
         finally:
-            os.close(dst)
+            termios.tcsetattr(fd, termios.TCSANOW, was)
     finally:
-        if src_master is None:
-            os.close(src)
+        os.close(fd)
 
 
 def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
@@ -168,12 +208,19 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
 
     fd = _open_index(index, open_master, index_of, lambda fd: r.call("close", fd))
     r.call("ioctl", fd, _TIOCSPTLCK, r.put(struct.pack("i", 0)))
-    src = sharing.getfd_here(*_master_holders(ctx.plans.values())[index])
+    src, dst = sharing.getfd_here(*_master_holders(ctx.plans.values())[index]), sharing.getfd_here(r.t.pid, fd)
     try:
-        _copy_tty(_template_slave(ctx, index), f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}", src)
+        slave = f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}"
+        _copy_tty(_template_slave(ctx, index), slave, src, dst)
         packet, locked = _master_state(src)
+        if not packet and index in _opened(ctx):
+            pending = _take_output(src)
+            if pending:
+                _put_output(_template_slave(ctx, index), pending)  # the template's again
+                _put_output(slave, pending)
     finally:
         os.close(src)
+        os.close(dst)
     for op, on in ((_TIOCPKT, packet), (_TIOCSPTLCK, locked)):
         if on:
             r.call("ioctl", fd, op, r.put(struct.pack("i", 1)))
@@ -192,7 +239,11 @@ def open_master(child_init: int, index: int, template_slave: str) -> int:
                     os.close)
     try:
         fcntl.ioctl(m, _TIOCSPTLCK, struct.pack("i", 0))
-        _copy_tty(template_slave, f"/proc/{child_init}/root/dev/pts/{index}")
+        src = os.open(template_slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            _copy_tty(template_slave, f"/proc/{child_init}/root/dev/pts/{index}", src, m)
+        finally:
+            os.close(src)
     except BaseException:
         os.close(m)
         raise
