@@ -231,3 +231,28 @@ while True:
     for w in (kid, ws):
         w.kill(driver, signal.SIGUSR1)
         assert bytes.fromhex(_wait(w, "/tmp/got")) == b"prompt>\r\n"
+
+
+def test_input_the_raw_slave_has_not_read_is_kept(family, fork):
+    """Bytes the driver wrote and the program on the raw slave had not read: it reads them,
+    unprocessed (no echo, "\\r" not made "\\n"), in the child and in the source."""
+    ws = start_script(family, """
+import pty, signal, tty
+pid, master = pty.fork()
+if pid == 0:
+    tty.setraw(0)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    out('/tmp/raw', '')
+    signal.sigwait({signal.SIGUSR1})
+    out('/tmp/got', os.read(0, 100).hex())
+    time.sleep(1000)
+wait('/tmp/raw')
+os.write(master, b'typed\\r\\x03')
+out('/tmp/ready', str(pid))
+time.sleep(1000)
+""", "/tmp/ready")
+    reader = int(ws.read_file("/tmp/ready").decode())
+    kid = fork(ws)
+    for w in (kid, ws):
+        w.kill(reader, signal.SIGUSR1)
+        assert bytes.fromhex(_wait(w, "/tmp/got")) == b"typed\r\x03"

@@ -9,11 +9,11 @@ TIOCSCTTY), the terminal's foreground group then being the leader's, as in the t
 (another foreground group is refused). Any other process's clone keeps its template's session
 (outside the child, without the module), whose terminal is the template's: it is dropped, so no
 child reaches the template's pty, nor another child's, through /dev/tty (the module's
-JOIN_SESSION gives the clone its leader's clone's terminal after). What the slave wrote and a
-master inside the workspace has not read is carried (unless in packet mode, whose reads would
-take status bytes too); bytes waiting for the slave's reader are not (the line discipline has
-processed them: written again they would be echoed and edited again), nor those a shell
-session's master has not read."""
+JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
+master is inside the workspace are carried, both ways, written again with the processing they
+had already had turned off, unless in packet mode (whose reads would take status bytes too) or,
+for those waiting for the slave's reader, in canonical mode (they would become one line). Those
+of a shell session's pty are not."""
 
 from __future__ import annotations
 
@@ -155,21 +155,46 @@ def _copy_tty(src_slave: str, dst_slave: str, src: int, dst: int) -> None:
     fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
 
 
-def _take_output(master: int) -> bytes:
-    """What the slave wrote and ``master`` (a template's, frozen) has not read, taken out of
-    it. The ldisc's buffer is read until no byte arrives from the pty's own buffer behind it
-    (the kernel moves them there in a worker, frozen processes or not)."""
+def _take(end: int) -> bytes:
+    """What is waiting to be read at ``end`` (a template's, frozen), taken out of it: the
+    ldisc's buffer is read until no byte arrives from the pty's own buffer behind it (the
+    kernel moves them there in a worker, frozen processes or not)."""
     out = b""
     quiet = 0
     while quiet < 2:
-        n = struct.unpack("i", fcntl.ioctl(master, termios.FIONREAD, b"\0" * 4))[0]
+        n = struct.unpack("i", fcntl.ioctl(end, termios.FIONREAD, b"\0" * 4))[0]
         if n:
-            out += os.read(master, n)  # available: it cannot block
+            out += os.read(end, n)  # available: it cannot block
             quiet = 0
         else:
             quiet += 1
             time.sleep(0.001)
     return out
+
+
+def _take_input(slave: str) -> bytes:
+    """What the master wrote and the reader of ``slave`` (a template's) has not read, in
+    non-canonical mode; in canonical mode nothing is taken (see the module's docstring)."""
+    fd = os.open(slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        return b"" if termios.tcgetattr(fd)[3] & termios.ICANON else _take(fd)
+    finally:
+        os.close(fd)
+
+
+def _put_input(master: int, data: bytes) -> None:
+    """``data`` into the slave's side of ``master``'s pty (non-canonical), as the slave had
+    received it: written with the input processing and echo off, since it went through them
+    once already (ICANON is left alone: switching it rearranges the buffered lines)."""
+    was = termios.tcgetattr(master)  # the slave's: a master's termios calls act on its slave
+    quiet = ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
+    termios.tcsetattr(master, termios.TCSANOW, [0, was[1], was[2], was[3] & quiet, *was[4:]])
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(master, view):]
+    finally:
+        termios.tcsetattr(master, termios.TCSANOW, was)
 
 
 def _put_output(slave: str, data: bytes) -> None:
@@ -214,10 +239,14 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
         _copy_tty(_template_slave(ctx, index), slave, src, dst)
         packet, locked = _master_state(src)
         if not packet and index in _opened(ctx):
-            pending = _take_output(src)
+            pending = _take(src)
             if pending:
                 _put_output(_template_slave(ctx, index), pending)  # the template's again
                 _put_output(slave, pending)
+            waiting = _take_input(_template_slave(ctx, index))
+            if waiting:
+                _put_input(src, waiting)
+                _put_input(dst, waiting)
     finally:
         os.close(src)
         os.close(dst)
