@@ -109,7 +109,7 @@ def check_tree(procs) -> None:
             fg = group_of.get(int(st[5]))
             raise ForkError(f"{what} has {'no' if fg is None else f'group {fg}'} as its foreground process "
                             f"group, not the session leader's: a fork gives the terminal back to the leader "
-                            "alone (the group's clones are in another session)", pid=p.hostpid, step="plan")
+                            "alone", pid=p.hostpid, step="plan")
 
 
 def _opened(ctx) -> set[int]:
