@@ -26,7 +26,7 @@ import time
 from types import SimpleNamespace
 
 from ...errors import ForkError
-from ..remote import ANY_ERROR
+from ..remote import ANY_ERROR, AT_FDCWD
 from . import sharing
 
 _TIOCGPTN = 0x80045430
@@ -330,7 +330,9 @@ def fixup_proc(ctx, proc, r) -> None:
         r.queue("ioctl", fd, _TIOCSCTTY, 0)
         r.queue("close", fd)
         return
-    fd = r.queue_openat("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # no /dev/tty in the child's root, or a terminal hung up: nothing reachable to drop
+    fd = r.queue("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, r.queue_path("/dev/tty"),
+                 os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC, 0, ok_errnos=ANY_ERROR)
     r.queue("ioctl", fd, _TIOCNOTTY, 0, ok_errnos=ANY_ERROR)
     r.queue("close", fd, ok_errnos=ANY_ERROR)
 
