@@ -7,6 +7,7 @@ in the source, after ws.fork() and after snapshot() + tpl.fork()."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -114,13 +115,12 @@ if pid == 0:   # the session leader on the slave, opened by path: echoes what it
     os.close(master)
     os.setsid()
     fd = os.open(name, os.O_RDWR)          # fd 3, its controlling terminal (no O_NOCTTY)
+    tty_ = os.open('/dev/tty', os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)   # fd 4, kept
     def state(*_):
         st = os.fstat(fd)
-        tty_ = os.open('/dev/tty', os.O_RDWR | os.O_NOCTTY)
         out('/tmp/leader', json.dumps([st.st_uid, st.st_gid, st.st_mode & 0o777, termios.tcgetattr(fd)[3] & termios.ECHO,
                                        list(struct.unpack('HHHH', fcntl.ioctl(fd, termios.TIOCGWINSZ, bytes(8))))[:2],
-                                       os.tcgetpgrp(tty_), os.getpid()]))
-        os.close(tty_)
+                                       os.tcgetpgrp(tty_), os.getpid(), fcntl.fcntl(tty_, fcntl.F_GETFL) & os.O_NONBLOCK]))
     signal.signal(signal.SIGUSR2, state)
     while True:
         data = os.read(fd, 100)
@@ -146,11 +146,12 @@ def test_pty_with_its_master_inside_keeps_its_state(family, fork):
     for w, word in ((kid, "forked"), (ws, "source")):
         w.run("rm -f /tmp/leader")
         w.kill(leader, signal.SIGUSR2)
-        assert json.loads(_wait(w, "/tmp/leader")) == [1000, 5, 0o600, 0, [33, 77], leader, leader]
+        assert json.loads(_wait(w, "/tmp/leader")) == [1000, 5, 0o600, 0, [33, 77], leader, leader, os.O_NONBLOCK]
         put(w, "/tmp/word", word)
         w.kill(driver, signal.SIGUSR1)
         assert json.loads(_wait(w, "/tmp/reply")) == [(b"\0" + word.upper().encode()).hex(), leader, leader]
-        assert w.run(f"readlink /proc/{leader}/fd/3").stdout.decode().strip() == name
+        links = w.run(f"readlink /proc/{leader}/fd/3 /proc/{leader}/fd/4").stdout.decode().split()
+        assert links == [name, "/dev/tty"]
 
 
 def test_locked_pty_stays_locked(family, fork):
@@ -256,3 +257,17 @@ time.sleep(1000)
     for w in (kid, ws):
         w.kill(reader, signal.SIGUSR1)
         assert bytes.fromhex(_wait(w, "/tmp/got")) == b"typed\r\x03"
+
+
+def test_dev_tty_held_by_a_shell_job_is_refused(family):
+    """A job's /dev/tty descriptor is its shell's terminal; its clone keeps the template's
+    session, which cannot have the child's terminal."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/t.py", SCRIPT_PRELUDE + "fd = os.open('/dev/tty', os.O_RDWR)\nout('/tmp/ready', str(fd))\n"
+                  "time.sleep(1000)\n")
+    ws.shell().run("python3 /t.py &")
+    fd = _wait(ws, "/tmp/ready")
+    with pytest.raises(ForkError, match=rf"process \d+ \(python3\) fd {fd}: /dev/tty of a process that is not "
+                                        "its session leader"):
+        ws.fork(1)

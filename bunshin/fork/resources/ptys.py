@@ -26,6 +26,7 @@ import time
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import _pty_index
 from ..remote import ANY_ERROR, AT_FDCWD
 from . import sharing
 
@@ -36,13 +37,26 @@ _TIOCNOTTY = 0x5422
 _TIOCPKT = 0x5420
 _TIOCGPKT = 0x80045438
 _TIOCGPTLCK = 0x80045439
+_TIOCGDEV = 0x80045432
 
 
 _MASTERS = ("/dev/ptmx", "/dev/pts/ptmx")
 
 
+_CURRENT = "/dev/tty"  # the opener's controlling terminal, whichever it was
+
+
 def claims(proc, f) -> bool:
-    return f.target in _MASTERS or _is_slave(f)
+    return f.target in _MASTERS or _is_slave(f) or (f.target == _CURRENT and stat.S_ISCHR(f.mode))
+
+
+def _terminal_of(hostpid: int, fd: int) -> int | None:
+    """The /dev/pts index of the terminal descriptor ``fd`` of ``hostpid`` is open on."""
+    copy = sharing.getfd_here(hostpid, fd)
+    try:
+        return _pty_index(struct.unpack("I", fcntl.ioctl(copy, _TIOCGDEV, b"\0" * 4))[0])
+    finally:
+        os.close(copy)
 
 
 def _is_slave(f) -> bool:
@@ -96,6 +110,19 @@ def check_tree(procs) -> None:
             raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: pty /dev/pts/{index} was locked again "
                             "(TIOCSPTLCK) while its slave is open; a fork cannot open the slave of a locked "
                             "pty", pid=p.hostpid, step="plan")
+    for p in plans:
+        for f in p.fds:
+            if f.target != _CURRENT or not stat.S_ISCHR(f.mode):
+                continue
+            what = f"process {p.vpid} ({p.name}) fd {f.fd}: /dev/tty"
+            if p.sid != p.vpid:
+                raise ForkError(f"{what} of a process that is not its session leader: its clone keeps the "
+                                "template's session and cannot be given the child's terminal", pid=p.hostpid,
+                                step="plan")
+            on = _terminal_of(p.hostpid, f.fd)
+            if on is None or on != p.ctty:
+                raise ForkError(f"{what} is open on another terminal than its controlling one, which a fork "
+                                "cannot open again as /dev/tty", pid=p.hostpid, step="plan")
     group_of = {int(_stat(p.hostpid)[2]): p.pgid for p in plans}
     for p in plans:
         if p.ctty is None or p.sid != p.vpid:
@@ -309,26 +336,37 @@ def _ensure_master(ctx, proc, r, index: int) -> None:
         _master(ctx, index, _template_slave(ctx, index))
 
 
+def _reopen_flags(f) -> int:
+    return f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
+
+
 def fixup(ctx, proc, r, f) -> None:
     if f.target in _MASTERS:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
         r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
-        return
-    _ensure_master(ctx, proc, r, int(f.target[9:]))
-    r.install(r.queue_openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY), f)
+    elif f.target == _CURRENT:  # a leader's (check_tree): its terminal first, then /dev/tty is it
+        _set_ctty(ctx, proc, r)
+        r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
+    else:
+        _ensure_master(ctx, proc, r, int(f.target[9:]))
+        r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
+
+
+def _set_ctty(ctx, proc, r) -> None:
+    """Session leader ``proc``'s clone (setsid left it no terminal) takes its pty again."""
+    _ensure_master(ctx, proc, r, proc.ctty)
+    fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    r.queue("ioctl", fd, _TIOCSCTTY, 0)  # 0 also when it is already its own
+    r.queue("close", fd)
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    """The clone's controlling terminal: its pty again for a session leader (its clone has
-    called setsid, which left it none); none for another process, whose terminal is still
-    the template's (see the module's docstring)."""
+    """The clone's controlling terminal: its pty again for a session leader; none for another
+    process, whose terminal is still the template's (see the module's docstring)."""
     if proc.ctty is None:
         return
     if proc.sid == proc.vpid:
-        _ensure_master(ctx, proc, r, proc.ctty)
-        fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-        r.queue("ioctl", fd, _TIOCSCTTY, 0)
-        r.queue("close", fd)
+        _set_ctty(ctx, proc, r)
         return
     # no /dev/tty in the child's root, or a terminal hung up: nothing reachable to drop
     fd = r.queue("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, r.queue_path("/dev/tty"),
