@@ -212,26 +212,30 @@ time.sleep(1000)
         ws.fork(1)
 
 
-def test_output_the_master_inside_has_not_read_is_kept(family, fork):
+@pytest.mark.parametrize("size", [8, 6000])  # 6000: more than the ldisc's buffer holds
+def test_output_the_master_inside_has_not_read_is_kept(family, fork, size):
     """Bytes the slave's program wrote (after its output processing: "\\n" became "\\r\\n")
     and the driver had not read yet: the driver reads them in the child and in the source."""
-    ws = start_script(family, """
+    ws = start_script(family, f"""
 import pty, signal
 pid, master = pty.fork()
 if pid == 0:
-    os.write(1, b'prompt>\\n')
+    os.write(1, b'p' * {size - 1} + b'\\n')
     out('/tmp/ready', '')
     time.sleep(1000)
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-while True:
-    signal.sigwait({signal.SIGUSR1})
-    out('/tmp/got', os.read(master, 100).hex())
+signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})
+signal.sigwait({{signal.SIGUSR1}})
+got = b''
+while not got.endswith(b'\\n'):
+    got += os.read(master, 65536)
+out('/tmp/got', got.hex())
+time.sleep(1000)
 """, "/tmp/ready")
     driver = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"] and p.ppid == 1)
     kid = fork(ws)
     for w in (kid, ws):
         w.kill(driver, signal.SIGUSR1)
-        assert bytes.fromhex(_wait(w, "/tmp/got")) == b"prompt>\r\n"
+        assert bytes.fromhex(_wait(w, "/tmp/got")) == b"p" * (size - 1) + b"\r\n"
 
 
 def test_input_the_raw_slave_has_not_read_is_kept(family, fork):

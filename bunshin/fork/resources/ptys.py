@@ -183,19 +183,14 @@ def _copy_tty(src_slave: str, dst_slave: str, src: int, dst: int) -> None:
 
 
 def _take(end: int) -> bytes:
-    """What is waiting to be read at ``end`` (a template's, frozen), taken out of it: the
-    ldisc's buffer is read until no byte arrives from the pty's own buffer behind it (the
-    kernel moves them there in a worker, frozen processes or not)."""
+    """What is waiting to be read at ``end`` (a template's, frozen), taken out of it. The
+    kernel moves bytes into the ldisc's buffer from the pty's own in a worker, frozen
+    processes or not, and holds them back while that buffer is full: once some are read, it
+    is read again until a pause brings no more."""
     out = b""
-    quiet = 0
-    while quiet < 2:
-        n = struct.unpack("i", fcntl.ioctl(end, termios.FIONREAD, b"\0" * 4))[0]
-        if n:
-            out += os.read(end, n)  # available: it cannot block
-            quiet = 0
-        else:
-            quiet += 1
-            time.sleep(0.001)
+    while n := struct.unpack("i", fcntl.ioctl(end, termios.FIONREAD, b"\0" * 4))[0]:
+        out += os.read(end, n)  # available: it cannot block
+        time.sleep(0.001)
     return out
 
 
