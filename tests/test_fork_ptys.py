@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 from conftest import SCRIPT_PRELUDE, put, start_script
@@ -19,19 +20,35 @@ from bunshin._core.kmod import backend
 from bunshin.errors import ForkError
 
 
-@pytest.fixture(params=["ws.fork", "tpl.fork"])
-def fork(request, family):
-    """Fork a workspace one way or the other; the child (and template) close with ``family``."""
+@pytest.fixture(params=["ws.fork", "tpl.fork", "slot"])
+def fork(request, family, monkeypatch):
+    """Fork a workspace one way or another ("slot": a template's second child, whose init and
+    shell ptys' masters were made ahead); the child (and template) close with ``family``."""
+    monkeypatch.setenv("BUNSHIN_FORK_SLOTS", "1")
+
     def make(ws):
         if request.param == "ws.fork":
             (kid,) = ws.fork(1)
         else:
             tpl = ws.snapshot()
             family.append(tpl)
+            if request.param == "slot":
+                family.extend(tpl.fork(1))
+                _wait_slot(tpl._core)
             (kid,) = tpl.fork(1)
         family.append(kid)
         return kid
     return make
+
+
+def _wait_slot(core, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with core.lock:
+            if any(s.early is not None and s.early.chan.ready and s.early.meta is not None for s in core.slots):
+                return
+        time.sleep(0.01)
+    raise AssertionError("no slot with an init made ahead")
 
 
 # bash reads its own stat (a builtin: while a command runs, the foreground group is its)

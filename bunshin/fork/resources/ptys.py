@@ -304,8 +304,7 @@ def open_master(child_init: int, index: int, template_slave: str) -> int:
 def trainer_indexes(plans) -> set[int]:
     """The ptys whose slave a template process holds and whose master is the trainer's (a
     shell session's): the ones whose child masters :func:`open_master` can make ahead."""
-    slaves = {int(f.target[9:]) for p in plans if not p.is_init for f in p.fds
-              if f.handler is OPS and f.target not in _MASTERS}
+    slaves = {int(f.target[9:]) for p in plans if not p.is_init for f in p.fds if _is_slave(f)}
     return slaves - _held_masters(plans)
 
 
