@@ -3,36 +3,147 @@ in the trainer: the child gets pty N in its own devpts, with the template's term
 size, and the trainer keeps the new master for the child's Shell object. A pty whose master is
 inside the workspace (script, tmux, expect, a REPL driver) is recreated the same way, its
 master opened inside the child by whichever clone needs the pty first and fetched by the
-others (pidfd_getfd). A session leader that had the terminal as its controlling tty gets it
-again (setsid + TIOCSCTTY). Bytes buffered in a pty are not carried."""
+others (pidfd_getfd), with the template's packet mode and lock. The slave keeps its owner and
+mode. A session leader that had the terminal as its controlling tty gets it again (setsid +
+TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template
+(another foreground group is refused). Any other process's clone keeps its template's session
+(outside the child, without the module), whose terminal is the template's: it is dropped, so no
+child reaches the template's pty, nor another child's, through /dev/tty (the module's
+JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
+master is inside the workspace are carried, both ways, written again with the processing they
+had already had turned off, unless in packet mode (whose reads would take status bytes too) or,
+for those waiting for the slave's reader, in canonical mode (they would become one line). Those
+of a shell session's pty are not."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 import termios
+import time
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import _pty_index
+from ..remote import ANY_ERROR, AT_FDCWD
 from . import sharing
 
 _TIOCGPTN = 0x80045430
 _TIOCSPTLCK = 0x40045431
 _TIOCSCTTY = 0x540E
+_TIOCNOTTY = 0x5422
+_TIOCPKT = 0x5420
+_TIOCGPKT = 0x80045438
+_TIOCGPTLCK = 0x80045439
+_TIOCGDEV = 0x80045432
 
 
 _MASTERS = ("/dev/ptmx", "/dev/pts/ptmx")
 
 
+_CURRENT = "/dev/tty"  # the opener's controlling terminal, whichever it was
+
+
 def claims(proc, f) -> bool:
-    return f.target in _MASTERS or (f.target.startswith("/dev/pts/") and f.target[9:].isdigit())
+    return f.target in _MASTERS or _is_slave(f) or (f.target == _CURRENT and stat.S_ISCHR(f.mode))
+
+
+def _terminal_of(hostpid: int, fd: int) -> int | None:
+    """The /dev/pts index of the terminal descriptor ``fd`` of ``hostpid`` is open on."""
+    copy = sharing.getfd_here(hostpid, fd)
+    try:
+        return _pty_index(struct.unpack("I", fcntl.ioctl(copy, _TIOCGDEV, b"\0" * 4))[0])
+    finally:
+        os.close(copy)
+
+
+def _is_slave(f) -> bool:
+    return f.target.startswith("/dev/pts/") and f.target[9:].isdigit()
+
+
+def _master_holders(plans) -> dict[int, tuple[int, int]]:
+    """(host pid, fd) of a template process holding the master, by pty index."""
+    return {int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"]): (p.hostpid, f.fd)
+            for p in plans if not p.is_init for f in p.fds if f.target in _MASTERS}
 
 
 def _held_masters(plans) -> set[int]:
     """Indexes of the ptys whose master a template process holds."""
-    return {int(sharing.fdinfo(p.hostpid, f.fd)["tty-index"])
-            for p in plans if not p.is_init for f in p.fds if f.target in _MASTERS}
+    return set(_master_holders(plans))
+
+
+def _master_state(master: int) -> tuple[bool, bool]:
+    """(packet mode, locked) of a pty, asked of its ``master``."""
+    packet, locked = (struct.unpack("i", fcntl.ioctl(master, op, b"\0" * 4))[0] for op in (_TIOCGPKT, _TIOCGPTLCK))
+    return bool(packet), bool(locked)
+
+
+def _locked(holder: tuple[int, int]) -> bool:
+    """Whether the pty of template master ``holder`` (host pid, fd) is locked."""
+    fd = sharing.getfd_here(*holder)
+    try:
+        return _master_state(fd)[1]
+    finally:
+        os.close(fd)
+
+
+def _stat(hostpid: int) -> list[str]:
+    """/proc/PID/stat's fields after the comm (state ppid pgrp session tty_nr tpgid ...), as
+    the host sees them."""
+    with open(f"/proc/{hostpid}/stat", "rb") as fh:
+        raw = fh.read()
+    return raw[raw.rindex(b")") + 2 :].decode().split()
+
+
+def check_tree(procs) -> None:
+    """Refuse what a child's pty would not have as the template's: a slave open on a locked
+    pty, a leader's controlling terminal no process of the workspace has open (its master
+    could not be made again), another foreground group than the leader's."""
+    plans = [p for p in procs if not p.is_init]
+    holders = _master_holders(plans)
+    opened = {int(f.target[9:]) for p in plans for f in p.fds if _is_slave(f)}
+    for index, holder in holders.items():
+        if index in opened and _locked(holder):
+            p, f = next((p, f) for p in plans for f in p.fds if _is_slave(f) and int(f.target[9:]) == index)
+            raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: pty /dev/pts/{index} was locked again "
+                            "(TIOCSPTLCK) while its slave is open; a fork cannot open the slave of a locked "
+                            "pty", pid=p.hostpid, step="plan")
+    for p in plans:
+        for f in p.fds:
+            if f.target != _CURRENT or not stat.S_ISCHR(f.mode):
+                continue
+            what = f"process {p.vpid} ({p.name}) fd {f.fd}: /dev/tty"
+            if p.sid != p.vpid:
+                raise ForkError(f"{what} of a process that is not its session leader: its clone keeps the "
+                                "template's session and cannot be given the child's terminal", pid=p.hostpid,
+                                step="plan")
+            on = _terminal_of(p.hostpid, f.fd)
+            if on is None or on != p.ctty:
+                raise ForkError(f"{what} is open on another terminal than its controlling one, which a fork "
+                                "cannot open again as /dev/tty", pid=p.hostpid, step="plan")
+    group_of = {int(_stat(p.hostpid)[2]): p.pgid for p in plans}
+    for p in plans:
+        if p.ctty is None or p.sid != p.vpid:
+            continue
+        what = f"process {p.vpid} ({p.name}): its controlling terminal /dev/pts/{p.ctty}"
+        if p.ctty not in opened | set(holders):
+            raise ForkError(f"{what} is open in no process of the workspace; a fork cannot make it again",
+                            pid=p.hostpid, step="plan")
+        st = _stat(p.hostpid)
+        if st[5] != st[2]:
+            fg = group_of.get(int(st[5]))
+            raise ForkError(f"{what} has {'no' if fg is None else f'group {fg}'} as its foreground process "
+                            f"group, not the session leader's: a fork gives the terminal back to the leader "
+                            "alone", pid=p.hostpid, step="plan")
+
+
+def _opened(ctx) -> set[int]:
+    """Indexes of the ptys whose slave a template process holds."""
+    if "opened-ptys" not in ctx.shared:
+        ctx.shared["opened-ptys"] = {int(f.target[9:]) for p in ctx.plans.values() for f in p.fds if _is_slave(f)}
+    return ctx.shared["opened-ptys"]
 
 
 def _inner_indexes(ctx) -> set[int]:
@@ -59,17 +170,73 @@ def _open_index(index: int, open_master, index_of, close) -> int:
             close(fd)
 
 
-def _copy_termios(src_path: str, dst_path: str) -> None:
-    src = os.open(src_path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+def _copy_tty(src_slave: str, dst_slave: str, src: int, dst: int) -> None:
+    """Owner and mode of slave ``src_slave`` onto slave ``dst_slave``; termios and window size
+    from ``src`` to ``dst`` (a slave, or its master: a master's termios calls act on its slave,
+    and no slave need be opened, whose last close would end the master's packet mode and make
+    its reads fail)."""
+    st = os.stat(src_slave)
+    os.chown(dst_slave, st.st_uid, st.st_gid)
+    os.chmod(dst_slave, stat.S_IMODE(st.st_mode))
+    termios.tcsetattr(dst, termios.TCSANOW, termios.tcgetattr(src))
+    fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
+
+
+def _take(end: int) -> bytes:
+    """What is waiting to be read at ``end`` (a template's, frozen), taken out of it. The
+    kernel moves bytes into the ldisc's buffer from the pty's own in a worker, frozen
+    processes or not, and holds them back while that buffer is full: once some are read, it
+    is read again until a pause brings no more."""
+    out = b""
+    while n := struct.unpack("i", fcntl.ioctl(end, termios.FIONREAD, b"\0" * 4))[0]:
+        out += os.read(end, n)  # available: it cannot block
+        time.sleep(0.001)
+    return out
+
+
+def _take_input(slave: str) -> bytes:
+    """What the master wrote and the reader of ``slave`` (a template's) has not read, in
+    non-canonical mode; in canonical mode nothing is taken (see the module's docstring)."""
+    fd = os.open(slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
     try:
-        dst = os.open(dst_path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
-        try:
-            termios.tcsetattr(dst, termios.TCSANOW, termios.tcgetattr(src))
-            fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
-        finally:
-            os.close(dst)
+        return b"" if termios.tcgetattr(fd)[3] & termios.ICANON else _take(fd)
     finally:
-        os.close(src)
+        os.close(fd)
+
+
+def _put_input(master: int, data: bytes) -> None:
+    """``data`` into the slave's side of ``master``'s pty (non-canonical), as the slave had
+    received it: written with the input processing and echo off, since it went through them
+    once already (ICANON is left alone: switching it rearranges the buffered lines)."""
+    was = termios.tcgetattr(master)  # the slave's: a master's termios calls act on its slave
+    quiet = ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
+    termios.tcsetattr(master, termios.TCSANOW, [0, was[1], was[2], was[3] & quiet, *was[4:]])
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(master, view):]
+    finally:
+        termios.tcsetattr(master, termios.TCSANOW, was)
+
+
+def _put_output(slave: str, data: bytes) -> None:
+    """``data`` into the master's side of pty ``slave``, as the slave had written it: written
+    with OPOST off, since it went through the output processing once already."""
+    fd = os.open(slave, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        was = termios.tcgetattr(fd)
+        termios.tcsetattr(fd, termios.TCSANOW, [was[0], was[1] & ~termios.OPOST, *was[2:]])
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BlockingIOError:  # its output stopped (^S): they fitted before
+            raise ForkError(f"{slave}: {len(view)} of the {len(data)} bytes the pty's master had not read "
+                            "could not be written back: its output is stopped (^S)") from None
+        finally:
+            termios.tcsetattr(fd, termios.TCSANOW, was)
+    finally:
+        os.close(fd)
 
 
 def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
@@ -88,8 +255,26 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
 
     fd = _open_index(index, open_master, index_of, lambda fd: r.call("close", fd))
     r.call("ioctl", fd, _TIOCSPTLCK, r.put(struct.pack("i", 0)))
-    tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
-    _copy_termios(f"/proc/{tpl_init}/root/dev/pts/{index}", f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}")
+    src, dst = sharing.getfd_here(*_master_holders(ctx.plans.values())[index]), sharing.getfd_here(r.t.pid, fd)
+    try:
+        slave = f"/proc/{ctx.init_hostpid}/root/dev/pts/{index}"
+        _copy_tty(_template_slave(ctx, index), slave, src, dst)
+        packet, locked = _master_state(src)
+        if not packet and index in _opened(ctx):
+            pending = _take(src)
+            if pending:
+                _put_output(_template_slave(ctx, index), pending)  # the template's again
+                _put_output(slave, pending)
+            waiting = _take_input(_template_slave(ctx, index))
+            if waiting:
+                _put_input(src, waiting)
+                _put_input(dst, waiting)
+    finally:
+        os.close(src)
+        os.close(dst)
+    for op, on in ((_TIOCPKT, packet), (_TIOCSPTLCK, locked)):
+        if on:
+            r.call("ioctl", fd, op, r.put(struct.pack("i", 1)))
     made[index] = (proc.vpid, fd)
     ctx.shared.setdefault("close_later", []).append((r.t, fd))  # a spare until its holder takes it
     return made[index]
@@ -105,7 +290,11 @@ def open_master(child_init: int, index: int, template_slave: str) -> int:
                     os.close)
     try:
         fcntl.ioctl(m, _TIOCSPTLCK, struct.pack("i", 0))
-        _copy_termios(template_slave, f"/proc/{child_init}/root/dev/pts/{index}")
+        src = os.open(template_slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            _copy_tty(template_slave, f"/proc/{child_init}/root/dev/pts/{index}", src, m)
+        finally:
+            os.close(src)
     except BaseException:
         os.close(m)
         raise
@@ -115,8 +304,7 @@ def open_master(child_init: int, index: int, template_slave: str) -> int:
 def trainer_indexes(plans) -> set[int]:
     """The ptys whose slave a template process holds and whose master is the trainer's (a
     shell session's): the ones whose child masters :func:`open_master` can make ahead."""
-    slaves = {int(f.target[9:]) for p in plans if not p.is_init for f in p.fds
-              if f.handler is OPS and f.target not in _MASTERS}
+    slaves = {int(f.target[9:]) for p in plans if not p.is_init for f in p.fds if _is_slave(f)}
     return slaves - _held_masters(plans)
 
 
@@ -129,20 +317,57 @@ def _master(ctx, index: int, template_slave: str) -> int:
     return masters[index]
 
 
+def _template_slave(ctx, index: int) -> str:
+    tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
+    return f"/proc/{tpl_init}/root/dev/pts/{index}"
+
+
+def _ensure_master(ctx, proc, r, index: int) -> None:
+    """The child's pty ``index`` exists (a slave opens only once its master does)."""
+    if index in _inner_indexes(ctx):
+        _inner_master(ctx, proc, r, index)
+    else:
+        _master(ctx, index, _template_slave(ctx, index))
+
+
+def _reopen_flags(f) -> int:
+    return f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL) | os.O_NOCTTY
+
+
 def fixup(ctx, proc, r, f) -> None:
     if f.target in _MASTERS:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
         r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
-        return
-    index = int(f.target[9:])
-    if index in _inner_indexes(ctx):
-        _inner_master(ctx, proc, r, index)  # the slave's master must exist before it opens
+    elif f.target == _CURRENT:  # a leader's (check_tree): its terminal first, then /dev/tty is it
+        _set_ctty(ctx, proc, r)
+        r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
     else:
-        _master(ctx, index, f"/proc/{proc.hostpid}/fd/{f.fd}")
-    newfd = r.queue_openat(f.target, (f.flags & os.O_ACCMODE) | os.O_NOCTTY)
-    if proc.sid == proc.vpid and index == proc.ctty:
-        r.queue("ioctl", newfd, _TIOCSCTTY, 0, ok_errnos=(1,))  # EPERM: it already has one
-    r.install(newfd, f)
+        _ensure_master(ctx, proc, r, int(f.target[9:]))
+        r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
 
 
-OPS = SimpleNamespace(kind="pty", claims=claims, fixup=fixup)
+def _set_ctty(ctx, proc, r) -> None:
+    """Session leader ``proc``'s clone (setsid left it no terminal) takes its pty again."""
+    _ensure_master(ctx, proc, r, proc.ctty)
+    fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    r.queue("ioctl", fd, _TIOCSCTTY, 0)  # 0 also when it is already its own
+    r.queue("close", fd)
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    """The clone's controlling terminal: its pty again for a session leader; none for another
+    process, whose terminal is still the template's (see the module's docstring)."""
+    if proc.ctty is None:
+        return
+    if proc.sid == proc.vpid:
+        _set_ctty(ctx, proc, r)
+        return
+    # no /dev/tty in the child's root, or a terminal hung up: nothing reachable to drop
+    fd = r.queue("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, r.queue_path("/dev/tty"),
+                 os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC, 0, ok_errnos=ANY_ERROR)
+    r.queue("ioctl", fd, _TIOCNOTTY, 0, ok_errnos=ANY_ERROR)
+    r.queue("close", fd, ok_errnos=ANY_ERROR)
+
+
+OPS = SimpleNamespace(kind="pty", claims=claims, check_tree=check_tree, fixup=fixup)
+CTTY = SimpleNamespace(kind="controlling terminal", plan_proc=lambda proc: None, fixup_proc=fixup_proc)
