@@ -119,3 +119,105 @@ time.sleep(1000)
     with pytest.raises(ForkError, match=rf"fd {ep}: epoll watches, under fd number {r}, a file that no descriptor"):
         ws.fork(1)
     assert ws.run("echo alive").stdout == b"alive\n"  # refused before anything changed
+
+
+INOTIFY = """
+import ctypes, select
+lib = ctypes.CDLL(None, use_errno=True)
+def watches(fd):
+    return sorted(' '.join(w for w in line.split() if w.startswith(('wd:', 'mask:')))
+                  for line in open(f'/proc/self/fdinfo/{fd}') if line.startswith('inotify'))
+def drain(fd):
+    got = set()
+    while select.select([fd], [], [], 1.0)[0]:
+        buf = os.read(fd, 65536)
+        i = 0
+        while i < len(buf):
+            wd, mask, _, n = struct.unpack_from('iIII', buf, i)
+            got.add((wd, mask & 0xfff))
+            i += 16 + n
+    return sorted(got)
+os.makedirs('/work/dir', exist_ok=True)
+os.makedirs('/work/gone-dir', exist_ok=True)
+for name in ('/work/gone-file', '/work/other-file', '/work/dir/kept'):
+    open(name, 'w').close()
+fd = lib.inotify_init1(os.O_NONBLOCK)      # a lower number than the file it watches below
+w1 = lib.inotify_add_watch(fd, b'/work/dir', 0x100 | 0x20)          # IN_CREATE | IN_OPEN
+hole = lib.inotify_add_watch(fd, b'/', 0x100)
+lib.inotify_rm_watch(fd, hole)
+w2 = lib.inotify_add_watch(fd, b'/work/gone-file', 0x2)             # IN_MODIFY, held here
+w4 = lib.inotify_add_watch(fd, b'/work/other-file', 0x2)            # held by a later process
+w5 = lib.inotify_add_watch(fd, b'/work/gone-dir', 0x4)              # IN_ATTRIB, a later cwd
+h = os.open('/work/gone-file', os.O_RDWR)
+if os.fork() == 0:
+    other = os.open('/work/other-file', os.O_RDWR)
+    kept = os.open('/work/dir/kept', os.O_RDONLY)   # reopened by the fork: no event for that
+    os.chdir('/work/gone-dir')
+    out('/tmp/c-ready', '')
+    wait('/tmp/go')
+    os.write(other, b'x'); os.chmod('.', 0o700)
+    time.sleep(1000)
+wait('/tmp/c-ready')
+os.unlink('/work/gone-file'); os.unlink('/work/other-file'); os.rmdir('/work/gone-dir')
+drain(fd)
+before = watches(fd)
+out('/tmp/ready', repr(before))
+wait('/tmp/go')
+os.write(h, b'x'); os.mkdir('/work/dir/new')
+out('/tmp/out', repr((drain(fd), watches(fd) == before, (w1, w2, w4, w5))))
+time.sleep(1000)
+"""
+
+
+def _check_inotify(w) -> None:
+    put(w, "/tmp/go", "")
+    events, same, (w1, w2, w4, w5) = eval(_wait(w, "/tmp/out"))
+    assert (w1, w2, w4, w5) == (1, 3, 4, 5)  # wd 2 was a hole
+    assert same
+    assert events == [(w1, 0x100), (w2, 0x2), (w4, 0x2), (w5, 0x4)]
+
+
+def test_inotify_watches_on_deleted_files_are_carried(family):
+    ws = start_script(family, INOTIFY, "/tmp/ready")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (kid, ws):
+        _check_inotify(w)
+
+
+def test_inotify_watches_on_deleted_files_in_every_fork_of_a_template(family):
+    ws = start_script(family, INOTIFY, "/tmp/ready")
+    tpl = ws.snapshot()
+    try:
+        kids = tpl.fork(2)
+        family.extend(kids)
+    finally:
+        tpl.close()
+    for w in (*kids, ws):
+        _check_inotify(w)
+
+
+def test_inotify_queued_events_are_dropped_and_said(family, caplog):
+    ws = start_script(family, """
+import ctypes, select
+lib = ctypes.CDLL(None, use_errno=True)
+os.makedirs('/work/dir', exist_ok=True)
+fd = lib.inotify_init1(os.O_NONBLOCK)
+lib.inotify_add_watch(fd, b'/work/dir', 0x100)
+os.mkdir('/work/dir/a')                 # queued, never read before the fork
+out('/tmp/ready', str(fd))
+wait('/tmp/go')
+os.mkdir('/work/dir/b')
+select.select([fd], [], [], 5)
+buf = os.read(fd, 4096)
+out('/tmp/out', buf[16:].rstrip(b'\\0').decode())
+time.sleep(1000)
+""", "/tmp/ready")
+    fd = ws.read_file("/tmp/ready").decode()
+    with caplog.at_level("WARNING", logger="bunshin.fork.resources.inotify"):
+        (kid,) = ws.fork(1)
+    family.append(kid)
+    assert f"fd {fd}: inotify has 32 bytes of unread events" in caplog.text
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert _wait(w, "/tmp/out") == "b"  # "a" was queued in the template only

@@ -22,8 +22,8 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 # Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
 # remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
 # Locks are last: any close of a file before them would drop its POSIX locks.
-PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, timers.OPS, signals.OPS,
-                 locks.OPS]
+PROC_REGISTRY = [files_reg.CWD, epoll.PROC, inotify.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, timers.OPS,
+                 signals.OPS, locks.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

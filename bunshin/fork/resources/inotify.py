@@ -1,18 +1,33 @@
 """inotify: the child gets a new inotify instance with the same watches, the same watch
 descriptors and masks, on the same paths in its own root. The kernel tells which inode a watch
 is on (fdinfo: device and inode) but not its path: the path is found by walking the
-template's root for that inode (bounded), done once per template. Queued events are not
-carried."""
+template's root for that inode (bounded), done once per template.
+
+A watch on a deleted file or directory lives while something holds the inode: the plan looks
+for a descriptor (or working directory) of the workspace holding it, and the watch is added in
+the child through /proc to that holder's copy (files_reg.py makes one), once the holder's
+clone has it: by the holder's clone, when that comes later.
+
+Queued events are not carried: inotify has neither a peek nor a way to put an event in a
+queue, and reading the template's queue would empty it for every later fork. The plan logs,
+by process and fd, each instance that has events queued; the child's starts empty (the events
+the fork's own file operations cause are read away once the child is whole)."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import re
+import select
+import struct
+import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
 from . import sharing
 
+log = logging.getLogger(__name__)
 _WATCH = re.compile(r"inotify wd:(\w+) ino:(\w+) sdev:(\w+) mask:(\w+)")
 _WALK_LIMIT = 200_000  # entries looked at before giving up on finding a watched inode
 _IN_MASK_ADD = 0x20000000
@@ -85,26 +100,131 @@ def _walk(root: str, top: str, ino: int, dev: int, seen: int) -> str | int:
     return seen
 
 
+def _held(procs, ino: int, dev: int) -> tuple[object, str] | None:
+    """(process, /proc entry) of a descriptor or working directory of the workspace holding
+    deleted inode (ino, dev), if any."""
+    for p in procs:
+        if p.is_init:
+            continue
+        if p.cwd.endswith(" (deleted)"):
+            st = os.stat(f"/proc/{p.hostpid}/cwd")
+            if (st.st_ino, st.st_dev) == (ino, dev):
+                return p, "cwd"
+        for g in p.fds:
+            if g.ino == ino and (g.dev == dev or _mount_dev(p.hostpid, g.fd) == dev) \
+                    and os.stat(f"/proc/{p.hostpid}/fd/{g.fd}").st_nlink == 0:
+                return p, f"fd/{g.fd}"
+    return None
+
+
+def _mount_dev(hostpid: int, fd: int) -> int:
+    """The device of the file system descriptor ``fd`` is on, as the kernel numbers the
+    super block (what a watch's sdev is): overlayfs gives a non-directory's stat the device of
+    the layer it comes from instead."""
+    mnt_id = sharing.fdinfo(hostpid, fd)["mnt_id"]
+    with open(f"/proc/{hostpid}/mountinfo") as fh:
+        for line in fh:
+            words = line.split()
+            if words[0] == mnt_id:
+                major, minor = words[2].split(":")
+                return os.makedev(int(major), int(minor))
+    return -1
+
+
+def check_tree(procs) -> None:
+    """Find, at plan time, the holders of deleted watched inodes; log queued events."""
+    for p in procs:
+        for f in p.fds:
+            if f.handler is not OPS or f.dup_of is not None:
+                continue
+            f.inotify_held = {}
+            for wd, ino, dev, _ in _watches(p.hostpid, f.fd):
+                held = _held(procs, ino, dev)
+                if held is not None:
+                    f.inotify_held[wd] = held
+            queued = _queued(p.hostpid, f.fd)
+            if queued:
+                log.warning("process %d (%s) fd %d: inotify has %d bytes of unread events, which a fork cannot "
+                            "copy (inotify has no peek and no way to queue an event): the child's queue starts "
+                            "empty", p.vpid, p.name, f.fd, queued)
+
+
+def _queued(hostpid: int, fd: int) -> int:
+    """Bytes of events queued in a template inotify (FIONREAD reads nothing)."""
+    dup = sharing.getfd_here(hostpid, fd)
+    try:
+        return struct.unpack("i", fcntl.ioctl(dup, termios.FIONREAD, b"\0" * 4))[0]
+    finally:
+        os.close(dup)
+
+
 def fixup(ctx, proc, r, f) -> None:
     if sharing.reuse(ctx, "inotify", proc, r, f):
         return
     newfd = r.call("inotify_init1", os.O_CLOEXEC | (f.flags & os.O_NONBLOCK))
+    ctx.shared.setdefault("inotify-made", []).append((r.t.pid, f.fd))
+    held = getattr(f, "inotify_held", {})
+    if held:  # watched through holders' copies: by the last holder's clone (fixup_proc)
+        r.install(newfd, f)
+        ctx.shared.setdefault("inotify-pending", []).append(
+            ((proc.vpid, f.fd), proc, f, {p.hostpid for p, _ in held.values()}))
+    else:
+        _add_watches(ctx, proc, r, newfd, f)
+        r.install(newfd, f)
+    sharing.remember(ctx, "inotify", proc, f, f.fd)
+
+
+def _add_watches(ctx, proc, r, fd: int, f) -> None:
+    """The watches of template inotify ``f`` (of ``proc``) added to inotify ``fd`` of this
+    clone, each with its wd."""
+    held = getattr(f, "inotify_held", {})
     next_wd, holes = 1, False
     for wd, ino, dev, mask in _watches(proc.hostpid, f.fd):
-        path = _path_of(ctx, proc, ino, dev)
+        if wd in held:
+            holder, entry = held[wd]
+            path = f"/proc/{holder.vpid}/{entry}"
+        else:
+            path = _path_of(ctx, proc, ino, dev)
         while next_wd < wd:  # a removed watch left a hole: wds are handed out in order
             holes = True
-            hole = r.call("inotify_add_watch", newfd, r.path("/"), 0x1 | _IN_MASK_ADD)
-            r.call("inotify_rm_watch", newfd, hole)
+            # on the instance's own (anonymous) inode, which no watch of the template is on
+            hole = r.call("inotify_add_watch", fd, r.path(f"/proc/self/fd/{fd}"), 0x1)
+            r.call("inotify_rm_watch", fd, hole)
             next_wd += 1
-        got = r.call("inotify_add_watch", newfd, r.path(path), mask & 0x00FFFFFF)
+        got = r.call("inotify_add_watch", fd, r.path(path), mask & 0x00FFFFFF)
         if got != wd:
             raise ForkError(f"process {proc.vpid} fd {f.fd}: inotify watch {wd} on {path} came back as {got}")
         next_wd = wd + 1
     if holes:
-        _drain(r, newfd)  # removing the hole watches queued IN_IGNORED events
-    r.install(newfd, f)
-    sharing.remember(ctx, "inotify", proc, f, f.fd)
+        _drain(r, fd)  # removing the hole watches queued IN_IGNORED events
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    """Fill the inotify instances whose holders are all cloned now."""
+    done = ctx.shared.setdefault("inotify-done", set())
+    done.add(proc.hostpid)
+    pending = ctx.shared.get("inotify-pending", [])
+    for item in [i for i in pending if i[3] <= done]:
+        pending.remove(item)
+        where, maker, f, _ = item
+        fd = where[1] if where[0] == proc.vpid else sharing.grab(r, where)
+        _add_watches(ctx, maker, r, fd, f)
+        if fd != where[1]:
+            r.call("close", fd)
+
+
+def finish(ctx) -> None:
+    """Refuse a fill never done; read away the events the fork's own file operations caused
+    (a file reopened, a deleted one linked and unlinked) from each new instance."""
+    if ctx.shared.pop("inotify-pending", []):
+        raise ForkError("inotify watches on deleted files whose holders were not cloned", step="inotify")
+    for clone, fd in ctx.shared.pop("inotify-made", []):
+        copy = sharing.getfd_here(clone, fd)
+        try:
+            while select.select([copy], [], [], 0)[0]:
+                os.read(copy, 65536)
+        finally:
+            os.close(copy)
 
 
 def _drain(r, fd: int) -> None:
@@ -116,4 +236,5 @@ def _drain(r, fd: int) -> None:
     r.call("fcntl", fd, 4, flags)
 
 
-OPS = SimpleNamespace(kind="inotify", claims=claims, fixup=fixup)
+OPS = SimpleNamespace(kind="inotify", claims=claims, fixup=fixup, check_tree=check_tree)
+PROC = SimpleNamespace(kind="inotify-watches", plan_proc=lambda proc: None, fixup_proc=fixup_proc, finish=finish)
