@@ -221,3 +221,29 @@ time.sleep(1000)
     for w in (kid, ws):
         put(w, "/tmp/go", "")
         assert _wait(w, "/tmp/out") == "b"  # "a" was queued in the template only
+
+
+def test_inotify_watches_on_regular_files_of_both_layers_are_carried(family):
+    # overlayfs gives a file's stat the device of its layer, not the one the watch shows
+    ws = start_script(family, """
+import ctypes, select
+lib = ctypes.CDLL(None, use_errno=True)
+open('/work-file', 'w').close()                  # in the workspace's upper layer
+fd = lib.inotify_init1(0)
+w1 = lib.inotify_add_watch(fd, b'/work-file', 0x4)         # IN_ATTRIB
+w2 = lib.inotify_add_watch(fd, b'/etc/hostname', 0x4)      # in the image's lower layer
+out('/tmp/ready', '')
+wait('/tmp/go')
+os.chmod('/work-file', 0o600); os.chmod('/etc/hostname', 0o600)
+got = set()
+while select.select([fd], [], [], 1.0)[0]:
+    buf = os.read(fd, 4096)
+    got |= {struct.unpack_from('iI', buf, i)[:2] for i in range(0, len(buf), 16)}
+out('/tmp/out', repr(sorted(got)))
+time.sleep(1000)
+""", "/tmp/ready")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert eval(_wait(w, "/tmp/out")) == [(1, 0x4), (2, 0x4)]

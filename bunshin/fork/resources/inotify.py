@@ -15,6 +15,7 @@ the fork's own file operations cause are read away once the child is whole)."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import logging
 import os
@@ -28,26 +29,45 @@ from ...errors import ForkError
 from . import sharing
 
 log = logging.getLogger(__name__)
-_WATCH = re.compile(r"inotify wd:(\w+) ino:(\w+) sdev:(\w+) mask:(\w+)")
+_WATCH = re.compile(r"inotify wd:(\w+) ino:(\w+) sdev:(\w+) mask:(\w+)(?:[^\n]*fhandle-type:(\w+) f_handle:(\w+))?")
 _WALK_LIMIT = 200_000  # entries looked at before giving up on finding a watched inode
-_IN_MASK_ADD = 0x20000000
+_AT_FDCWD, _AT_HANDLE_FID, _AT_SYMLINK_FOLLOW, _MAX_HANDLE = -100, 0x200, 0x400, 128
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def claims(proc, f) -> bool:
     return f.target == "anon_inode:inotify"
 
 
-def _watches(hostpid: int, fd: int) -> list[tuple[int, int, int, int]]:
-    """(wd, inode, st_dev, mask) of every watch, from fdinfo."""
+def _watches_handles(hostpid: int, fd: int) -> list[tuple[int, int, int, int, str]]:
+    """(wd, inode, st_dev, mask, file handle) of every watch, from fdinfo."""
     with open(f"/proc/{hostpid}/fdinfo/{fd}") as fh:
         out = []
         for m in _WATCH.finditer(fh.read()):
-            wd, ino, sdev, mask = (int(x, 16) for x in m.groups())
-            out.append((wd, ino, os.makedev(sdev >> 20, sdev & 0xFFFFF), mask))
+            wd, ino, sdev, mask = (int(x, 16) for x in m.groups()[:4])
+            handle = f"{m[5]}:{m[6]}" if m[5] else "none"  # a file system without handles
+            out.append((wd, ino, os.makedev(sdev >> 20, sdev & 0xFFFFF), mask, handle))
     return sorted(out)
 
 
-def _path_of(ctx, proc, ino: int, dev: int) -> str:
+def _handle(path: str, follow: bool) -> str:
+    """The file handle of ``path`` as fdinfo prints a watch's, "" if it has none."""
+    buf = ctypes.create_string_buffer(struct.pack("Ii", _MAX_HANDLE, 0), 8 + _MAX_HANDLE)
+    mount_id = ctypes.c_int()
+    if _libc.name_to_handle_at(_AT_FDCWD, os.fsencode(path), buf, ctypes.byref(mount_id),
+                               _AT_HANDLE_FID | (_AT_SYMLINK_FOLLOW if follow else 0)) != 0:
+        return ""
+    size, kind = struct.unpack_from("Ii", buf.raw)
+    return f"{kind:x}:{buf.raw[8:8 + size].hex()}"
+
+
+def _is(st: os.stat_result, path: str, ino: int, dev: int, handle: str, follow: bool = False) -> bool:
+    """Whether ``path`` (``st``) is the watched inode: overlayfs gives a non-directory's stat
+    the device of the layer it comes from, not the one a watch shows, so its handle decides."""
+    return st.st_ino == ino and (st.st_dev == dev or _handle(path, follow) == handle)
+
+
+def _path_of(ctx, proc, ino: int, dev: int, handle: str) -> str:
     """Path, inside the workspace, of the inode a watch is on (cached per fork batch): the
     watching process's working directory is searched first, then the whole root."""
     cache = ctx.shared.setdefault("inotify-paths", {})
@@ -65,12 +85,12 @@ def _path_of(ctx, proc, ino: int, dev: int) -> str:
                     st = os.lstat(root + rel)
                 except OSError:
                     continue
-                if st.st_ino == ino and st.st_dev == dev:
+                if _is(st, root + rel, ino, dev, handle):
                     cache[(ino, dev)] = rel
                     return rel
     seen = 0
     for top in dict.fromkeys([proc.cwd, "/"]):
-        found = _walk(root, top, ino, dev, seen)
+        found = _walk(root, top, ino, dev, handle, seen)
         if isinstance(found, str):
             cache[(ino, dev)] = found
             return found
@@ -79,7 +99,7 @@ def _path_of(ctx, proc, ino: int, dev: int) -> str:
                     f"(within {_WALK_LIMIT} entries): a fork cannot carry it", step="inotify")
 
 
-def _walk(root: str, top: str, ino: int, dev: int, seen: int) -> str | int:
+def _walk(root: str, top: str, ino: int, dev: int, handle: str, seen: int) -> str | int:
     """The path of (ino, dev) under ``top``, or how many entries were looked at in all."""
     for d, dirs, files in os.walk(root + top.rstrip("/") if top != "/" else root):
         rel = d[len(root):] or "/"
@@ -93,42 +113,28 @@ def _walk(root: str, top: str, ino: int, dev: int, seen: int) -> str | int:
                 st = os.lstat(p)
             except OSError:
                 continue
-            if st.st_ino == ino and st.st_dev == dev:
+            if _is(st, p, ino, dev, handle):
                 return p[len(root):] or "/"
         if seen > _WALK_LIMIT:
             break
     return seen
 
 
-def _held(procs, ino: int, dev: int) -> tuple[object, str] | None:
+def _held(procs, ino: int, dev: int, handle: str) -> tuple[object, str] | None:
     """(process, /proc entry) of a descriptor or working directory of the workspace holding
     deleted inode (ino, dev), if any."""
     for p in procs:
         if p.is_init:
             continue
+        entries = [f"fd/{g.fd}" for g in p.fds if g.ino == ino]
         if p.cwd.endswith(" (deleted)"):
-            st = os.stat(f"/proc/{p.hostpid}/cwd")
-            if (st.st_ino, st.st_dev) == (ino, dev):
-                return p, "cwd"
-        for g in p.fds:
-            if g.ino == ino and (g.dev == dev or _mount_dev(p.hostpid, g.fd) == dev) \
-                    and os.stat(f"/proc/{p.hostpid}/fd/{g.fd}").st_nlink == 0:
-                return p, f"fd/{g.fd}"
+            entries.append("cwd")
+        for entry in entries:
+            path = f"/proc/{p.hostpid}/{entry}"
+            st = os.stat(path)
+            if st.st_nlink == 0 and _is(st, path, ino, dev, handle, follow=True):
+                return p, entry
     return None
-
-
-def _mount_dev(hostpid: int, fd: int) -> int:
-    """The device of the file system descriptor ``fd`` is on, as the kernel numbers the
-    super block (what a watch's sdev is): overlayfs gives a non-directory's stat the device of
-    the layer it comes from instead."""
-    mnt_id = sharing.fdinfo(hostpid, fd)["mnt_id"]
-    with open(f"/proc/{hostpid}/mountinfo") as fh:
-        for line in fh:
-            words = line.split()
-            if words[0] == mnt_id:
-                major, minor = words[2].split(":")
-                return os.makedev(int(major), int(minor))
-    return -1
 
 
 def check_tree(procs) -> None:
@@ -138,8 +144,8 @@ def check_tree(procs) -> None:
             if f.handler is not OPS or f.dup_of is not None:
                 continue
             f.inotify_held = {}
-            for wd, ino, dev, _ in _watches(p.hostpid, f.fd):
-                held = _held(procs, ino, dev)
+            for wd, ino, dev, _, handle in _watches_handles(p.hostpid, f.fd):
+                held = _held(procs, ino, dev, handle)
                 if held is not None:
                     f.inotify_held[wd] = held
             queued = _queued(p.hostpid, f.fd)
@@ -179,12 +185,12 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
     clone, each with its wd."""
     held = getattr(f, "inotify_held", {})
     next_wd, holes = 1, False
-    for wd, ino, dev, mask in _watches(proc.hostpid, f.fd):
+    for wd, ino, dev, mask, handle in _watches_handles(proc.hostpid, f.fd):
         if wd in held:
             holder, entry = held[wd]
             path = f"/proc/{holder.vpid}/{entry}"
         else:
-            path = _path_of(ctx, proc, ino, dev)
+            path = _path_of(ctx, proc, ino, dev, handle)
         while next_wd < wd:  # a removed watch left a hole: wds are handed out in order
             holes = True
             # on the instance's own (anonymous) inode, which no watch of the template is on
