@@ -142,7 +142,7 @@ os.makedirs('/work/gone-dir', exist_ok=True)
 for name in ('/work/gone-file', '/work/other-file', '/work/dir/kept'):
     open(name, 'w').close()
 fd = lib.inotify_init1(os.O_NONBLOCK)      # a lower number than the file it watches below
-w1 = lib.inotify_add_watch(fd, b'/work/dir', 0x100 | 0x20)          # IN_CREATE | IN_OPEN
+w1 = lib.inotify_add_watch(fd, b'/work/dir', 0x100 | 0x20 | 0x04000000)  # IN_CREATE | IN_OPEN | IN_EXCL_UNLINK
 hole = lib.inotify_add_watch(fd, b'/', 0x100)
 lib.inotify_rm_watch(fd, hole)
 w2 = lib.inotify_add_watch(fd, b'/work/gone-file', 0x2)             # IN_MODIFY, held here

@@ -33,6 +33,8 @@ _WATCH = re.compile(r"inotify wd:(\w+) ino:(\w+) sdev:(\w+) mask:(\w+)(?:[^\n]*f
 _WALK_LIMIT = 200_000  # entries looked at before giving up on finding a watched inode
 _AT_FDCWD, _AT_HANDLE_FID, _AT_SYMLINK_FOLLOW, _MAX_HANDLE = -100, 0x200, 0x400, 128
 _libc = ctypes.CDLL(None, use_errno=True)
+# fdinfo's mask: the events, and the flags a watch keeps (IN_EXCL_UNLINK, IN_ONESHOT)
+_KEPT = 0x00FFFFFF | 0x04000000 | 0x80000000
 
 
 def claims(proc, f) -> bool:
@@ -197,7 +199,7 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
             hole = r.call("inotify_add_watch", fd, r.path(f"/proc/self/fd/{fd}"), 0x1)
             r.call("inotify_rm_watch", fd, hole)
             next_wd += 1
-        got = r.call("inotify_add_watch", fd, r.path(path), mask & 0x00FFFFFF)
+        got = r.call("inotify_add_watch", fd, r.path(path), mask & _KEPT)
         if got != wd:
             raise ForkError(f"process {proc.vpid} fd {f.fd}: inotify watch {wd} on {path} came back as {got}")
         next_wd = wd + 1
