@@ -247,3 +247,23 @@ time.sleep(1000)
     for w in (kid, ws):
         put(w, "/tmp/go", "")
         assert eval(_wait(w, "/tmp/out")) == [(1, 0x4), (2, 0x4)]
+
+
+def test_inotify_watch_on_a_deleted_file_only_mapped_is_refused_by_name(family):
+    ws = start_script(family, """
+import ctypes, mmap
+lib = ctypes.CDLL(None, use_errno=True)
+with open('/work-mapped', 'wb') as f:
+    f.write(b'x' * 4096)
+fd = lib.inotify_init1(0)
+lib.inotify_add_watch(fd, b'/work-mapped', 0x2)
+lib.mmap.restype = ctypes.c_void_p
+with open('/work-mapped', 'rb') as f:   # (mmap.mmap would keep a descriptor of its own)
+    assert lib.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_PRIVATE, f.fileno(), 0) not in (None, 2**64 - 1)
+os.unlink('/work-mapped')   # only the mapping keeps the inode, and so the watch
+out('/tmp/ready', '')
+time.sleep(1000)
+""", "/tmp/ready")
+    with pytest.raises(ForkError, match=r"process 2 \(python3\) fd 3: inotify watch 1 is on /work-mapped \(deleted\), which only a mapping keeps"):
+        ws.fork(1)
+    assert ws.run("echo alive").stdout == b"alive\n"

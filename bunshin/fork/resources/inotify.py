@@ -97,8 +97,10 @@ def _path_of(ctx, proc, ino: int, dev: int, handle: str) -> str:
             cache[(ino, dev)] = found
             return found
         seen = found
-    raise ForkError(f"an inotify watch is on inode {ino}, which is not found in the workspace "
-                    f"(within {_WALK_LIMIT} entries): a fork cannot carry it", step="inotify")
+    raise ForkError(f"process {proc.vpid} ({proc.name}): an inotify watch is on inode {ino}, which has no path "
+                    f"in the workspace (within {_WALK_LIMIT} entries) and, if deleted, no descriptor or working "
+                    f"directory of the workspace holds (a mapping or something outside keeps it): a fork cannot "
+                    f"carry it", pid=proc.hostpid, step="inotify")
 
 
 def _walk(root: str, top: str, ino: int, dev: int, handle: str, seen: int) -> str | int:
@@ -139,6 +141,19 @@ def _held(procs, ino: int, dev: int, handle: str) -> tuple[object, str] | None:
     return None
 
 
+def _mapped_only(procs, ino: int, dev: int, handle: str) -> str:
+    """The path of deleted inode (ino, dev) if a mapping of the workspace is on it, else ""."""
+    for p in procs:
+        with open(f"/proc/{p.hostpid}/maps") as fh:
+            for line in fh:
+                words = line.split(maxsplit=5)
+                if len(words) == 6 and int(words[4]) == ino and words[5].rstrip("\n").endswith(" (deleted)"):
+                    path = f"/proc/{p.hostpid}/map_files/{words[0]}"
+                    if _is(os.stat(path), path, ino, dev, handle, follow=True):
+                        return words[5].strip()
+    return ""
+
+
 def check_tree(procs) -> None:
     """Find, at plan time, the holders of deleted watched inodes; log queued events."""
     for p in procs:
@@ -150,6 +165,13 @@ def check_tree(procs) -> None:
                 held = _held(procs, ino, dev, handle)
                 if held is not None:
                     f.inotify_held[wd] = held
+                    continue
+                mapped = _mapped_only(procs, ino, dev, handle)
+                if mapped:
+                    raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch {wd} is on {mapped}, "
+                                    f"which only a mapping keeps (no descriptor or working directory of the "
+                                    f"workspace holds it, so the child has no copy to watch): a fork cannot carry "
+                                    f"it", pid=p.hostpid, step="plan")
             queued = _queued(p.hostpid, f.fd)
             if queued:
                 log.warning("process %d (%s) fd %d: inotify has %d bytes of unread events, which a fork cannot "
