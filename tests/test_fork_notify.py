@@ -267,3 +267,20 @@ time.sleep(1000)
     with pytest.raises(ForkError, match=r"process 2 \(python3\) fd 3: inotify watch 1 is on /work-mapped \(deleted\), which only a mapping keeps"):
         ws.fork(1)
     assert ws.run("echo alive").stdout == b"alive\n"
+
+
+def test_inotify_watch_whose_path_is_not_found_is_refused_at_plan_time(family, monkeypatch):
+    from bunshin.fork.resources import inotify
+
+    ws = start_script(family, """
+import ctypes
+lib = ctypes.CDLL(None, use_errno=True)
+fd = lib.inotify_init1(0)
+lib.inotify_add_watch(fd, b'/usr/share', 0x100)   # in the image: past a walk cut short
+out('/tmp/ready', '')
+time.sleep(1000)
+""", "/tmp/ready")
+    monkeypatch.setattr(inotify, "_WALK_LIMIT", 3)
+    with pytest.raises(ForkError, match=r"process 2 \(python3\) fd 3: inotify watch 1 is on inode \d+, which has no path"):
+        ws.fork(1)
+    assert ws.run("echo alive").stdout == b"alive\n"  # refused before anything changed

@@ -69,16 +69,13 @@ def _is(st: os.stat_result, path: str, ino: int, dev: int, handle: str, follow: 
     return st.st_ino == ino and (st.st_dev == dev or _handle(path, follow) == handle)
 
 
-def _path_of(ctx, proc, ino: int, dev: int, handle: str) -> str:
-    """Path, inside the workspace, of the inode a watch is on (cached per fork batch): the
-    watching process's working directory is searched first, then the whole root."""
-    cache = ctx.shared.setdefault("inotify-paths", {})
+def _path_of(root: str, upper: str | None, proc, ino: int, dev: int, handle: str, cache: dict) -> str | None:
+    """Path, inside the workspace whose root is ``root``, of the inode a watch is on; the
+    workspace's upper layer is searched first, then the watching process's working directory,
+    then the whole root. None when not found."""
     if (ino, dev) in cache:
         return cache[(ino, dev)]
-    tpl_init = next(p.hostpid for p in ctx.plans.values() if p.is_init)
-    root = f"/proc/{tpl_init}/root"
-    # What the workspace wrote is in the template's upper layer: small, and searched first.
-    upper = ctx.shared.get("template-upper")
+    # What the workspace wrote is in its upper layer: small, and searched first.
     if upper:
         for d, dirs, files in os.walk(upper):
             for name in [".", *dirs, *files]:
@@ -97,10 +94,18 @@ def _path_of(ctx, proc, ino: int, dev: int, handle: str) -> str:
             cache[(ino, dev)] = found
             return found
         seen = found
-    raise ForkError(f"process {proc.vpid} ({proc.name}): an inotify watch is on inode {ino}, which has no path "
-                    f"in the workspace (within {_WALK_LIMIT} entries) and, if deleted, no descriptor or working "
-                    f"directory of the workspace holds (a mapping or something outside keeps it): a fork cannot "
-                    f"carry it", pid=proc.hostpid, step="inotify")
+    return None
+
+
+def _upper(init_hostpid: int) -> str | None:
+    """The upper layer of the workspace's root (the overlay's upperdir), if it has one."""
+    with open(f"/proc/{init_hostpid}/mountinfo") as fh:
+        for line in fh:
+            words = line.split()
+            if words[4] == "/" and " - overlay " in line:
+                options = line.rsplit(None, 1)[-1].split(",")
+                return next((o[len("upperdir="):] for o in options if o.startswith("upperdir=")), None)
+    return None
 
 
 def _walk(root: str, top: str, ino: int, dev: int, handle: str, seen: int) -> str | int:
@@ -155,23 +160,35 @@ def _mapped_only(procs, ino: int, dev: int, handle: str) -> str:
 
 
 def check_tree(procs) -> None:
-    """Find, at plan time, the holders of deleted watched inodes; log queued events."""
+    """Find, at plan time, the path of each watched inode, or the holder of a deleted one, and
+    refuse a watch with neither; log queued events."""
+    root, upper = f"/proc/{procs[0].hostpid}/root", None
+    cache: dict[tuple[int, int], str] = {}
     for p in procs:
         for f in p.fds:
             if f.handler is not OPS or f.dup_of is not None:
                 continue
-            f.inotify_held = {}
+            if upper is None:
+                upper = _upper(procs[0].hostpid) or ""
+            f.inotify_held, f.inotify_paths = {}, {}
             for wd, ino, dev, _, handle in _watches_handles(p.hostpid, f.fd):
                 held = _held(procs, ino, dev, handle)
                 if held is not None:
                     f.inotify_held[wd] = held
                     continue
                 mapped = _mapped_only(procs, ino, dev, handle)
-                if mapped:
+                if mapped:  # a deleted file: no path to find
                     raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch {wd} is on {mapped}, "
                                     f"which only a mapping keeps (no descriptor or working directory of the "
                                     f"workspace holds it, so the child has no copy to watch): a fork cannot carry "
                                     f"it", pid=p.hostpid, step="plan")
+                path = _path_of(root, upper, p, ino, dev, handle, cache)
+                if path is None:
+                    raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch {wd} is on inode {ino}, "
+                                    f"which has no path in the workspace (within {_WALK_LIMIT} entries) and, if "
+                                    f"deleted, nothing of the workspace holds (something outside keeps it): a fork "
+                                    f"cannot carry it", pid=p.hostpid, step="plan")
+                f.inotify_paths[wd] = path
             queued = _queued(p.hostpid, f.fd)
             if queued:
                 log.warning("process %d (%s) fd %d: inotify has %d bytes of unread events, which a fork cannot "
@@ -209,12 +226,12 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
     clone, each with its wd."""
     held = getattr(f, "inotify_held", {})
     next_wd, holes = 1, False
-    for wd, ino, dev, mask, handle in _watches_handles(proc.hostpid, f.fd):
+    for wd, _, _, mask, _ in _watches_handles(proc.hostpid, f.fd):
         if wd in held:
             holder, entry = held[wd]
             path = f"/proc/{holder.vpid}/{entry}"
         else:
-            path = _path_of(ctx, proc, ino, dev, handle)
+            path = f.inotify_paths[wd]
         while next_wd < wd:  # a removed watch left a hole: wds are handed out in order
             holes = True
             # on the instance's own (anonymous) inode, which no watch of the template is on
