@@ -176,13 +176,13 @@ def check_tree(procs) -> None:
                 if held is not None:
                     f.inotify_held[wd] = held
                     continue
-                mapped = _mapped_only(procs, ino, dev, handle)
-                if mapped:  # a deleted file: no path to find
+                path = _path_of(root, upper, p, ino, dev, handle, cache)
+                mapped = "" if path is not None else _mapped_only(procs, ino, dev, handle)
+                if mapped:
                     raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch {wd} is on {mapped}, "
                                     f"which only a mapping keeps (no descriptor or working directory of the "
                                     f"workspace holds it, so the child has no copy to watch): a fork cannot carry "
                                     f"it", pid=p.hostpid, step="plan")
-                path = _path_of(root, upper, p, ino, dev, handle, cache)
                 if path is None:
                     raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch {wd} is on inode {ino}, "
                                     f"which has no path in the workspace (within {_WALK_LIMIT} entries) and, if "
