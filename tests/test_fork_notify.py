@@ -284,3 +284,34 @@ time.sleep(1000)
     with pytest.raises(ForkError, match=r"process 2 \(python3\) fd 3: inotify watch 1 is on inode \d+, which has no path"):
         ws.fork(1)
     assert ws.run("echo alive").stdout == b"alive\n"  # refused before anything changed
+
+
+def test_inotify_gets_no_event_from_the_forks_own_reopening(family):
+    ws = start_script(family, """
+import ctypes, select
+lib = ctypes.CDLL(None, use_errno=True)
+os.makedirs('/work/dir', exist_ok=True)
+open('/work/dir/kept', 'w').close()
+fd = lib.inotify_init1(0)
+lib.inotify_add_watch(fd, b'/work/dir', 0x100 | 0x20)      # IN_CREATE | IN_OPEN
+if os.fork() == 0:
+    kept = os.open('/work/dir/kept', os.O_RDONLY)        # the fork reopens it in the child
+    out('/tmp/c-ready', '')
+    time.sleep(1000)
+wait('/tmp/c-ready')
+while select.select([fd], [], [], 0.2)[0]:
+    os.read(fd, 4096)
+out('/tmp/ready', '')
+wait('/tmp/go')
+os.mkdir('/work/dir/new')
+select.select([fd], [], [], 5)
+time.sleep(0.2)
+buf = os.read(fd, 4096)
+out('/tmp/out', repr([struct.unpack_from('iI', buf, i)[1] & 0xfff for i in range(0, len(buf), 32)]))
+time.sleep(1000)
+""", "/tmp/ready")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (kid, ws):
+        put(w, "/tmp/go", "")
+        assert eval(_wait(w, "/tmp/out")) == [0x100]  # IN_CREATE "new": nothing before it
