@@ -24,8 +24,8 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 # Locks once every descriptor is in place (terminals included): a close of the file before them
 # would drop its POSIX locks. threads before timers and signals, which may target a thread;
 # signals last: a pending one may be delivered as soon as the clone runs an instruction of its own.
-PROC_REGISTRY = [files_reg.CWD, epoll.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, ptys.CTTY, locks.OPS,
-                 threads.OPS, timers.OPS, signals.OPS]
+PROC_REGISTRY = [files_reg.CWD, epoll.PROC, inotify.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, ptys.CTTY,
+                 locks.OPS, threads.OPS, timers.OPS, signals.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):
