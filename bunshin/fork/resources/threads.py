@@ -44,19 +44,22 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    src = ctx.shared["tracees"][proc.hostpid]
-    if proc.main_altstack is None:
-        proc.main_altstack = src.thread_altstack(proc.hostpid)
-        proc.main_rseq = src.thread_state(proc.hostpid).rseq
-    sp, flags, size = proc.main_altstack
-    if not flags & _SS_DISABLE:
-        # SS_ONSTACK is not a setting: the kernel tells it from the stack pointer
-        r.queue("sigaltstack", r.queue_put(_STACK_T.pack(sp, flags & ~_SS_ONSTACK, 0, size)), 0)
-    addr, length, sig, _flags = proc.main_rseq
-    if addr:
-        # EBUSY: registered already, at this address with this signature (a clone not made
-        # through a CLONE_VM intermediate keeps its registration)
-        r.queue("rseq", addr, length, 0, sig, ok_errnos=(errno.EBUSY,))
+    # A clone made through a CLONE_VM intermediate has lost both (the kernel resets them for a
+    # CLONE_VM child); one forked straight from its source (the module's FORK, REPARENT-only
+    # injection) kept them, and queuing them there would only take its fixups out of RUN.
+    if ctx.cloner.through_intermediates:
+        if proc.main_altstack is None:
+            src = ctx.shared["tracees"][proc.hostpid]
+            proc.main_altstack = src.thread_altstack(proc.hostpid)
+            proc.main_rseq = src.thread_state(proc.hostpid).rseq
+        sp, flags, size = proc.main_altstack
+        if not flags & _SS_DISABLE:
+            # SS_ONSTACK is not a setting: the kernel tells it from the stack pointer
+            r.queue("sigaltstack", r.queue_put(_STACK_T.pack(sp, flags & ~_SS_ONSTACK, 0, size)), 0)
+        addr, length, sig, _flags = proc.main_rseq
+        if addr:
+            # EBUSY: registered already, at this address with this signature
+            r.queue("rseq", addr, length, 0, sig, ok_errnos=(errno.EBUSY,))
     for vtid, name in proc.thread_names.items():
         fd = r.queue_openat(f"/proc/thread-self/../{vtid}/comm", os.O_WRONLY | os.O_CLOEXEC)
         r.queue("write", fd, r.queue_put(name[:_TASK_COMM_LEN - 1]), len(name[:_TASK_COMM_LEN - 1]))
