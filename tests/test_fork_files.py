@@ -300,18 +300,16 @@ def probe():
     r["ofd-read-ok"] = unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 60, 1)))
     r["ghost-held"] = unpack(fcntl.fcntl(mine("ghost"), fcntl.F_GETLK, lk(fcntl.F_WRLCK, 0, 0)))
     r["memfd-held"] = unpack(fcntl.fcntl(mine("memfd"), fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 0, 0)))
-    try:
-        fcntl.flock(mine("memfd"), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r["memfd-flock"] = "free"
-    except BlockingIOError:
-        r["memfd-flock"] = "held"
+    r["memfd-flock"] = flock_state(mine("memfd"))
     r["shared-held"] = unpack(fcntl.fcntl(mine("shared"), fcntl.F_OFD_GETLK, lk(fcntl.F_RDLCK, 0, 0)))
-    try:
-        fcntl.flock(mine("flock"), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r["flock"] = "free"
-    except BlockingIOError:
-        r["flock"] = "held"
+    r["flock"] = flock_state(mine("flock"))
     return r
+def flock_state(fd):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return "free"
+    except BlockingIOError:
+        return "held"
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
     r["ghost"]["link"] = r["ghost"]["link"].endswith(" (deleted)")

@@ -82,23 +82,25 @@ def _check_epoll(w) -> None:
     assert eval(_wait(w, "/tmp/d-out")) == WANT_D
 
 
-def test_epoll_entries_of_closed_and_reused_numbers_are_carried(family):
-    ws = start_script(family, EPOLL, "/tmp/ready")
-    (kid,) = ws.fork(1)
-    family.append(kid)
-    for w in (kid, ws):  # the kid first: a source reading its pipes first would leave it none
-        _check_epoll(w)
+def _forked(family, script: str, *, template: bool) -> list:
+    """The children (ws.fork(1), or two of a held template) then the source, each to be checked
+    in that order: the kids first, as a source reading its pipes first would leave them none."""
+    ws = start_script(family, script, "/tmp/ready")
+    if not template:
+        kids = ws.fork(1)
+    else:
+        tpl = ws.snapshot()
+        try:
+            kids = tpl.fork(2)
+        finally:
+            tpl.close()
+    family.extend(kids)
+    return [*kids, ws]
 
 
-def test_epoll_entries_are_carried_by_every_fork_of_a_template(family):
-    ws = start_script(family, EPOLL, "/tmp/ready")
-    tpl = ws.snapshot()
-    try:
-        kids = tpl.fork(2)
-        family.extend(kids)
-    finally:
-        tpl.close()
-    for w in (*kids, ws):
+@pytest.mark.parametrize("template", [False, True], ids=["ws_fork", "tpl_fork_2"])
+def test_epoll_entries_of_closed_and_reused_numbers_are_carried(family, template):
+    for w in _forked(family, EPOLL, template=template):
         _check_epoll(w)
 
 
@@ -177,23 +179,9 @@ def _check_inotify(w) -> None:
     assert events == [(w1, 0x100), (w2, 0x2), (w4, 0x2), (w5, 0x4)]
 
 
-def test_inotify_watches_on_deleted_files_are_carried(family):
-    ws = start_script(family, INOTIFY, "/tmp/ready")
-    (kid,) = ws.fork(1)
-    family.append(kid)
-    for w in (kid, ws):
-        _check_inotify(w)
-
-
-def test_inotify_watches_on_deleted_files_in_every_fork_of_a_template(family):
-    ws = start_script(family, INOTIFY, "/tmp/ready")
-    tpl = ws.snapshot()
-    try:
-        kids = tpl.fork(2)
-        family.extend(kids)
-    finally:
-        tpl.close()
-    for w in (*kids, ws):
+@pytest.mark.parametrize("template", [False, True], ids=["ws_fork", "tpl_fork_2"])
+def test_inotify_watches_on_deleted_files_are_carried(family, template):
+    for w in _forked(family, INOTIFY, template=template):
         _check_inotify(w)
 
 
