@@ -108,19 +108,27 @@ class Body:
                 self.cgroup.kill_all()
             except BunshinError as e:
                 log.warning("template %s: %s", self.id, e)
-        if self.pidfd >= 0:
-            # Init's exit tears down the pid namespace: the kernel kills and reaps every member.
-            # A forked init is reaped by its template's init, not us.
-            reap_init(self.pidfd, is_child=self.init_is_child, grace=0 if frozen else 5)
-            self.pidfd = -1
-        if self.root_fd >= 0:
-            os.close(self.root_fd)
-            self.root_fd = -1
-        self.cgroup.destroy()
-        self.dir.remove()
-        if self.template is not None:
-            self.template.release()
-            self.template = None
+        try:
+            if self.pidfd >= 0:
+                # Init's exit tears down the pid namespace: the kernel kills and reaps every member.
+                # A forked init is reaped by its template's init, not us.
+                pidfd, self.pidfd = self.pidfd, -1
+                reap_init(pidfd, is_child=self.init_is_child, grace=0 if frozen else 5)
+        finally:
+            # Each part goes even when one before it fails (a member the cgroup cannot lose):
+            # the template's reference above all, else its frozen processes stay for good.
+            try:
+                if self.root_fd >= 0:
+                    os.close(self.root_fd)
+                    self.root_fd = -1
+                try:
+                    self.cgroup.destroy()
+                finally:
+                    self.dir.remove()
+            finally:
+                if self.template is not None:
+                    template, self.template = self.template, None
+                    template.release()
 
 
 class SessionCopy(NamedTuple):

@@ -172,6 +172,8 @@ def _copy_deleted(proc, r, f, flags: int):
         drop_way(r, way)
     else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
         newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
+        if way is not None:  # the copy went elsewhere: the directories made for it go
+            drop_way(r, way)
     r.queue("close", tmp)
     return newfd
 

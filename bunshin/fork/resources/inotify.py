@@ -31,6 +31,7 @@ from . import sharing
 log = logging.getLogger(__name__)
 _WATCH = re.compile(r"inotify wd:(\w+) ino:(\w+) sdev:(\w+) mask:(\w+)(?:[^\n]*fhandle-type:(\w+) f_handle:(\w+))?")
 _WALK_LIMIT = 200_000  # entries looked at before giving up on finding a watched inode
+_MAX_HOLES = 4096  # wds are handed out in order: each hole below the last costs two calls
 _AT_FDCWD, _AT_HANDLE_FID, _AT_SYMLINK_FOLLOW, _MAX_HANDLE = -100, 0x200, 0x400, 128
 _libc = ctypes.CDLL(None, use_errno=True)
 # fdinfo's mask: the events, and the flags a watch keeps (IN_EXCL_UNLINK, IN_ONESHOT)
@@ -171,7 +172,13 @@ def check_tree(procs) -> None:
             if upper is None:
                 upper = _upper(procs[0].hostpid) or ""
             f.inotify_held, f.inotify_paths = {}, {}
-            for wd, ino, dev, _, handle in _watches_handles(p.hostpid, f.fd):
+            watches = _watches_handles(p.hostpid, f.fd)
+            if watches and watches[-1][0] - len(watches) > _MAX_HOLES:
+                raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch descriptors go up to "
+                                f"{watches[-1][0]} for {len(watches)} watches; more than {_MAX_HOLES} removed "
+                                "watches would each be made and removed again to keep the numbers",
+                                pid=p.hostpid, step="plan")
+            for wd, ino, dev, _, handle in watches:
                 held = _held(procs, ino, dev, handle)
                 if held is not None:
                     f.inotify_held[wd] = held

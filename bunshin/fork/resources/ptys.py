@@ -187,10 +187,17 @@ def _take(end: int) -> bytes:
     kernel moves bytes into the ldisc's buffer from the pty's own in a worker, frozen
     processes or not, and holds them back while that buffer is full: once some are read, it
     is read again until a pause brings no more."""
-    out = b""
-    while n := struct.unpack("i", fcntl.ioctl(end, termios.FIONREAD, b"\0" * 4))[0]:
-        out += os.read(end, n)  # available: it cannot block
-        time.sleep(0.001)
+    out, quiet, deadline = b"", 0, time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        n = struct.unpack("i", fcntl.ioctl(end, termios.FIONREAD, b"\0" * 4))[0]
+        if n:
+            out += os.read(end, n)  # available: it cannot block
+            quiet = 0
+        elif not out or quiet == 3:  # nothing at all, or three pauses in a row brought no more
+            break
+        else:
+            quiet += 1
+        time.sleep(0.002)
     return out
 
 
@@ -226,13 +233,22 @@ def _put_output(slave: str, data: bytes) -> None:
     try:
         was = termios.tcgetattr(fd)
         termios.tcsetattr(fd, termios.TCSANOW, [was[0], was[1] & ~termios.OPOST, *was[2:]])
+        view = memoryview(data)
         try:
-            view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-        except BlockingIOError:  # its output stopped (^S): they fitted before
-            raise ForkError(f"{slave}: {len(view)} of the {len(data)} bytes the pty's master had not read "
-                            "could not be written back: its output is stopped (^S)") from None
+        except BlockingIOError:
+            # Its output is stopped (^S): they fitted before. Let it flow for them, then stop it
+            # again, so that the template loses none of the bytes taken out of it.
+            termios.tcflow(fd, termios.TCOON)
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except BlockingIOError:
+                raise ForkError(f"{slave}: {len(view)} of the {len(data)} bytes the pty's master had not "
+                                "read could not be written back") from None
+            finally:
+                termios.tcflow(fd, termios.TCOOFF)
         finally:
             termios.tcsetattr(fd, termios.TCSANOW, was)
     finally:

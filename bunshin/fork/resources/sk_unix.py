@@ -461,6 +461,8 @@ def _connect(root_pid: int, pid: int, fd: int, server: UnixSk, what: str) -> Non
     the path may be longer than sun_path holds."""
     s = socket.socket(fileno=sharing.getfd_here(pid, fd))
     try:
+        # Never wait on a full backlog: the descriptor's own flags are set once it is connected.
+        s.setblocking(False)
         if server.name[0] == 0:
             s.connect(server.name)
         else:
