@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import config
-from ..errors import BunshinError
-from ..runtime.body import allocate
+from ..runtime.body import allocate, remove_parts
 from ..runtime.cgroup.limits import Limits
 from . import engine
 from .perprocess import PerProcess
@@ -51,11 +50,7 @@ class Spare:
     cg: Cgroup
 
     def destroy(self) -> None:
-        try:
-            self.cg.destroy()
-        except BunshinError as e:
-            log.warning("slot %s: %s", self.dir.id, e)
-        self.dir.remove()
+        remove_parts(self.dir, self.cg, "slot")
 
 
 @dataclass

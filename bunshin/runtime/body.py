@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .rootfs.model import Rootfs
 
-__all__ = ["Allocation", "Body", "SessionCopy", "allocate", "session_copies"]
+__all__ = ["Allocation", "Body", "SessionCopy", "allocate", "remove_parts", "session_copies"]
 
 log = logging.getLogger("bunshin.workspace")
 
@@ -43,11 +43,17 @@ class Allocation:
     meta: Meta
 
     def destroy(self) -> None:
-        try:
-            self.cgroup.destroy()
-        except BunshinError as e:
-            log.warning("workspace %s: %s", self.dir.id, e)
-        self.dir.remove()
+        remove_parts(self.dir, self.cgroup)
+
+
+def remove_parts(d: WorkspaceDir, cg: Cgroup, what: str = "workspace") -> None:
+    """Remove a cgroup and state directory that no process uses any more; a cgroup that cannot
+    go is logged, and the directory goes all the same."""
+    try:
+        cg.destroy()
+    except BunshinError as e:
+        log.warning("%s %s: %s", what, d.id, e)
+    d.remove()
 
 
 def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
