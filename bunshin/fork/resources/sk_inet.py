@@ -51,7 +51,7 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from . import sharing, sk_tcp, sockopts
-from .sk_unix import diag_socket
+from .sk_unix import diag_dump, diag_socket
 from .sk_tcp import getint
 
 _PROTOS = {b"TCP", b"TCPv6", b"UDP", b"UDPv6"}  # system.sockprotoname
@@ -60,7 +60,7 @@ _TCP_INFO, _ESTABLISHED, _CLOSE, _LISTEN = 11, 1, 7, 10
 _STATES = {2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 8: "CLOSE_WAIT",
            9: "LAST_ACK", 11: "CLOSING"}
 _SO_PEEK_OFF = 42
-_SOCK_DIAG_BY_FAMILY, _NLMSG_DONE, _NLMSG_ERROR, _INET_DIAG_SHUTDOWN = 20, 3, 2, 8
+_INET_DIAG_SHUTDOWN = 8
 
 
 @dataclass
@@ -324,30 +324,20 @@ def _shutdowns(ns_pid: int) -> dict[int, int]:
         for family in (socket.AF_INET, socket.AF_INET6):
             for proto in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
                 req = struct.pack("=BBBBI", family, proto, 0, 0, 0xFFFFFFFF) + bytes(48)  # all states
-                nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
-                while (msgs := nl.recv(1 << 16)) and _parse_shutdowns(msgs, out):
-                    pass
+                for msg in diag_dump(nl, req, "inet"):
+                    _parse_shutdown(msg, out)
     return out
 
 
-def _parse_shutdowns(buf: bytes, out: dict[int, int]) -> bool:
-    """Read one netlink reply into ``out``; False once the dump is over."""
-    while buf:
-        ln, typ = struct.unpack_from("=IH", buf)
-        if typ == _NLMSG_DONE:
-            return False
-        if typ == _NLMSG_ERROR:
-            raise ForkError("sock_diag refused to list inet sockets", step="plan")
-        msg = buf[16:ln]
-        ino = struct.unpack_from("I", msg, 68)[0]  # inet_diag_msg.idiag_inode
-        off = 72
-        while off + 4 <= len(msg):
-            alen, atype = struct.unpack_from("=HH", msg, off)
-            if atype == _INET_DIAG_SHUTDOWN and msg[off + 4]:
-                out[ino] = msg[off + 4]
-            off += (alen + 3) & ~3
-        buf = buf[(ln + 3) & ~3 :]
-    return True
+def _parse_shutdown(msg: bytes, out: dict[int, int]) -> None:
+    """One inet_diag_msg's shutdown attribute into ``out``, by inode, where it has one."""
+    ino = struct.unpack_from("I", msg, 68)[0]  # inet_diag_msg.idiag_inode
+    off = 72
+    while off + 4 <= len(msg):
+        alen, atype = struct.unpack_from("=HH", msg, off)
+        if atype == _INET_DIAG_SHUTDOWN and msg[off + 4]:
+            out[ino] = msg[off + 4]
+        off += (alen + 3) & ~3
 
 
 def _shutdown(s: socket.socket, sk: InetSk) -> None:

@@ -56,6 +56,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from collections.abc import Iterator
 from typing import NoReturn
 
 from ...errors import ForkError
@@ -122,22 +123,29 @@ def diag_socket(ns_pid: int) -> socket.socket:
     return out[0]
 
 
+def diag_dump(nl: socket.socket, req: bytes, what: str) -> Iterator[bytes]:
+    """Each reply of a sock_diag dump of ``req`` on ``nl``, without its netlink header."""
+    nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)  # REQUEST|DUMP
+    while True:
+        buf = nl.recv(1 << 16)
+        while buf:
+            ln, typ = struct.unpack_from("=IH", buf)
+            if typ == _NLMSG_DONE:
+                return
+            if typ == _NLMSG_ERROR:
+                raise ForkError(f"sock_diag refused to list {what} sockets", step="plan")
+            yield buf[16:ln]
+            buf = buf[(ln + 3) & ~3:]
+
+
 def unix_sockets(ns_pid: int) -> dict[int, UnixSk]:
     """Every unix socket of ``ns_pid``'s net namespace, by inode."""
     req = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, _SHOW, 0xFFFFFFFF, 0xFFFFFFFF)
     table: dict[int, UnixSk] = {}
     with diag_socket(ns_pid) as nl:
-        nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)  # REQUEST|DUMP
-        while True:
-            buf = nl.recv(1 << 16)
-            while buf:
-                ln, typ = struct.unpack_from("=IH", buf)
-                if typ == _NLMSG_DONE:
-                    return table
-                if typ == _NLMSG_ERROR:
-                    raise ForkError("sock_diag refused to list unix sockets", step="plan")
-                _parse(buf[16:ln], table)
-                buf = buf[(ln + 3) & ~3:]
+        for msg in diag_dump(nl, req, "unix"):
+            _parse(msg, table)
+    return table
 
 
 def _parse(msg: bytes, table: dict[int, UnixSk]) -> None:
