@@ -5,6 +5,7 @@ set -euo pipefail
 APT_PKGS=(
   build-essential cmake pkg-config        # the compiled core and C test victims
   bash coreutils procps util-linux iproute2
+  btrfs-progs                             # the state file system: O(1) snapshots of upper layers
   python3                                 # Debian's python3: the default rootfs runs it
   busybox-static                          # tiny runnable roots for rootfs tests
   xz-utils zstd                           # compressed rootfs archives

@@ -69,12 +69,16 @@ def test_fork_cost_does_not_copy_written_files(family):
     family.append(ws)
     ws.run("head -c 50000000 /dev/urandom > /big.bin")
     digest = ws.run("sha256sum /big.bin").stdout.split()[0]
+    os.sync()  # the file's blocks allocated: the snapshot would else allocate them in the fork
+    state = os.statvfs(ws.body.dir.path)
     (kid,) = ws.fork(1)
     family.append(kid)
-    # Neither the child's nor the continuing workspace's own layer holds a copy:
-    # the bytes stay in the template's (now read-only) layer under both.
+    # The child's layer holds no copy: the bytes are in the read-only copy of the source's
+    # upper layer, a btrfs snapshot sharing the source's blocks.
+    assert not (kid.body.dir.upper / "big.bin").exists()
+    after = os.statvfs(ws.body.dir.path)
+    assert (state.f_bfree - after.f_bfree) * after.f_frsize < 10 << 20
     for w in (ws, kid):
-        assert not (w.state_path / "upper" / "big.bin").exists()
         assert w.run("sha256sum /big.bin").stdout.split()[0] == digest
 
 
@@ -329,10 +333,10 @@ def test_parent_links(family):
     assert sum(1 for pid, ppid in before.items() if ppid == bash) == 2
     kids = ws.fork(2)
     family.extend(kids)
-    for w in (ws, *kids):  # the source too: it continues as a fork of the frozen template
+    for w in (ws, *kids):
         after = {p.pid: p.ppid for p in w.processes()}
         assert after.keys() == before.keys()
-        if exact:
+        if exact or w is ws:  # the source keeps its own processes
             assert after == before, w
         else:
             assert all(ppid == 1 for pid, ppid in after.items() if pid != 1), w
@@ -379,15 +383,15 @@ def test_nesting_limit_is_a_clear_error_without_rebase(family, monkeypatch):
     ws.shell().run("V=deep")
     with pytest.raises(ForkError, match="pid namespaces deep"):
         for _ in range(40):
-            for k in ws.fork(1):
-                k.close()
+            ws.adopt(ws.fork(1)[0])  # the workspace becomes its fork: one level deeper
     assert _pid_ns_level(ws) == 32
     assert ws.shells[0].run("echo $V").stdout == b"deep\n"
 
 
 def test_a_workspace_at_the_nesting_limit_goes_back_to_the_top_and_forks_on(family):
     """At the kernel's 32 levels the next ws.fork() first moves the workspace back to the top
-    level (CRIU dump and restore into the same object): 40 forks in a row work, and the shell,
+    level (CRIU dump and restore into the same object): 40 forks in a row, each adopted (a
+    speculation's commit), work, and the shell,
     a Python process's memory and the files are still the workspace's."""
     _need_criu()
     ws = bunshin.Workspace.create()
@@ -403,7 +407,7 @@ def test_a_workspace_at_the_nesting_limit_goes_back_to_the_top_and_forks_on(fami
     for _ in range(40):
         (kid,) = ws.fork(1)
         assert kid.shells[0].run("echo $V").stdout == b"deep\n"
-        kid.close()
+        ws.adopt(kid)  # the workspace becomes its fork: one level deeper
         levels.append(_pid_ns_level(ws))
     assert max(levels) == 32 and levels[-1] < 32  # it reached the limit, then went back up
     assert sh.run("echo $V $PWD; cat f").stdout == b"deep /tmp\nkept\n"
@@ -425,8 +429,7 @@ def test_a_workspace_criu_cannot_move_back_to_the_top_says_why_and_runs_on(famil
                                         r"to the top level through CRIU: process \d+ \(sleep\) is in "
                                         r"a session whose leader is outside the workspace"):
         for _ in range(40):
-            for k in ws.fork(1):
-                k.close()
+            ws.adopt(ws.fork(1)[0])  # the workspace becomes its fork: one level deeper
     assert _pid_ns_level(ws) == 32
     assert sh.run("echo $V; jobs").stdout.decode().split("\n")[0] == "deep"
     assert b"sleep 1000" in sh.run("jobs").stdout
@@ -485,17 +488,18 @@ def _ignores_sigchld(pid: int) -> bool:
 
 def test_the_kernel_reaps_the_inits_of_closed_children(ws):
     """A child's init is a child of the frozen template's init, which never runs its own code
-    again: from the first seize on it ignores SIGCHLD, so the kernel reaps each closed child's
+    again: from the first fork on it ignores SIGCHLD, so the kernel reaps each closed child's
     init (and each intermediate made as its grandchild's sibling) as it dies. The child's
     init, cloned from it, reads its own children's deaths again."""
     ws.spawn(["sleep", "1000"])
     assert not _ignores_sigchld(ws.init_pid)
     tpl = ws.snapshot()
+    assert not _ignores_sigchld(ws.init_pid)  # the source's init runs on: it reaps its own
     kids: list[bunshin.Workspace] = []
     try:
         tinit = tpl._core.body.init_pid
-        assert _ignores_sigchld(tinit)
         kids += tpl.fork(3)
+        assert _ignores_sigchld(tinit)
         for k in kids:
             assert not _ignores_sigchld(k.init_pid)
             r = k.run("sh -c 'exit 7'")  # the child's init still sees its children's status

@@ -128,15 +128,15 @@ def test_semaphores_and_message_queues_keep_ids_owners_values_and_messages(famil
     assert queues[big] == [[0x6163, 0, 0, 0, 0, 0o600], 16384, 1, [[3, (bytes(range(256)) * 50).hex()]]]
     # what each side holds from now on: the first report took the messages and sent one
     # a last operator that is no process of the template is none in its children
-    sets = dict(sets, **{priv: [sets[priv][0], [1, 1], [0, first["helper"]]]})
-    want = dict(first, sets=sets, queues={q: [queues[q][0], 300, 1, [[9, b"again".hex()]]], empty: queues[empty],
-                               big: queues[big]})
+    after = {q: [queues[q][0], 300, 1, [[9, b"again".hex()]]], empty: queues[empty], big: queues[big]}
+    want_source = dict(first, queues=after)  # the source keeps its own, the dead operator too
+    want = dict(first, sets=dict(sets, **{priv: [sets[priv][0], [1, 1], [0, first["helper"]]]}), queues=after)
     mine = os.readlink("/proc/thread-self/ns/ipc")
 
     kid = fork_one(family, ws)
     assert os.readlink("/proc/thread-self/ns/ipc") == mine
     assert ask(kid) == want
-    assert ask(ws) == want  # the child took its own copy of the messages, not the source's
+    assert ask(ws) == want_source  # the child took its own copy of the messages, not the source's
 
     tpl = ws.snapshot()
     try:
@@ -146,7 +146,7 @@ def test_semaphores_and_message_queues_keep_ids_owners_values_and_messages(famil
             assert ask(k) == want
     finally:
         tpl.close()
-    assert ask(ws) == want
+    assert ask(ws) == want_source
 
 
 WAITERS = r"""

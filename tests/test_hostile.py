@@ -69,7 +69,7 @@ def test_rm_rf_root_only_touches_the_upper_layer(no_leaks, tmp_path):
         assert r.exit_code == 127
         assert not w.run("ls /").ok
         # whiteouts in the upper layer are what changed
-        upper = w.state_path / "upper" / "usr"
+        upper = w.body.dir.upper / "usr"
         assert upper.exists()
         assert os.stat(probe).st_ino == before.st_ino and os.path.exists("/bin/sh")
         assert other.run("ls /usr/bin/env && echo ok").stdout.endswith(b"ok\n")

@@ -54,12 +54,12 @@ def test_rollback_restores_files_processes_shell(ws):
         spec.shell().run("X=after; echo v1 > /work/f; rm -f /work/f; touch /work/new")
         spec.ws.spawn(["sleep", "4242"])
         assert _sleepers(spec.ws)
-        ws.run("echo direct > /work/g")  # ws itself used in the block: rolled back too
+        ws.run("echo direct > /work/g")  # ws's own call, not the block's: it stays
         spec.rollback()
         raise AssertionError("rollback() must leave the block")
     assert spec.outcome == "rolled back"
     assert ws.read_file("/work/f") == b"v0\n"
-    assert ws.run("ls /work").stdout == b"f\n"
+    assert ws.run("ls /work").stdout == b"f\ng\n"
     assert not _sleepers(ws)
     assert sh.run("echo $X").stdout == b"before\n"
     assert not _live_forks(ws)
@@ -77,14 +77,14 @@ def test_exception_rolls_back_and_propagates(ws):
 
 
 def test_rollback_loop_does_not_deepen(ws):
-    tpls, depths = set(), set()
+    depths, tasks = set(), set()
     for i in range(12):
         with ws.speculate() as spec:
-            tpls.add(spec._tpl.id)
             depths.add(_depth(ws))
+            tasks.add(tuple(ws.host_pids()))
             spec.shell().run(f"X={i}; echo {i} >> /work/f")
             spec.rollback()
-    assert len(tpls) == 1 and len(depths) == 1  # every block forked from the same template
+    assert len(depths) == 1 and len(tasks) == 1  # ws never left its own processes
     assert ws.read_file("/work/f") == b"v0\n"
     assert ws.shells[0].run("echo $X").stdout == b"before\n"
 

@@ -186,7 +186,7 @@ def test_close_removes_everything(no_leaks):
     w.spawn(["sleep", "100"])
     w.run("dd if=/dev/zero of=/big bs=1M count=5 status=none")
     state, hostpids = w.state_path, w.host_pids()
-    assert (state / "upper" / "big").stat().st_size == 5 << 20
+    assert (w.body.dir.upper / "big").stat().st_size == 5 << 20
     w.close()
     assert not state.exists()
     for pid in hostpids:

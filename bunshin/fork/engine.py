@@ -72,16 +72,16 @@ class ForkCtx:
 MAX_PID_NS_LEVEL = 32  # the kernel's limit on nested pid namespaces
 
 
-def too_deep(template_init: int) -> bool:
-    """Whether a child of this template would be past the kernel's nesting limit (the
-    template's level is one less than its NSpid's length; a child's, one more)."""
-    return len(_nspid(template_init)) > MAX_PID_NS_LEVEL
+def too_deep(template_init: int, below: int = 1) -> bool:
+    """Whether a workspace ``below`` levels under this template would be past the kernel's
+    nesting limit (the template's level is one less than its NSpid's length)."""
+    return len(_nspid(template_init)) - 1 + below > MAX_PID_NS_LEVEL
 
 
 def check_depth(template_init: int) -> None:
     """A child's pid namespace is nested in its template's (clone3 can only go deeper), and the
-    kernel stops at 32 levels. Every ws.fork()/ws.snapshot() moves the workspace one level
-    down; forks of one template (tpl.fork, ws.restore(tpl)) do not."""
+    kernel stops at 32 levels. A fork of a fork goes one level deeper (ws.restore(tpl), a
+    speculation's commit: the workspace becomes a fork); forks of one template do not."""
     if too_deep(template_init):
         level = len(_nspid(template_init)) - 1
         raise ForkError(

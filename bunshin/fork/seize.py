@@ -53,7 +53,7 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
     waited_out: set[int] = set()  # not stopped within STOP_TIMEOUT: not waited for again
-    seen = [in_group_stop(pl.hostpid) for pl in plans]
+    seen = [in_group_stop(pl.hostpid) or _sigstop_pending(pl.hostpid) or None for pl in plans]
     for pl, stop in zip(plans, seen):
         pl.group_stopped = bool(stop)
     watch = _AttachWatch(cg) if None in seen else None
@@ -89,6 +89,19 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
         release_all(cg, tracees)
         raise
     return tracees
+
+
+def _sigstop_pending(pid: int) -> bool:
+    """A SIGSTOP queued and not yet taken (a template made of an unrun fork of a stopped
+    process holds one): the process stops before its next instruction, as if stopped."""
+    bit = 1 << (signal.SIGSTOP - 1)
+    try:
+        if int(proc_status(pid)["ShdPnd"], 16) & bit:
+            return True
+        return any(int(proc_status(f"{pid}/task/{t}")["SigPnd"], 16) & bit
+                   for t in os.listdir(f"/proc/{pid}/task"))
+    except (OSError, KeyError, ValueError):
+        return False
 
 
 # How long a seized process may take to reach its ptrace stop once thawed.

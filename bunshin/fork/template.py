@@ -1,10 +1,15 @@
 """Template cores: a workspace's body frozen at one moment, forkable many times.
 
-Snapshotting a workspace freezes its processes in place (cgroup freezer); they become the
-template and its upper layer becomes a read-only lower layer of every child. The workspace
-itself continues as a fresh fork of the template (same PIDs, so the agent notices nothing).
-Fork cost therefore does not grow with the files the workspace wrote. A template lives while
-its handle or any child created from it does (its layer is under them).
+A fork freezes its source workspace in place (cgroup freezer) and copies its upper layer
+(runtime/layers.py: a btrfs snapshot); for the length of that fork its processes are the
+template (a *source* core: the body stays the workspace's), the copy is the children's lower
+layer, and then they are let go and thawed, the same tasks as before. ``ws.snapshot()`` makes
+one such child and keeps it frozen, unrun: its processes are the template a Template handle
+holds, and its own upper layer (never written again) is its children's lower layer. Fork
+cost therefore does not grow with the files the workspace wrote. A template lives while its
+handle or any child created from it does (its layers are under them); a source's pid
+namespace holds its children's, so a source closed before them stays frozen until they go
+(Body.hold).
 
 Forks run in the fork engine's thread (keeper.py). While the handle is open, that thread keeps
 the template's processes seized between forks, and clones the next children's inits into the
@@ -24,10 +29,12 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
 from ..errors import BunshinError, ForkError, WorkspaceClosed
+from ..runtime import layers
 from ..runtime.body import Body, SessionCopy, session_copies
 from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
@@ -45,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bunshin.fork")
 
-__all__ = ["Build", "TemplateCore", "check_n", "snapshot_body"]
+__all__ = ["Build", "TemplateCore", "check_n", "freeze_source", "snapshot_body"]
 
 #: What makes the handle on a forked body (a Workspace): given the core's config, the body
 #: and its copies of the source's shell sessions, in the source's order.
@@ -62,14 +69,22 @@ class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
     def __init__(self, body: Body, plans, shells: list[tuple[int, int, str]],
-                 config: WorkspaceConfig, build: Build) -> None:
+                 config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None) -> None:
         self.body = body  # frozen: its processes are the template
+        # a source core (frozen_upper: a copy of the running workspace's upper layer, taken
+        # at the freeze) forks once and lets its processes go, thawed; the body stays theirs
+        self.source = frozen_upper is not None
+        self.frozen_upper = frozen_upper
         self.plans = plans
         self.shells = shells  # (pty index, bash pid, session id) of the source's shell sessions
         self.masters: list[int] = []  # the source's pty masters: the frozen shells' terminals
         self.config = config
         self.build = build
-        self.lowers = (body.dir.upper, *body.rootfs.lowers)
+        # the upper layer as it was at the freeze (a frozen template never writes again), if
+        # anything was written there: an empty layer is left out of the children's stack
+        own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
+        self.own_upper: Path | None = None if _empty(own) else own
+        self.lowers = (*((own,) if self.own_upper else ()), *body.rootfs.lowers)
         self.sysv_segments = sysv_shm.segments(body.init_pid)
         self.sysv_sets = sysv_sem.sets(body.init_pid, plans)
         self.sysv_queues = sysv_msg.queues(body.init_pid)
@@ -88,7 +103,8 @@ class TemplateCore(slots.Holder):
         self.reap_due = 0  # children closed (or removed by a failed fork) since the last reap
         # the init ignores SIGCHLD (set at the first seize): the kernel reaps its children;
         # None until that seize asked (asked once: one that refused is not asked again)
-        self.autoreap: bool | None = None
+        # A source's init runs on and reaps its children itself: it keeps its SIGCHLD.
+        self.autoreap: bool | None = False if self.source else None
         self._trainer_ptys: set[int] | None = None
         # while a Template handle is open, the engine's thread keeps the processes seized
         # between forks (keeper.py): their Tracees and CPU pin, and the trainer that holds them
@@ -206,18 +222,22 @@ class TemplateCore(slots.Holder):
         self.let_go()  # a Template handle closing did; at exit, or after a failure, maybe not
         for m in self.masters:
             os.close(m)
-        self.body.close(frozen=True)
+        if self.frozen_upper is not None:
+            self.body.unhold(self.frozen_upper)
+        else:
+            self.body.close(frozen=True)
 
     # -- forking --------------------------------------------------------------------------
     def fork(self, n: int, on_fork: Callable[[Any], None] | None = None,
-             hostnames: Sequence[str] | None = None, keep: bool = False) -> list:
+             hostnames: Sequence[str] | None = None, keep: bool = False, unrun: bool = False) -> list:
         """``n`` new workspaces (what ``build`` makes of each child's body), each a
         copy-on-write clone of the template, made in the fork engine's thread. ``keep``: leave
         the template's processes seized by that thread for the next fork (until
-        :meth:`let_go`)."""
-        return keeper.fork_thread().run(self._fork, n, on_fork, hostnames, keep, abandon=_close_all)
+        :meth:`let_go`). ``unrun``: leave the children's processes frozen, never run (to be
+        a template themselves)."""
+        return keeper.fork_thread().run(self._fork, n, on_fork, hostnames, keep, unrun, abandon=_close_all)
 
-    def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool) -> list:
+    def _fork(self, n: int, on_fork, hostnames: Sequence[str] | None, keep: bool, unrun: bool) -> list:
         kids: list = []
         failed: BaseException | None = None
         with self.lock:
@@ -232,7 +252,7 @@ class TemplateCore(slots.Holder):
                     self.reap_due -= seize.reap_children(tracees[self.body.init_pid], self.reap_due)
                     self.reap_due = max(self.reap_due, 0)
                 self._fork_many(tracees, pin, on_fork,
-                                [hostnames[i] if hostnames else None for i in range(n)], kids)
+                                [hostnames[i] if hostnames else None for i in range(n)], kids, unrun)
             except BaseException as e:
                 failed = e
                 self.child_init_gone(n)  # the inits of the children it removed
@@ -264,6 +284,8 @@ class TemplateCore(slots.Holder):
             pin = seize.Pinned(tracees)
         except BaseException:
             seize.release_all(self.body.cgroup, tracees)
+            if self.source:
+                self.body.cgroup.thaw()
             raise
         self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
         self.awake = True  # seize_all thawed the group
@@ -331,9 +353,11 @@ class TemplateCore(slots.Holder):
                 earlyinit.drop_mids(s.early.mids, held)
         seize.release_all(self.body.cgroup, held)
         self.awake = False
+        if self.source:  # the workspace runs on, the same tasks
+            self.body.cgroup.thaw()
 
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
-                   done: list) -> None:
+                   done: list, unrun: bool = False) -> None:
         """Every child's init first, then each template process cloned into all the children
         at once (one FORK call with the module), then each child finished and handed out
         into ``done``. On failure the children not yet handed out are removed completely; the
@@ -359,7 +383,7 @@ class TemplateCore(slots.Holder):
             for k in kids:
                 k.finish()
             while kids:
-                done.append(kids[0].hand_out(on_fork))
+                done.append(kids[0].hand_out(on_fork, unrun))
                 kids.pop(0)
         except BaseException:
             for k in kids:
@@ -472,7 +496,7 @@ class _Child:
         sysv_msg.copy_queues(self.init_pid, core.sysv_queues)
         self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
                                   cloner=self.cloner,
-                                  shared={"tracees": self.tracees, "template-upper": str(core.lowers[0]),
+                                  shared={"tracees": self.tracees, "template-upper": str(core.own_upper or ""),
                                           "pty_masters": self.masters},
                                   cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
         self.masters = {}
@@ -526,10 +550,16 @@ class _Child:
         self.pidfd, self.chan, self.cg = -1, None, None  # owned by the body now
         self.ws = ws
 
-    def hand_out(self, on_fork):
-        """``on_fork``, then let the clones run: the workspace is the caller's."""
+    def hand_out(self, on_fork, unrun: bool = False):
+        """``on_fork``, then let the clones run (``unrun``: go, frozen before they run an
+        instruction): the workspace is the caller's."""
         if on_fork is not None:
             on_fork(self.ws)
+        if unrun:
+            assert self.body is not None  # finish() made it
+            for c in self.clones:  # curing may inject (queue signals again): not once frozen
+                c.cure()
+            self.body.cgroup.freeze()  # ptrace-stopped: they freeze at once
         for c in self.clones:
             c.detach()
         self.clones = []
@@ -577,10 +607,15 @@ class _Child:
             self.d = None
 
 
+def _empty(path: Path) -> bool:
+    with os.scandir(path) as it:
+        return next(it, None) is None
+
+
 def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
                   build: Build) -> TemplateCore:
-    """Freeze a workspace's processes and plan their fork; on failure thaw and raise. The
-    core owns ``body`` once made."""
+    """Freeze a body for good and plan its fork: its processes become a template, which owns
+    it once made; on failure thaw and raise."""
     cg = body.cgroup
     cg.freeze()
     try:
@@ -588,6 +623,30 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     except BaseException:
         cg.thaw()
         raise
+
+
+def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
+                  build: Build) -> TemplateCore:
+    """Freeze a running workspace for one fork: plan it and copy its upper layer. The core
+    holds ``body`` (Body.hold) and leaves it frozen: the fork thaws it as it lets it go, a
+    caller whose fork never started thaws it. On failure it is thawed and nothing is left."""
+    cg = body.cgroup
+    cg.freeze()
+    frozen = None
+    try:
+        plans = _plan_settled(cg)
+        try:
+            frozen = body.dir.freeze_upper()
+        except (OSError, BunshinError) as e:
+            raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
+        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+    except BaseException:
+        cg.thaw()
+        if frozen is not None:
+            layers.remove(frozen)
+        raise
+    body.hold()
+    return core
 
 
 VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import BunshinError
 from . import cgroup as _cgroup
+from . import layers
 from .cgroup.limits import Limits
 from .reap import reap_init
 from .statedir import Meta, WorkspaceDir, own_start_time
@@ -31,6 +34,7 @@ __all__ = ["Allocation", "Body", "SessionCopy", "allocate", "remove_parts", "ses
 log = logging.getLogger("bunshin.workspace")
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
+_holds_lock = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -92,6 +96,10 @@ class Body:
     channel: Channel | None = None
     root_fd: int = -1  # O_PATH of the init's root: files are opened beneath it
     template: TemplateCore | None = None  # holds one reference, given back at close
+    # Forks of this body whose children live: their pid namespaces are below its init's, and
+    # would die with it. Closed meanwhile, it stays frozen until the last of them goes.
+    holds: int = 0
+    closing: bool = False
 
     @property
     def id(self) -> str:
@@ -100,10 +108,40 @@ class Body:
     def open_root(self) -> None:
         self.root_fd = os.open(f"/proc/{self.init_pid}/root", _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
+    def hold(self) -> None:
+        with _holds_lock:
+            self.holds += 1
+
+    def unhold(self, layer: Path | None = None) -> None:
+        """A fork's children are gone; ``layer``, the copy of the upper layer made for them,
+        goes too. Closes a body that was closed meanwhile."""
+        if layer is not None:
+            try:
+                layers.remove(layer)
+            except OSError as e:
+                log.warning("workspace %s: cannot remove %s: %s", self.id, layer, e)
+        with _holds_lock:
+            self.holds -= 1
+            due = self.holds == 0 and self.closing
+        if due:
+            self._close(frozen=True)
+
     def close(self, *, frozen: bool = False) -> None:
         """End the init (and with it every process: its pid namespace goes), remove the cgroup
         and directory, give back the template. ``frozen``: the processes are stopped in the
-        freezer (a template's), so the init is not asked to shut down but killed."""
+        freezer (a template's), so the init is not asked to shut down but killed. While a
+        fork's children live (``holds``) it is frozen instead, and ends after them."""
+        with _holds_lock:
+            held, self.closing = self.holds > 0, True
+            if held:  # under the lock: the last unhold cannot have ended it meanwhile
+                try:
+                    self.cgroup.freeze()
+                except BunshinError as e:
+                    log.warning("workspace %s: %s", self.id, e)
+                return
+        self._close(frozen)
+
+    def _close(self, frozen: bool) -> None:
         if self.channel is not None:
             if frozen:
                 self.channel.close()

@@ -1,4 +1,5 @@
-"""On-disk state of live workspaces: ``<state_dir>/ws/<id>/{upper,work,root,meta.json,init.log}``.
+"""On-disk state of live workspaces: ``<state_dir>/ws/<id>/{layer/{upper,work},root,meta.json,init.log}``,
+and ``frozen-*/upper``, the copies of the upper layer its children see as they were at a fork.
 
 ``meta.json`` names the owning process (pid + start time, so a recycled pid is not mistaken
 for the owner); ``bunshin gc`` removes what an owner that died without closing left behind.
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config
+from . import layers
 
 log = logging.getLogger("bunshin.state")
 
@@ -59,8 +61,10 @@ class WorkspaceDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.upper = path / "upper"
-        self.work = path / "work"
+        # upper and work in one layer (a btrfs subvolume): a fork freezes a copy of it whole
+        self.layer = path / "layer"
+        self.upper = self.layer / "upper"
+        self.work = self.layer / "work"
         self.root = path / "root"
         self.meta_file = path / "meta.json"
         self.log_file = path / "init.log"
@@ -83,10 +87,26 @@ class WorkspaceDir:
             except FileExistsError:
                 continue
         d = cls(path)
-        for p in (d.upper, d.work, d.root):
-            p.mkdir()
+        try:
+            layers.make(d.layer)
+            for p in (d.upper, d.work, d.root):
+                p.mkdir()
+        except BaseException:
+            d.remove()
+            raise
         os.chmod(d.upper, 0o755)
         return d
+
+    def freeze_upper(self) -> Path:
+        """A read-only copy of the upper layer as it is now (its writers stopped by the
+        caller), in this directory; its ``upper`` is the lower layer of this workspace's
+        children, and it goes with the directory."""
+        while True:
+            path = self.path / f"frozen-{secrets.token_hex(4)}"
+            if not path.exists():
+                break
+        layers.freeze(self.layer, path)
+        return path
 
     def write_meta(self, meta: Meta) -> None:
         tmp = self.meta_file.with_suffix(".tmp")
@@ -100,6 +120,12 @@ class WorkspaceDir:
             return None
 
     def remove(self) -> None:
+        try:
+            for p in self.path.iterdir():
+                if p.name == "layer" or p.name.startswith("frozen-"):
+                    layers.remove(p)  # a read-only snapshot cannot be emptied file by file
+        except OSError:
+            pass
         # overlay's workdir holds root-owned 000-mode dirs; rmtree copes as root.
         shutil.rmtree(self.path, ignore_errors=True)
         if self.path.exists():

@@ -3,8 +3,10 @@
 overlayfs refuses layers nested inside one another: a forked workspace's lower layers are its
 template's upper directory *and* the host's root (the default rootfs), so upper directories
 must not live on the root file system. Unless the state directory already is a separate mount,
-Bunshin loop-mounts a sparse ext4 image (``<state_dir>.img``, ``BUNSHIN_STATE_SIZE``, default
-256G — only what is written takes disk space) there, once.
+Bunshin loop-mounts a sparse image (``<state_dir>.img``, ``BUNSHIN_STATE_SIZE``, default
+256G — only what is written takes disk space) there, once: btrfs, whose subvolume snapshots
+freeze a workspace's upper layer for its children in O(1) (runtime/layers.py), or ext4 where
+mkfs.btrfs is missing (each fork then copies the upper layer).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -55,19 +58,27 @@ def _mount_image(state: Path) -> None:
         if not img.exists():
             tmp = img.with_suffix(".img.tmp")
             subprocess.run(["truncate", "-s", size, str(tmp)], check=True, capture_output=True)
-            subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E",
-                            "nodiscard,lazy_itable_init=1", str(tmp)], check=True, capture_output=True)
+            subprocess.run(_mkfs(str(tmp)), check=True, capture_output=True)
             os.replace(tmp, img)
-        subprocess.run(["mount", "-o", "loop", str(img), str(state)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop,noatime", str(img), str(state)], check=True, capture_output=True)
     except FileNotFoundError as e:
         raise BunshinError(f"cannot set up the state file system: {e.filename} is missing "
-                           "(apt-get install e2fsprogs util-linux), or mount a file system of your "
+                           "(apt-get install btrfs-progs util-linux), or mount a file system of your "
                            f"own at {state}") from None
     except subprocess.CalledProcessError as e:
         raise BunshinError(f"cannot set up the state file system at {state}: "
                            f"{e.stderr.decode(errors='replace').strip()}; mount a file system of your "
                            f"own there (tmpfs, xfs, ext4) or set BUNSHIN_STATE_DIR") from None
     log.info("state directory %s is a loop-mounted image %s (%s sparse)", state, img, size)
+
+
+def _mkfs(img: str) -> list[str]:
+    if shutil.which("mkfs.btrfs"):
+        # one copy of data and metadata: a scratch image of live workspaces, not an archive
+        return ["mkfs.btrfs", "-q", "-f", "-m", "single", "-d", "single", img]
+    log.warning("mkfs.btrfs is missing (apt-get install btrfs-progs): the state file system is ext4, "
+                "and every fork copies its workspace's upper layer")
+    return ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=1", img]
 
 
 def release() -> bool:

@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..fork import engine, slots
 from ..fork.plan import proc_status
-from ..fork.template import check_n, snapshot_body
+from ..fork.template import check_n, freeze_source, snapshot_body
 from ..speculate.block import Speculation
 from . import rootfs as _rootfs
 from .body import Body, SessionCopy, allocate
@@ -151,6 +151,7 @@ class Workspace:
     _shell_lock: threading.Lock  # guards _shells and _calls
     _calls: int  # exec() calls in flight: their pipes lead to us, a fork cannot carry them
     _spares: slots.Spares | None  # host-side parts of the next fork (slots.py)
+    _host_writes: int
 
     # -- creation -----------------------------------------------------------------------
     def __init__(self) -> None:  # use Workspace.create()
@@ -170,6 +171,7 @@ class Workspace:
         self._shell_lock = threading.Lock()
         self._calls = 0
         self._spares = None
+        self._host_writes = 0
         self._shells = [Shell.of_copy(self, s) for s in sessions]
         _live.add(self)
         return self
@@ -300,6 +302,12 @@ class Workspace:
         return self._body
 
     @property
+    def host_writes(self) -> int:
+        """How many times the trainer opened a file in it for writing (``write_file``,
+        ``open_path``): what its cgroup's CPU time does not show."""
+        return self._host_writes
+
+    @property
     def shells(self) -> list[Shell]:
         """Its open shell sessions, in the order they were opened. A fork's are the copies of
         its source's, in the source's order; each copy has its original's :attr:`Shell.id`."""
@@ -329,7 +337,9 @@ class Workspace:
         return self._body.channel
 
     def close(self) -> None:
-        """Kill every process of the workspace and remove its cgroup, mounts and files."""
+        """Kill every process of the workspace and remove its cgroup, mounts and files. While
+        children of its forks live it is frozen instead (their pid namespaces are below its
+        own), and goes with the last of them."""
         with self._close_lock:
             if self._closed:
                 return
@@ -548,25 +558,34 @@ class Workspace:
     # -- forking ------------------------------------------------------------------------
     def fork(self, n: int = 1, on_fork: Callable[[Workspace], None] | None = None) -> list[Workspace]:
         """``n`` live copies of this workspace: every process (same PIDs), file and terminal,
-        memory shared copy-on-write. This workspace keeps running, unchanged for the agent.
-        ``on_fork(child)`` runs once per child before its processes resume, in the fork engine's
-        thread (bunshin/fork/keeper.py): it must not wait for a fork made by another thread
-        (forks run there one at a time; calling fork() from on_fork is fine for another
-        workspace)."""
+        memory shared copy-on-write. This workspace runs on as itself, as after fork(2): the
+        same processes, children, sessions and descriptors; the children see its files as they
+        were at the fork. ``on_fork(child)`` runs once per child before its processes resume,
+        in the fork engine's thread (bunshin/fork/keeper.py): it must not wait for a fork made
+        by another thread (forks run there one at a time; calling fork() from on_fork is fine
+        for another workspace)."""
         check_n(n)
-        tpl, kids = self._snapshot(n, on_fork)
-        tpl.close()
-        return kids
+        return self._fork(n, on_fork, unrun=False)
 
     def snapshot(self) -> Template:
-        """Freeze this workspace's current state as a :class:`bunshin.Template` (forkable many
-        times). The workspace continues, as a fresh fork of the template."""
-        return self._snapshot(0, None)[0]
+        """This workspace's current state as a :class:`bunshin.Template` (forkable many times):
+        a fork of it, kept frozen before it ever runs. This workspace runs on as itself."""
+        kid = self._fork(1, None, unrun=True)[0]
+        body, terminals = kid._surrender()
+        try:
+            core = snapshot_body(body, kid.config, [ident for ident, _m in terminals], type(self).from_body)
+        except BaseException:
+            for _ident, m in terminals:
+                os.close(m)
+            body.close(frozen=True)
+            raise
+        core.masters = [m for _ident, m in terminals]
+        return Template(core)
 
-    def _snapshot(self, n: int, on_fork) -> tuple[Template, list[Workspace]]:
-        """snapshot() and ``n`` more forks of the template in one pass over its processes (one
-        seize and release for all): the first fork becomes this workspace."""
-        self._rebase_if_deep()
+    def _fork(self, n: int, on_fork, unrun: bool) -> list[Workspace]:
+        """``n`` forks (``unrun``: left frozen before they run) in one pass over this
+        workspace's processes: frozen, seized, cloned, let go and thawed."""
+        self._rebase_if_deep(1 + unrun)
         with self.steady("their output pipes lead to this process and cannot be forked: wait for them"):
             config = self.config
             if self._spares is not None and self._spares.limits != config.limits:
@@ -574,43 +593,48 @@ class Workspace:
                 self._spares = None
             shells = [ident for ident, _master in self.terminals()]
             body = self._body
-            core = snapshot_body(body, config, shells, type(self).from_body)  # freezes; raises with the body untouched
+            core = freeze_source(body, config, shells, type(self).from_body)  # raises with the body running
             core.spares = self._spares
-            first = [True]
-
-            def hook(kid: Workspace) -> None:
-                if first[0]:  # this workspace's own continuation: not a user's child
-                    first[0] = False
-                elif on_fork is not None:
-                    on_fork(kid)
-
             try:
-                # a snapshot's template is forked again: its processes stay seized for that
-                kids = core.fork(1 + n, hook, keep=n == 0)
+                kids = core.fork(n, on_fork, unrun=unrun)
             except BaseException:
-                core.closed = True  # the body goes back to this workspace, alive
-                body.cgroup.thaw()
+                body.cgroup.thaw()  # a fork that failed before seizing left it frozen
                 raise
-            core.masters = self._adopt(kids[0])
-            core.spares = None
+            finally:
+                core.spares = None
+                core.release()  # the children hold it (and its frozen layer) from here on
             if slots.enabled():  # the next ws.fork()/snapshot()'s directories and cgroups
                 if self._spares is None:
                     self._spares = slots.Spares(config.limits, f"workspace {self.id}")
-                slots.request(self._spares, 1 + n)
-            return Template(core), kids[1:]
+                slots.request(self._spares, n)
+            return kids
 
-    def _rebase_if_deep(self) -> None:
-        """Each snapshot moves the workspace one pid namespace down (it continues as a fork of
-        the template, and a clone can only be made below its source), and the kernel stops at
-        32 levels. At the limit the workspace goes back to the top level first: a CRIU dump and
-        restore into this same object (the same PIDs, files, shells and memory contents; its
-        memory is no longer shared with earlier templates; ~0.3 s here, once every 31
-        snapshots; the images go to /dev/shm for that while). Where CRIU cannot (_not_dumpable,
+    def _surrender(self) -> tuple[Body, list[tuple[tuple[int, int, str], int]]]:
+        """Give up this handle's body and its shells' terminals to the caller (a template
+        made of this fork); the handle is closed."""
+        with self._close_lock:
+            terminals = self.terminals()
+            self._closed = True
+            _live.discard(self)
+            for sh in self._shells:
+                sh.rebind(self, None)
+            with self._shell_lock:
+                self._shells = []
+            return self._body, terminals
+
+    def _rebase_if_deep(self, below: int) -> None:
+        """A fork's pid namespace is below its source's (a clone can only be made below its
+        source), and the kernel stops at 32 levels; a workspace goes deeper each time it
+        becomes a fork (``restore``, a speculation's commit), and a snapshot's children are
+        ``below`` = 2 levels under it. At the limit the workspace goes back to the top level
+        first: a CRIU dump and restore into this same object (the same PIDs, files, shells and
+        memory contents; its memory is no longer shared with earlier templates; ~0.3 s here;
+        the images go to /dev/shm for that while). Where CRIU cannot (_not_dumpable,
         no usable CRIU, a failed dump or restore) a ForkError says why and the workspace runs
         on; with ``BUNSHIN_REBASE=0`` the snapshot refuses with engine.check_depth's error."""
         with self._close_lock:
             self.live_channel()  # a closed workspace says so, as the snapshot would
-            if not engine.too_deep(self.init_pid) or not config.rebase():
+            if not engine.too_deep(self.init_pid, below) or not config.rebase():
                 return
         why = _not_dumpable(self)
         if why is not None:
@@ -632,7 +656,8 @@ class Workspace:
 
     def restore(self, tpl: Template) -> None:
         """Roll back: this workspace becomes a fresh fork of ``tpl`` (the same object; shell
-        sessions that existed in the template continue in their template state)."""
+        sessions that existed in the template continue in their template state), two pid
+        namespaces below the workspace ``tpl`` was snapshotted from."""
         self.adopt(tpl.fork(1)[0])
 
     def adopt(self, kid: Workspace) -> None:
@@ -680,6 +705,8 @@ class Workspace:
         """An fd (close-on-exec) of ``path`` opened with ``flags`` beneath the workspace's root:
         symlinks resolve inside it, never outside. ToolCallError says why it cannot."""
         self.live_channel()
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC):
+            self._host_writes += 1
         try:
             # openat2 rejects a mode without O_CREAT
             return _syscalls.openat2(self._body.root_fd, path, flags | os.O_CLOEXEC,
@@ -745,15 +772,20 @@ class Workspace:
 
     # -- inspection ---------------------------------------------------------------------
     def processes(self) -> list[ProcessInfo]:
-        """Every process in the workspace (init included), by pid inside the workspace."""
+        """Every process in the workspace (init included), by pid inside the workspace. Its
+        forks' processes, which its /proc shows too (their pid namespaces are below its own),
+        are not listed."""
         self.live_channel()
         procdir = f"/proc/{self.init_pid}/root/proc"
+        own_ns = os.readlink(f"/proc/{self.init_pid}/ns/pid")
         out = []
         page = os.sysconf("SC_PAGE_SIZE")
         for name in os.listdir(procdir):
             if not name.isdigit():
                 continue
             try:
+                if os.readlink(f"{procdir}/{name}/ns/pid") != own_ns:
+                    continue
                 with open(f"{procdir}/{name}/stat", "rb") as f:
                     st = f.read()
                 with open(f"{procdir}/{name}/cmdline", "rb") as f:

@@ -6,19 +6,18 @@
 ...         spec.rollback()                  # ws stays exactly as before the block
 >>> # leaving the block normally: ws now holds the fork's state (commit)
 
-How: entering freezes ws's state as a template (``ws.snapshot()``) and forks ``spec.ws`` from
-it; ws itself is not touched by the block. Commit makes ws *adopt* the fork (no extra fork:
-the same ``Workspace`` object and its ``Shell`` objects continue in the fork's state; a
-shell opened in the fork becomes one of ws's shells). Rollback closes the fork; if ws itself
-was used during the block it is restored from the template (``ws.restore``), so rollback is
-exact either way. An exception inside the block rolls back and propagates.
+How: entering forks ``spec.ws`` from ws (``ws.fork()``: ws runs on untouched, as after
+fork(2)). Commit makes ws *adopt* the fork (no extra fork: the same ``Workspace`` object and
+its ``Shell`` objects continue in the fork's state; a shell opened in the fork becomes one of
+ws's shells). Rollback closes the fork and costs nothing more: ws never left its own state
+(what ws's own calls did during the block stays, as they were not the block's). An exception
+inside the block rolls back and propagates.
 
-Depth: a snapshot moves ws one pid namespace deeper (the kernel allows 32). A block entered
-while ws is still a fresh fork of its template (e.g. right after a rolled-back block) forks
-from that template instead, so a loop of rolled-back blocks stays at one depth. A committed
-block leaves ws one level deeper: after about 30 commits the snapshot on entry first moves ws
-back to the top level through CRIU (runtime/workspace.py, ``_rebase_if_deep``); where CRIU
-cannot, ``ForkError(step="depth")`` is raised on entry and ws is left untouched.
+Depth: a fork's pid namespace is below its source's (the kernel allows 32 levels), so a
+committed block leaves ws one level deeper, a rolled-back one at its depth. After about 30
+commits the fork on entry first moves ws back to the top level through CRIU
+(runtime/workspace.py, ``_rebase_if_deep``); where CRIU cannot, ``ForkError(step="depth")``
+is raised on entry and ws is left untouched.
 """
 
 from __future__ import annotations
@@ -26,13 +25,12 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-from .adopt import adopt, clean_template, is_clean, mark_clean
+from .adopt import adopt
 from .errors import SpeculationError
 
 if TYPE_CHECKING:
     from ..runtime.result import Result
     from ..runtime.shell import Shell
-    from ..runtime.template import Template
     from ..runtime.workspace import Workspace
 
 __all__ = ["Speculation"]
@@ -40,7 +38,7 @@ __all__ = ["Speculation"]
 
 # What a block calls on its workspace. Checked by name, not by class: Workspace.speculate()
 # makes blocks, so this module stands below runtime/workspace.py and does not import it.
-_WORKSPACE_METHODS = ("snapshot", "restore", "adopt", "shell")
+_WORKSPACE_METHODS = ("fork", "adopt", "shell")
 
 
 class _RolledBack(Exception):
@@ -56,29 +54,20 @@ class Speculation:
         self.base = ws
         self.ws: Workspace | None = None  #: the fork the block's calls run on
         self.outcome: str | None = None  #: "committed" or "rolled back" once the block ended
-        self._tpl: Template | None = None
+        self._entered = False
         self._shells: dict[int, Shell] = {}
 
     # -- lifetime -------------------------------------------------------------------------
     def __enter__(self) -> Self:
-        if self._tpl is not None or self.outcome is not None:
+        if self._entered or self.outcome is not None:
             raise SpeculationError("a speculation block can be entered once; call ws.speculate() again")
-        ws = self.base
-        tpl = clean_template(ws)
-        if tpl is None:
-            tpl = ws.snapshot()
-            mark_clean(ws)
-        try:
-            self.ws = tpl.fork(1)[0]
-        except BaseException:
-            tpl.close()
-            raise
-        self._tpl = tpl
+        self.ws = self.base.fork(1)[0]
+        self._entered = True
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> bool:
-        if self._tpl is None:
+        if not self._entered or self.outcome is not None:
             return False
         if et is None:
             self._commit()
@@ -87,37 +76,26 @@ class Speculation:
         return et is _RolledBack
 
     def _commit(self) -> None:
-        tpl, self._tpl = self._tpl, None
         kid = self.ws
-        assert tpl is not None and kid is not None  # __exit__ of an entered block
-        try:
-            adopt(self.base, kid)
-        finally:
-            tpl.close()
+        assert kid is not None  # __exit__ of an entered block
         self.outcome = "committed"
+        adopt(self.base, kid)
 
     def _rollback(self) -> None:
-        tpl, self._tpl = self._tpl, None
         kid = self.ws
-        assert tpl is not None and kid is not None  # __exit__ of an entered block
-        try:
-            kid.close()
-            if not self.base.closed and not is_clean(self.base):
-                self.base.restore(tpl)  # ws was used during the block: put it back exactly
-                mark_clean(self.base)
-        finally:
-            tpl.close()
+        assert kid is not None  # __exit__ of an entered block
         self.outcome = "rolled back"
+        kid.close()
 
     def rollback(self) -> None:
         """Drop everything the block did and leave the block (ws as it was before it)."""
-        if self._tpl is None:
+        if not self._entered or self.outcome is not None:
             raise SpeculationError("rollback() is only possible inside the speculation block")
         raise _RolledBack()
 
     # -- conveniences ---------------------------------------------------------------------
     def _live(self) -> Workspace:
-        if self._tpl is None or self.ws is None:
+        if not self._entered or self.outcome is not None or self.ws is None:
             raise SpeculationError("the speculation block has ended; its fork is gone")
         return self.ws
 

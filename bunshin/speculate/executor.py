@@ -13,10 +13,10 @@ state, nothing runs twice); a miss closes every fork and executes the call norma
 cacheable predicate rejects (network, clock) are never speculated: the session's cache
 predicate, else ``cacheable=``, else the predictor's cache's. If ws was used between
 ``prefetch`` and ``call`` (anything that used CPU in it or wrote a file), the forks are stale:
-they are discarded and the call executes. Each prefetch snapshots ws unless it is still a fresh
-fork of its template: a step that speculates moves ws one pid namespace deeper (32 at most,
-then the snapshot moves ws back to the top through CRIU first); where it cannot, prefetch
-declines (``stats.declined``) and calls run normally.
+they are discarded and the call executes. Each prefetch forks ws (``ws.fork``: ws runs on
+untouched); a hit moves ws one pid namespace deeper (32 at most, then the next fork moves ws
+back to the top through CRIU first); where it cannot, prefetch declines (``stats.declined``)
+and calls run normally.
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ from ..cache.toolcall import ToolCall, as_tool_call, child_key
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, ToolFn, run_tool
 from ..errors import ForkError
 from ..runtime.workspace import Workspace
-from .adopt import adopt, clean_template, is_clean, mark_clean
+from .adopt import adopt, mark, unchanged
 from .branch import Branch, shell_in
 from .errors import SpeculationError
 from .predict import Predictor
 
 if TYPE_CHECKING:
     from ..runtime.result import Result
-    from ..runtime.template import Template
 
 log = logging.getLogger("bunshin.speculate")
 
@@ -63,7 +62,6 @@ class SpecStats:
 
 @dataclass
 class _Pending:
-    tpl: Template
     branches: list[Branch]
 
 
@@ -135,21 +133,16 @@ class SpeculativeExecutor:
         self._count(skipped=skipped)
         if not calls:
             return []
-        tpl = clean_template(ws)
         try:
-            if tpl is None:
-                tpl = ws.snapshot()
-                mark_clean(ws)
-            kids = tpl.fork(len(calls))
+            kids = ws.fork(len(calls))
         except ForkError as e:
-            if tpl is not None:
-                tpl.close()
             log.info("speculate: not speculating: %s", e)
             self._count(declined=1)
             return []
+        mark(ws)
         branches = [Branch(c, k, tools, shell_pid) for c, k in zip(calls, kids)]
         with self._lock:
-            self._pending[id(ws)] = _Pending(tpl, branches)
+            self._pending[id(ws)] = _Pending(branches)
             self._stats.speculated += len(branches)
         return calls
 
@@ -163,7 +156,7 @@ class SpeculativeExecutor:
             hit = next((b for b in pend.branches if b.call == tc), None)
             if hit is not None:
                 waited = hit.join()
-                if hit.error is None and is_clean(ws):
+                if hit.error is None and unchanged(ws):
                     return self._adopt(target, ws, pend, hit, waited)
             self._drop(pend)
             self._count(misses=1)
@@ -174,10 +167,7 @@ class SpeculativeExecutor:
     def _adopt(self, target: Target, ws: Workspace, pend: _Pending, hit: Branch, waited: float) -> Result:
         others = [b for b in pend.branches if b is not hit]
         wasted = sum(b.discard() for b in others)
-        try:
-            adopt(ws, hit.kid)
-        finally:
-            pend.tpl.close()
+        adopt(ws, hit.kid)
         self._count(hits=1, wasted_cpu_seconds=wasted, saved_seconds=max(hit.exec_time - waited, 0.0))
         assert hit.result is not None
         if isinstance(target, CachedRollout):
@@ -185,10 +175,7 @@ class SpeculativeExecutor:
         return hit.result
 
     def _drop(self, pend: _Pending) -> None:
-        try:
-            wasted = sum(b.discard() for b in pend.branches)
-        finally:
-            pend.tpl.close()
+        wasted = sum(b.discard() for b in pend.branches)
         self._count(wasted_cpu_seconds=wasted)
 
     def discard(self, target: Target) -> None:

@@ -57,6 +57,7 @@ struct bx_ctl {
 	struct bx_patch patch[BX_MAX_PATCH];
 	int nheld;
 	siginfo_t held[BX_MAX_HELD];
+	pid_t held_tid[BX_MAX_HELD]; /* the thread each was delivered to (tracer's pid namespace) */
 	pid_t last_child; /* from the latest fork/clone event during injection */
 	long tid_off; /* cached tid's offset from the thread pointer, once learned */
 	int child_of_clone; /* made by bx_clone3_seized: never stopped by an interrupt */

@@ -15,7 +15,7 @@ int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig)
 	 * victim has not run since. A template held over many forks would otherwise collect one
 	 * SIGCHLD per closed child's init and soon have no room. */
 	for (int i = 0; sig < SIGRTMIN && i < c->nheld; i++)
-		if (c->held[i].si_signo == sig) {
+		if (c->held[i].si_signo == sig && c->held_tid[i] == tid) {
 			bx_log("%d: signal %d already held", tid, sig);
 			return 0;
 		}
@@ -27,6 +27,7 @@ int bx_hold_signal(struct bx_ctl *c, pid_t tid, int sig)
 		si->si_signo = sig;
 		si->si_code = SI_KERNEL;
 	}
+	c->held_tid[c->nheld] = tid;
 	c->nheld++;
 	bx_log("%d: held back signal %d", tid, sig);
 	return 0;
@@ -39,31 +40,46 @@ int bx_held_signals(const struct bx_ctl *c, int *sigs, int max)
 	return c->nheld;
 }
 
-/* rt_tgsigqueueinfo keeps the sender's siginfo, but the kernel accepts a kill()-style si_code
- * only from the target thread itself: so the injection thread queues its own signals. Those it
- * cannot queue are left in c->held for bx_detach to send with tgkill. */
+static pid_t vtid_of(const struct bx_ctl *c, pid_t tid)
+{
+	for (int i = 0; i < c->nthr; i++)
+		if (c->thr[i].tid == tid)
+			return c->thr[i].vtid;
+	return 0;
+}
+
+/* rt_tgsigqueueinfo keeps the sender's siginfo and the thread it was delivered to, but the
+ * kernel accepts a kill()-style si_code only from the target thread itself: so the injection
+ * thread queues its own signals, and the others' whose si_code the kernel lets any thread of
+ * the process send (a timer's, sigqueue's). Those it cannot queue are left in c->held for
+ * bx_detach to send to their thread with tgkill. */
 int bx_requeue_signals(struct bx_ctl *c)
 {
 	unsigned long scratch;
 	int ret = bx_scratch(c, &scratch);
-	int done = 0;
-	while (!ret && done < c->nheld) {
-		siginfo_t *si = &c->held[done];
-		if ((ret = bx_poke(c, scratch, si, sizeof *si)))
-			break;
-		unsigned long a[6] = {(unsigned long)c->vpid, (unsigned long)c->thr[0].vtid,
-				      (unsigned long)si->si_signo, scratch};
-		long rv;
-		if ((ret = bx_syscall_seized(c, SYS_rt_tgsigqueueinfo, a, &rv)))
-			break;
-		if (rv) {
-			ret = (int)rv;
-			break;
+	int left = 0, done = 0;
+	for (int i = 0; i < c->nheld; i++) {
+		siginfo_t *si = &c->held[i];
+		pid_t vtid = vtid_of(c, c->held_tid[i]);
+		int own = c->held_tid[i] == c->thr[0].tid;
+		int any = si->si_code < 0 && si->si_code != SI_TKILL;
+		long rv = -1;
+		if (!ret && vtid && (own || any) && !(ret = bx_poke(c, scratch, si, sizeof *si))) {
+			unsigned long a[6] = {(unsigned long)c->vpid, (unsigned long)vtid,
+					      (unsigned long)si->si_signo, scratch};
+			ret = bx_syscall_seized(c, SYS_rt_tgsigqueueinfo, a, &rv);
+			if (!ret && rv)
+				ret = (int)rv;
 		}
-		done++;
+		if (!ret && !rv) {
+			done++;
+			continue;
+		}
+		c->held[left] = *si;
+		c->held_tid[left] = c->held_tid[i];
+		left++;
 	}
-	memmove(c->held, c->held + done, (c->nheld - done) * sizeof c->held[0]);
-	c->nheld -= done;
+	c->nheld = left;
 	bx_log("%d: %d signals queued again, %d left", c->pid, done, c->nheld);
 	return ret;
 }
@@ -72,6 +88,6 @@ int bx_requeue_signals(struct bx_ctl *c)
 void bx_send_held(struct bx_ctl *c)
 {
 	for (int i = 0; i < c->nheld; i++)
-		syscall(SYS_tgkill, c->pid, c->thr[0].tid, c->held[i].si_signo);
+		syscall(SYS_tgkill, c->pid, c->held_tid[i] ? c->held_tid[i] : c->thr[0].tid, c->held[i].si_signo);
 	c->nheld = 0;
 }

@@ -66,8 +66,13 @@ def _handle(path: str, follow: bool) -> str:
 
 def _is(st: os.stat_result, path: str, ino: int, dev: int, handle: str, follow: bool = False) -> bool:
     """Whether ``path`` (``st``) is the watched inode: overlayfs gives a non-directory's stat
-    the device of the layer it comes from, not the one a watch shows, so its handle decides."""
-    return st.st_ino == ino and (st.st_dev == dev or _handle(path, follow) == handle)
+    the device of the layer it comes from, not the one a watch shows, and inode numbers of
+    two layers may be equal (without xino), so its handle decides where the kernel gives one."""
+    if st.st_ino != ino:
+        return False
+    if handle:
+        return _handle(path, follow) == handle
+    return st.st_dev == dev
 
 
 def _path_of(root: str, upper: str | None, proc, ino: int, dev: int, handle: str, cache: dict) -> str | None:

@@ -129,10 +129,10 @@ def _immutable(ctx, proc, m: SharedMap) -> bool:
     a file up before opening it for writing, so a file still in a lower layer was opened
     read-only and the mapping can never be made writable, and no layer under a child is
     written again. Its bytes are the child's own file's; remapping cost ~0.2 ms a process."""
-    upper = ctx.shared.get("template-upper")
+    upper = ctx.shared.get("template-upper")  # "": the template wrote no file at all
     if upper is None or m.prot & mmap.PROT_WRITE or m.anonymous or m.path.endswith(_DELETED):
         return False
-    if os.path.lexists(upper + m.path):  # written since the root was made: maybe opened O_RDWR
+    if upper and os.path.lexists(upper + m.path):  # written since the root was made: maybe opened O_RDWR
         return False
     # on the root's own overlay, not a file system mounted in it (/dev/shm is copied per child)
     return _mount_id(f"/proc/{proc.hostpid}/map_files/{m.start:x}-{m.end:x}") == \
