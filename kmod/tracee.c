@@ -75,9 +75,14 @@ static int queue_and_resume(struct task_struct *task, struct bunshin_tracee_work
 	if (!task_is_traced(task) || (task->jobctl & JOBCTL_LISTENING) ||
 	    __fatal_signal_pending(task))
 		goto out;
-	/* a signal waiting for it would stop it again, for us, before the work: ask for a retry */
+	/* A signal waiting for it would stop it again, for us, before the work, and so would a
+	 * trap already asked for (get_signal() takes traps before it returns to the work): a
+	 * PTRACE_INTERRUPT that found the task stopped (seizing a task in a group stop leaves
+	 * one), a job control event, a group stop.  Ask for a retry, nothing resumed: the caller's
+	 * next ptrace resume of the task lets it take them. */
 	ret = -EAGAIN;
-	if (unblocked(&task->pending.signal, &task->blocked) ||
+	if ((task->jobctl & JOBCTL_PENDING_MASK) ||
+	    unblocked(&task->pending.signal, &task->blocked) ||
 	    unblocked(&task->signal->shared_pending.signal, &task->blocked))
 		goto out;
 	ret = task_work_add(task, &tw->work, TWA_SIGNAL);

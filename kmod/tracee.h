@@ -27,8 +27,8 @@ int bunshin_tracee_check(struct task_struct *task);
 /* Resume @task (which must pass bunshin_tracee_check and sit in a ptrace stop) to run
  * @tw->fn, and wait for it (module parameter fork_timeout_ms bounds how long it may take to
  * get there).  Returns fn's result, or -EBUSY (not in a ptrace stop), -EAGAIN (an unblocked
- * signal is pending: it would stop for that first), -ETIMEDOUT, -EINTR (the caller was
- * killed).  @tw lives on the caller's stack. */
+ * signal or a trap is pending: it would stop for that first; not resumed), -ETIMEDOUT,
+ * -EINTR (the caller was killed).  @tw lives on the caller's stack. */
 int bunshin_tracee_run(struct task_struct *task, struct bunshin_tracee_work *tw);
 
 #endif

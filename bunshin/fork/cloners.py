@@ -276,9 +276,11 @@ class KernelFork(Reparent):
 
     def _fork_chunk(self, tp: Tracee, proc: ProcPlan, inits: list[int]) -> list[Tracee]:
         """One FORK: the template process is resumed once, clones itself in the kernel into
-        each child's namespace and stops again; no injected system call. A signal pending for
-        it (EAGAIN: it would stop for that first) is taken by one injected no-op, which holds
-        it back, and the call is made again."""
+        each child's namespace and stops again; no injected system call. A signal or a trap
+        pending for it (EAGAIN: it would stop for that first) is taken by one injected no-op,
+        which holds the signal back and steps through the trap, and the call is made again. A
+        process stopped by a signal has such a trap: its seize found it in its group stop
+        already, and the stop the seize asked for besides is still to come."""
         want = [(ci, proc.vpid, ci) for ci in inits]
         k, in_parent = self._k, self.in_child
         for attempt in (0, 1):

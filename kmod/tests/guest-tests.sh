@@ -26,7 +26,7 @@ fi
 "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
     test_kmod.py test_fork_verb.py test_run_verb.py test_session_verb.py "${args[@]}" || rc=1
 
-read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py}"
+read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py tests/test_fork_stopped.py}"
 if [ "${fork_tests[*]}" != none ]; then
   (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_STATE_DIR=/run/bunshin-state \
      BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
@@ -36,7 +36,8 @@ if [ "${fork_tests[*]}" != none ]; then
   (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_KMOD_FORK=0 BUNSHIN_STATE_DIR=/run/bunshin-state \
      BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
      "$PY" -m pytest -p no:cacheprovider -q -rfE \
-       --junitxml="$RESULTS_DIR/junit-fork-reparent.xml" tests/test_fork.py) || rc=1
+       --junitxml="$RESULTS_DIR/junit-fork-reparent.xml" tests/test_fork.py \
+       tests/test_fork_stopped.py) || rc=1
 fi
 "$PY" bench_share_stats.py | tee "$RESULTS_DIR/bench.log" || rc=1
 (cd "$REPO" && BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \

@@ -256,6 +256,41 @@ def test_fork_bad_input(dev, ns, looper):
         kill_all(made, traced=True)
 
 
+def test_fork_of_a_task_stopped_by_a_signal(dev, ns, looper):
+    """Seized in its group stop (SIGSTOP), a task already sits in the ptrace stop the seize's
+    PTRACE_INTERRUPT asked for, and that trap is still to come: resumed, it would take it
+    before the work. FORK says EAGAIN at once, nothing resumed; once a resume has let it take
+    the trap, the same call forks. Let go, the source is stopped again, as it was."""
+    src = looper.pid
+    os.kill(src, signal.SIGSTOP)
+    read_until(Path(f"/proc/{src}/status"), lambda t: "\nState:\tT (stopped)" in t)
+    kids = []
+    try:
+        seize(src)
+        t = time.monotonic()
+        assert errno_of(dev.fork, src, [(ns, 0, 0)]) == errno.EAGAIN
+        assert time.monotonic() - t < 1  # not fork_timeout_ms
+        _ptrace(PTRACE_CONT, src)
+        event_stop(src)  # at once: no user instruction ran
+        req, kids = dev.fork(src, [(ns, 0, 0)])
+        assert req.done == 1
+        event_stop(src)
+        event_stop(kids[0])
+        vpid = int(status(kids[0])["NSpid"][-1])
+        _ptrace(PTRACE_DETACH, kids[0])
+        line = read_until(looper.out / str(vpid), lambda t: t.endswith("\n")).split()
+        assert line[1] == "1" and line[3] == looper.marker
+        n = looper_count(looper)
+        _ptrace(PTRACE_DETACH, src)
+        read_until(Path(f"/proc/{src}/status"), lambda t: "\nState:\tT (stopped)" in t)
+        time.sleep(0.3)
+        assert looper_count(looper) == n
+        os.kill(src, signal.SIGCONT)
+        runs_on(looper, n)
+    finally:
+        kill_all(kids)
+
+
 # The init of a world of its own: new pid, mount, net, ipc and uts namespaces, a root and a
 # directory of its own (argv[1], argv[1]/sub), a hostname and a umask; prints its host pid.
 WORLD = r"""
