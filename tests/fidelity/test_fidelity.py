@@ -38,9 +38,9 @@ RESULTS: dict[str, dict] = {}
 
 
 def title(source: Path) -> str:
-    """The class a victim checks: its first line, ``/* fidelity: TITLE */``."""
-    first = source.read_text().splitlines()[0]
-    return first.removeprefix("/* fidelity:").removesuffix("*/").strip()
+    """The class a victim checks: its opening comment, ``/* fidelity: TITLE */``."""
+    head = source.read_text().split("*/", 1)[0].removeprefix("/* fidelity:")
+    return " ".join(w.strip("* ") for w in head.split() if w.strip("* "))
 
 
 @pytest.fixture(scope="session")

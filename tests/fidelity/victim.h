@@ -7,6 +7,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function"  /* each victim uses a few helpers */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,9 +25,12 @@
 static char fid_out[16384];
 static size_t fid_len;
 
+static pthread_mutex_t fid_lock = PTHREAD_MUTEX_INITIALIZER;  /* threads check at once */
+
 static void fid_say(const char *fmt, ...)
 {
 	va_list ap;
+	pthread_mutex_lock(&fid_lock);
 	va_start(ap, fmt);
 	int n = vsnprintf(fid_out + fid_len, sizeof fid_out - fid_len - 1, fmt, ap);
 	va_end(ap);
@@ -34,6 +38,7 @@ static void fid_say(const char *fmt, ...)
 		fid_len += n;
 		fid_out[fid_len++] = '\n';
 	}
+	pthread_mutex_unlock(&fid_lock);
 }
 
 /* Lines another process of the victim reported (each ending with a newline), as ours. */
