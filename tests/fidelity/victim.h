@@ -56,6 +56,8 @@ static void fid_append(const char *lines)
 	CHECK(g_ == w_, "%s: %lld, want %lld", what, g_, w_); } while (0)
 #define NEAR(what, got, want, tol) do { double g_ = (got), w_ = (want); \
 	CHECK(g_ >= w_ - (tol) && g_ <= w_ + (tol), "%s: %.3f, want %.3f ± %.3f", what, g_, w_, (double)(tol)); } while (0)
+#define CHAREQ(what, got, want) do { char g_ = (got), w_ = (want); \
+	CHECK(g_ == w_, "%s: '%c', want '%c'", what, g_, w_); } while (0)
 #define STREQ(what, got, want) do { const char *g_ = (got), *w_ = (want); \
 	CHECK(g_ && !strcmp(g_, w_), "%s: '%s', want '%s'", what, g_ ? g_ : "(null)", w_); } while (0)
 /* A setup step that fails is the victim's own fault: say so and stop, never report READY. */

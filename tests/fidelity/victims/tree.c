@@ -41,7 +41,7 @@ int main(void)
 	char path[64];
 	snprintf(path, sizeof path, "/proc/%d/stat", zombie);
 	const char *st = strrchr(slurp(path), ')');
-	EQ("the zombie is a zombie (state Z)", st ? st[2] : '?', 'Z');
+	CHAREQ("the zombie is a zombie (state Z)", st ? st[2] : '?', 'Z');
 	int status = 0;
 	EQ("wait() for the zombie", waitpid(zombie, &status, WNOHANG), zombie);
 	EQ("its exit status", WIFEXITED(status) ? WEXITSTATUS(status) : -1, 7);
