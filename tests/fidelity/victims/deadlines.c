@@ -5,6 +5,7 @@
 
 #define WAIT 2.0
 static double started, woke[3];
+static int polled, poll_errno;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t never = PTHREAD_COND_INITIALIZER;
 
@@ -12,7 +13,8 @@ static void *sleeper(void *a)
 {
 	int i = (int)(long)a;
 	if (i == 0) {
-		poll(0, 0, (int)(WAIT * 1000));
+		polled = poll(0, 0, (int)(WAIT * 1000));
+		poll_errno = errno;
 	} else if (i == 1) {
 		struct timespec t = {(time_t)WAIT, 0};
 		while (nanosleep(&t, &t))
@@ -40,6 +42,8 @@ int main(void)
 	ready();
 	wait_term();
 	static const char *what[3] = {"poll woke after", "nanosleep woke after", "timed condition wait woke after"};
+	pthread_join(t[0], 0);
+	CHECK(polled == 0, "poll returned %d (%s), want 0 (timed out)", polled, strerror(poll_errno));
 	for (int i = 0; i < 3; i++) {
 		pthread_join(t[i], 0);
 		NEAR(what[i], woke[i] - started, WAIT, 0.3);
