@@ -108,6 +108,10 @@ def _read(w, path: str) -> bytes | None:
         return None
 
 
+class NeverReady(Exception):
+    """The victim could not set its state up (its own failure, not the fork's)."""
+
+
 def _start(family, exe: Path):
     """A new workspace running the victim, once it is READY; its pid there."""
     ws = bunshin.Workspace.create()
@@ -118,7 +122,7 @@ def _start(family, exe: Path):
     while _read(ws, "/tmp/fid-ready") is None:
         if time.monotonic() > deadline or ws.wait(pid, 0.001) is not None:
             log = (_read(ws, "/tmp/fid-log") or b"").decode(errors="replace")
-            pytest.fail(f"{exe.name} never became ready: {log}")
+            raise NeverReady(f"{exe.name} never became ready: {log}".strip())
         time.sleep(0.02)
     return ws, pid
 
@@ -173,7 +177,12 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
     if path == "criu" and (why := _criu_usable()):
         RESULTS.setdefault(victim, {})[path] = {"child": {"outcome": "NOT RUN", "detail": why}}
         pytest.skip(f"no usable CRIU: {why}")
-    ws, pid = _start(family, binaries[victim])
+    try:
+        ws, pid = _start(family, binaries[victim])
+    except NeverReady as e:
+        failed = {"outcome": "FAIL", "detail": str(e)}
+        RESULTS.setdefault(victim, {})[path] = {"child": failed, "source": failed, "same_tasks": True}
+        pytest.fail(str(e))
     before, init = tasks(ws), ws.init_pid
     refusal = CriuError, CheckpointError, ImageError, ForkError
     try:
