@@ -143,6 +143,11 @@ def verdict(w, pid: int) -> dict:
     return {"outcome": "PASS" if text == "PASS" else "FAIL", "detail": "" if text == "PASS" else text}
 
 
+def _line(detail: str) -> str:
+    """A verdict on one line, for pytest's summary."""
+    return "; ".join(detail.splitlines())
+
+
 def tasks(ws) -> dict[int, int]:
     """Host pid -> start time (field 22 of /proc/PID/stat) of every process of ``ws``."""
     out = {}
@@ -203,10 +208,10 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
     recloned = not same and init not in after
     if child["outcome"] == "FAIL":
         if (victim, path) in KNOWN_CHILD_FAILS:
-            pytest.xfail(f"{KNOWN_CHILD_FAILS[victim, path]}: {child['detail']}")
+            pytest.xfail(f"{KNOWN_CHILD_FAILS[victim, path]}: {_line(child['detail'])}")
         pytest.fail(f"silent mismatch in the child: {child['detail']}")
     if source["outcome"] != "PASS" and recloned:
-        pytest.xfail(f"the source was re-cloned and lost: {source['detail']}")
+        pytest.xfail(f"the source was re-cloned and lost: {_line(source['detail'])}")
     assert source["outcome"] == "PASS", f"the source changed: {source['detail']}"
     if not same and recloned:
         pytest.xfail("the source was re-cloned: its tasks are new ones")
