@@ -19,7 +19,7 @@ FORKS = (("ws_fork", "ws.fork"), ("tpl_fork", "tpl.fork"))
 # what differs from run to run in a message, so that the table changes only when outcomes do
 VARYING = ((re.compile(r"socket:\[\d+\]"), "socket:[…]"), (re.compile(r"workspace [0-9a-f]{12}"), "workspace …"),
            (re.compile(r"log /tmp/\S+\.log"), "log …"), (re.compile(r"\(\d+\.\d+\) "), ""),
-           (re.compile(r"\(pid: \d+\)"), "(pid: …)"))
+           (re.compile(r"\(pid: \d+\)"), "(pid: …)"), (re.compile(r"(\d+\.\d+\.\d+\.\d+):\d+ ->"), r"\1:… ->"))
 
 
 class Notes:
