@@ -24,7 +24,8 @@ HOST = {"kernel": "6.18", "module": False, "victims": {
                             "same_tasks": True}},
 }}
 GUEST = {"kernel": "6.1", "module": True, "victims": {
-    "pipe": {"title": "pipes with bytes", "ws_fork": {"child": _outcome("PASS")}, "tpl_fork": {"child": _outcome("PASS")}}}}
+    "pipe": {"title": "pipes with bytes", "ws_fork": {"child": _outcome("PASS")},
+             "tpl_fork": {"child": _outcome("PASS")}}}}
 
 
 def test_a_row_per_class_and_a_note_per_distinct_difference():
