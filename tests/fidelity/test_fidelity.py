@@ -76,7 +76,7 @@ def binaries(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def results_file(tmp_path_factory, request):
+def results_file(tmp_path_factory):
     """Writes RESULTS once every test has run."""
     yield
     if not RESULTS:
@@ -86,8 +86,6 @@ def results_file(tmp_path_factory, request):
            "victims": {name: {"title": title(HERE / "victims" / f"{name}.c"), **RESULTS[name]}
                        for name in sorted(RESULTS)}}
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    if reporter := request.config.pluginmanager.get_plugin("terminalreporter"):
-        reporter.write_line(f"fidelity outcomes: {path}")
 
 
 def _criu_usable() -> str:
