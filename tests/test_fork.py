@@ -13,6 +13,7 @@ from conftest import signal_and_read, wait_file, wait_for_bytes, ws_status
 import bunshin
 from bunshin.errors import ForkError
 from bunshin.fork.plan import proc_status
+from bunshin.runtime import layers
 
 
 def test_fork_keeps_processes_pids_and_shell_state(family):
@@ -77,7 +78,8 @@ def test_fork_cost_does_not_copy_written_files(family):
     # upper layer, a btrfs snapshot sharing the source's blocks.
     assert not (kid.body.dir.upper / "big.bin").exists()
     after = os.statvfs(ws.body.dir.path)
-    assert (state.f_bfree - after.f_bfree) * after.f_frsize < 10 << 20
+    if layers.is_subvolume(ws.body.dir.layer):  # elsewhere the copy is a copy
+        assert (state.f_bfree - after.f_bfree) * after.f_frsize < 10 << 20
     for w in (ws, kid):
         assert w.run("sha256sum /big.bin").stdout.split()[0] == digest
 

@@ -26,10 +26,11 @@ fi
 "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
     test_kmod.py test_fork_verb.py test_run_verb.py test_session_verb.py "${args[@]}" || rc=1
 
-read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py tests/test_fork_stopped.py}"
+read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py tests/test_fork_stopped.py tests/test_fork_source.py tests/fidelity}"
 if [ "${fork_tests[*]}" != none ]; then
+  # the fidelity suite's outcomes: the fork table's "child (module)" column (tests/fidelity/table.py)
   (cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_STATE_DIR=/run/bunshin-state \
-     BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+     BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache BUNSHIN_FIDELITY_OUT="$RESULTS_DIR/fidelity.json" \
      "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 \
        --junitxml="$RESULTS_DIR/junit-fork.xml" "${fork_tests[@]}") || rc=1
   # and once more cloning by injection, REPARENT only: the path of a module without FORK

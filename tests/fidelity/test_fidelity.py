@@ -1,0 +1,218 @@
+"""Fidelity suite: one small C program per kind of process state (tests/fidelity/victims/*.c)
+sets its state up in a workspace, says READY and, on SIGTERM, checks every property of it and
+writes PASS or what differs (victim.h). Each is checked in the child and in the source after
+``ws.fork()``, after ``ws.snapshot()`` + ``tpl.fork(1)``, and after ``bunshin.criu`` dump and
+restore (the reference). A fork may refuse a state with ForkError instead: that is an outcome
+too. The outcomes go to a JSON file (``BUNSHIN_FIDELITY_OUT``, else fidelity.json in pytest's
+temporary directory) from which ``python3 -m tests.fidelity.table`` fills docs/fork-table.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import bunshin
+from bunshin.errors import BunshinError, CheckpointError, CriuError, ForkError, ImageError
+
+HERE = Path(__file__).parent
+SOURCES = sorted((HERE / "victims").glob("*.c"))
+VICTIMS = [p.stem for p in SOURCES]
+PATHS = ("ws_fork", "tpl_fork", "criu")
+READY_TIMEOUT = 15.0
+VERDICT_TIMEOUT = 10.0
+
+# Children that fail today, each a bug of the fork engine the suite found (a silent mismatch):
+# expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
+_KNOWN = {
+    "clone_files": "two processes sharing one descriptor table get a table each",
+    "deadlines": "a poll() blocked at the fork returns early with EINTR (the restart block of its "
+                 "timeout is not carried)",
+    "procattrs": "PR_SET_CHILD_SUBREAPER is not carried",
+    "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
+    "madvise": "mlock()ed pages are not locked in the clone",
+    "pipe": "a pipe resized with F_SETPIPE_SZ comes back at 64 KiB with only the first 64 KiB",
+    "pty_path": "a line typed towards a reader in canonical mode is not carried",
+    "sockopts": "SO_PRIORITY after IP_TOS comes back as IP_TOS's priority",
+    "threads": "a thread's own CPU affinity is not carried",
+    "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
+            "zombies, PDEATHSIG, session)",
+}
+KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
+    (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
+
+RESULTS: dict[str, dict] = {}
+
+
+def title(source: Path) -> str:
+    """The class a victim checks: its opening comment, ``/* fidelity: TITLE */``."""
+    head = source.read_text().split("*/", 1)[0].removeprefix("/* fidelity:")
+    return " ".join(w.strip("* ") for w in head.split() if w.strip("* "))
+
+
+@pytest.fixture(scope="session")
+def binaries(tmp_path_factory) -> dict[str, Path]:
+    """Every victim compiled once (in parallel), by name."""
+    out = tmp_path_factory.mktemp("fidelity-bin")
+
+    def build(src: Path) -> tuple[str, Path, str]:
+        exe = out / src.stem
+        r = subprocess.run(["cc", "-O1", "-Wall", "-Werror", "-pthread", "-o", str(exe), str(src)],
+                           capture_output=True, text=True, timeout=120)
+        return src.stem, exe, r.stderr if r.returncode else ""
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        built = list(pool.map(build, SOURCES))
+    errors = {name: err for name, _exe, err in built if err}
+    assert not errors, f"victims that do not compile: {errors}"
+    return {name: exe for name, exe, _err in built}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def results_file(tmp_path_factory):
+    """Writes RESULTS once every test has run."""
+    yield
+    if not RESULTS:
+        return
+    path = Path(os.environ.get("BUNSHIN_FIDELITY_OUT") or tmp_path_factory.getbasetemp() / "fidelity.json")
+    doc = {"kernel": platform.release(), "module": os.environ.get("BUNSHIN_KMOD") == "1",
+           "victims": {name: {"title": title(HERE / "victims" / f"{name}.c"), **RESULTS[name]}
+                       for name in sorted(RESULTS)}}
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def _criu_usable() -> str:
+    """Why bunshin.criu cannot run here, or "" if it can."""
+    try:
+        from bunshin.criu import runner
+
+        runner.criu()
+    except CriuError as e:
+        return str(e)
+    return ""
+
+
+def _read(w, path: str) -> bytes | None:
+    try:
+        return w.read_file(path)
+    except BunshinError:
+        return None
+
+
+class NeverReady(Exception):
+    """The victim could not set its state up (its own failure, not the fork's)."""
+
+
+def _start(family, exe: Path):
+    """A new workspace running the victim, once it is READY; its pid there."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/fid/victim", exe.read_bytes(), mode=0o755)
+    pid = ws.spawn(["/fid/victim"], cwd="/tmp", log_path="/tmp/fid-log")
+    deadline = time.monotonic() + READY_TIMEOUT
+    while _read(ws, "/tmp/fid-ready") is None:
+        if time.monotonic() > deadline or ws.wait(pid, 0.001) is not None:
+            log = (_read(ws, "/tmp/fid-log") or b"").decode(errors="replace")
+            raise NeverReady(f"{exe.name} never became ready: {log}".strip())
+        time.sleep(0.02)
+    return ws, pid
+
+
+def verdict(w, pid: int) -> dict:
+    """SIGTERM the victim in ``w`` and take what it reports (bounded: never waits forever)."""
+    try:
+        w.kill(pid, signal.SIGTERM)
+    except BunshinError as e:
+        return {"outcome": "FAIL", "detail": f"the victim is gone: {e}"}
+    deadline = time.monotonic() + VERDICT_TIMEOUT
+    while (got := _read(w, "/tmp/fid-verdict")) is None:
+        if time.monotonic() > deadline:
+            log = (_read(w, "/tmp/fid-log") or b"").decode(errors="replace")
+            return {"outcome": "FAIL", "detail": f"no verdict within {VERDICT_TIMEOUT:.0f} s {log}".strip()}
+        time.sleep(0.02)
+    text = got.decode(errors="replace").strip()
+    return {"outcome": "PASS" if text == "PASS" else "FAIL", "detail": "" if text == "PASS" else text}
+
+
+def _line(detail: str) -> str:
+    """A verdict on one line, for pytest's summary."""
+    return "; ".join(detail.splitlines())
+
+
+def tasks(ws) -> dict[int, int]:
+    """Host pid -> start time (field 22 of /proc/PID/stat) of every process of ``ws``."""
+    out = {}
+    for pid in ws.host_pids():
+        try:
+            st = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        out[pid] = int(st[st.rindex(b")") + 2:].split()[19])
+    return out
+
+
+def _child(ws, path: str, tmp_path: Path):
+    """The copy ``path`` makes of ``ws``; raises what refuses it."""
+    if path == "ws_fork":
+        return ws.fork(1)[0]
+    if path == "tpl_fork":
+        tpl = ws.snapshot()
+        try:
+            return tpl.fork(1)[0]
+        finally:
+            tpl.close()
+    from bunshin import criu
+
+    criu.dump_workspace(ws, tmp_path / "img")
+    return criu.restore_workspace(tmp_path / "img")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("victim", VICTIMS)
+def test_fidelity(victim, path, binaries, family, tmp_path):
+    if path == "criu" and (why := _criu_usable()):
+        RESULTS.setdefault(victim, {})[path] = {"child": {"outcome": "NOT RUN", "detail": why}}
+        pytest.skip(f"no usable CRIU: {why}")
+    try:
+        ws, pid = _start(family, binaries[victim])
+    except NeverReady as e:
+        failed = {"outcome": "FAIL", "detail": str(e)}
+        RESULTS.setdefault(victim, {})[path] = {"child": failed, "source": failed, "same_tasks": True}
+        pytest.fail(str(e))
+    before, init = tasks(ws), ws.init_pid
+    # what CRIU says it cannot dump or restore is its refusal; a fork's is ForkError alone
+    refusal: tuple[type[Exception], ...] = (
+        (CriuError, CheckpointError, ImageError, ForkError) if path == "criu" else (ForkError,))
+    try:
+        kid = _child(ws, path, tmp_path)
+    except refusal as e:
+        child = {"outcome": "REFUSED", "detail": str(e)}
+    else:
+        family.append(kid)
+        child = verdict(kid, pid)
+    after = tasks(ws)
+    source = verdict(ws, pid)
+    same = after == before
+    RESULTS.setdefault(victim, {})[path] = {"child": child, "source": source, "same_tasks": same}
+    if path == "criu":
+        return  # the reference: recorded, whatever it says
+    # The old engine re-clones the whole source (its init included) at every fork: what the
+    # source then loses is that design's, not a silent mismatch of this class.
+    recloned = not same and init not in after
+    if child["outcome"] == "FAIL":
+        if (victim, path) in KNOWN_CHILD_FAILS:
+            pytest.xfail(f"{KNOWN_CHILD_FAILS[victim, path]}: {_line(child['detail'])}")
+        pytest.fail(f"silent mismatch in the child: {child['detail']}")
+    if source["outcome"] != "PASS" and recloned:
+        pytest.xfail(f"the source was re-cloned and lost: {_line(source['detail'])}")
+    assert source["outcome"] == "PASS", f"the source changed: {source['detail']}"
+    if not same and recloned:
+        pytest.xfail("the source was re-cloned: its tasks are new ones")
+    assert same, f"the source's tasks changed: before {before}, after {after}"

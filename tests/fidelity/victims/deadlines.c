@@ -1,0 +1,51 @@
+/* fidelity: deadlines of calls blocked at the fork (poll, nanosleep, a timed futex wait) */
+#include "../victim.h"
+#include <poll.h>
+#include <pthread.h>
+
+#define WAIT 2.0
+static double started, woke[3];
+static int polled, poll_errno;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t never = PTHREAD_COND_INITIALIZER;
+
+static void *sleeper(void *a)
+{
+	int i = (int)(long)a;
+	if (i == 0) {
+		polled = poll(0, 0, (int)(WAIT * 1000));
+		poll_errno = errno;
+	} else if (i == 1) {
+		struct timespec t = {(time_t)WAIT, 0};
+		while (nanosleep(&t, &t))
+			;
+	} else {
+		struct timespec t;
+		clock_gettime(CLOCK_REALTIME, &t);
+		t.tv_sec += (time_t)WAIT;
+		pthread_mutex_lock(&mu);
+		while (pthread_cond_timedwait(&never, &mu, &t) != ETIMEDOUT)
+			;
+		pthread_mutex_unlock(&mu);
+	}
+	woke[i] = now(CLOCK_MONOTONIC);
+	return 0;
+}
+
+int main(void)
+{
+	fid_init();
+	pthread_t t[3];
+	started = now(CLOCK_MONOTONIC);
+	for (long i = 0; i < 3; i++)
+		pthread_create(&t[i], 0, sleeper, (void *)i);
+	ready();
+	wait_term();
+	static const char *what[3] = {"poll woke after", "nanosleep woke after", "timed condition wait woke after"};
+	for (int i = 0; i < 3; i++)
+		pthread_join(t[i], 0);
+	CHECK(polled == 0, "poll returned %d (%s), want 0 (timed out)", polled, strerror(poll_errno));
+	for (int i = 0; i < 3; i++)
+		NEAR(what[i], woke[i] - started, WAIT, 0.3);
+	return report();
+}
