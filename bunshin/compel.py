@@ -153,6 +153,11 @@ class Tracee:
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
+    def seize_threads(self) -> None:
+        """Attach to every other thread and ask each for a stop, without waiting: a frozen
+        task's threads then stop before their next instruction once thawed (stop_all waits)."""
+        self._call("seize_threads")
+
     def stop_all(self) -> list[int]:
         """Seize and stop every thread of the process, including threads born meanwhile."""
         self._call("stop_all")

@@ -43,6 +43,7 @@ cdef extern from "compel.h" nogil:
     bx_ctl *bx_seize_begin(pid_t tid, int *err)
     int bx_seize_finish(bx_ctl *c)
     int bx_stop_all_seized(bx_ctl *c)
+    int bx_seize_threads_begin(bx_ctl *c)
     int bx_detach(bx_ctl *c)
     void bx_free(bx_ctl *c)
     pid_t bx_pid(const bx_ctl *c)

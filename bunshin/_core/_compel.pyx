@@ -130,6 +130,13 @@ cdef class Ctl:
     def alive(self):
         return self.c != NULL and bx_alive(self.c)
 
+    def seize_threads(self):
+        cdef bx_ctl *c = self._live()
+        cdef int err
+        with nogil:
+            err = bx_seize_threads_begin(c)
+        self._check(err)
+
     def stop_all(self):
         cdef bx_ctl *c = self._live()
         cdef int err

@@ -63,6 +63,8 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
                 if watch is not None:
                     watch.pl = pl
                 _seize(pl, tracees)
+                if len(pl.threads) > 1:  # else they would run between the thaw and stop_all
+                    tracees[pl.hostpid].seize_threads()
         if watch is not None:
             watch.done()
         cg.thaw()

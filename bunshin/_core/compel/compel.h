@@ -87,6 +87,9 @@ struct bx_ctl *bx_seize(pid_t tid, int *err);
 struct bx_ctl *bx_seize_begin(pid_t tid, int *err);
 int bx_seize_finish(struct bx_ctl *c);
 int bx_stop_all_seized(struct bx_ctl *c);
+/* Attach to every other thread and ask each for a stop, without waiting (a frozen task stops
+ * once thawed); bx_stop_all_seized then waits for them. */
+int bx_seize_threads_begin(struct bx_ctl *c);
 int bx_detach(struct bx_ctl *c);
 void bx_free(struct bx_ctl *c);
 pid_t bx_pid(const struct bx_ctl *c);   /* thread group id, tracer's namespace */

@@ -351,6 +351,36 @@ struct bx_ctl *bx_seize(pid_t tid, int *err)
 	return c;
 }
 
+int bx_seize_threads_begin(struct bx_ctl *c)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/task", c->pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return bx_fail(c, BX_STEP_STOP_ALL, errno == ENOENT ? -ESRCH : -errno);
+	struct dirent *e;
+	int ret = 0;
+	while (!ret && (e = readdir(d))) {
+		pid_t tid = atoi(e->d_name);
+		int known = tid <= 0;
+		for (int i = 0; !known && i < c->nthr; i++)
+			known = c->thr[i].tid == tid;
+		if (known)
+			continue;
+		int i = bx_add_thread(c, tid);
+		if (i < 0) {
+			ret = i;
+			break;
+		}
+		if ((ret = seize_thread(c, tid)) == -ESRCH) { /* exited meanwhile */
+			c->thr[i] = c->thr[--c->nthr];
+			ret = 0;
+		}
+	}
+	closedir(d);
+	return ret ? bx_fail(c, BX_STEP_STOP_ALL, ret) : 0;
+}
+
 /* Seize every thread listed in /proc/PID/task until a pass finds none new: a thread not yet
  * stopped may create another; threads made by an already seized one arrive through TRACECLONE. */
 int bx_stop_all_seized(struct bx_ctl *c)
