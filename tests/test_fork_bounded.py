@@ -265,3 +265,31 @@ def test_a_watch_that_fires_after_its_attempt_does_nothing(monkeypatch):
     w = seize._AttachWatch(Group())
     time.sleep(0.2)
     assert w.cancel() is True and len(thawed) == 1
+
+
+def test_a_request_to_an_init_that_does_not_read_fails_in_bounded_time(no_leaks, monkeypatch):
+    """Requests given up on stay queued at a frozen init until its queue is full: the next send
+    waits SEND_TIMEOUT_S, not for ever; thawed, the init answers again."""
+    from bunshin.errors import ProtocolError
+    from bunshin.runtime import channel
+
+    monkeypatch.setattr(channel, "SEND_TIMEOUT_S", 1)
+    ws = bunshin.Workspace.create()
+    try:
+        chan = ws.live_channel()
+        ws.cgroup.freeze()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ProtocolError, match=r"did not take request \d+ within 1s"):
+                for _ in range(1000):
+                    try:
+                        chan.ping(timeout=0.01)
+                    except ProtocolError as e:
+                        if "did not answer" not in str(e):
+                            raise
+            assert time.monotonic() - t0 < 30
+        finally:
+            ws.cgroup.thaw()
+        assert ws.run("echo ok").stdout == b"ok\n"
+    finally:
+        ws.close()
