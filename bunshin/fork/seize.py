@@ -160,7 +160,8 @@ def _stop_error(pl: ProcPlan, e: ForkError) -> ForkError:
         return e
     return ForkError(f"process {pl.vpid} ({pl.name}) did not reach a ptrace stop within "
                      f"{STOP_TIMEOUT:g} s of being seized (in uninterruptible sleep?): the fork "
-                     "waits for every process to stop", pid=pl.hostpid, step="wait")
+                     "needs every process stopped. It is let go as soon as it stops: fork again "
+                     "then", pid=pl.hostpid, step="wait")
 
 
 def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
