@@ -401,7 +401,7 @@ def _kill_traced(pids) -> None:
     for pid in pids:
         try:
             os.kill(pid, 9)
-            os.waitpid(pid, 0x40000000)  # __WALL
+            os.waitpid(pid, 0x40000000)  # __WALL; cannot block: SIGKILL ends a ptrace-stopped task at once
         except (ProcessLookupError, ChildProcessError):
             pass
 

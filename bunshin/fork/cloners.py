@@ -211,7 +211,9 @@ class Reparent(Cloner):
         except OSError as e:
             as_seen = child.in_parent
             os.kill(child.pid, signal.SIGKILL)
-            os.waitpid(child.pid, engine.WALL)  # as its tracer: hands the zombie to its real parent
+            # as its tracer: hands the zombie to its real parent (cannot block: SIGKILL ends a
+            # ptrace-stopped single-threaded task at once)
+            os.waitpid(child.pid, engine.WALL)
             child._ctl = None
             tp.syscall(61, as_seen, 0, engine.WALL, 0)  # wait4 in the template process, its parent
             raise ForkError(f"/dev/bunshin REPARENT of process {proc.vpid} ({proc.name}) under the "

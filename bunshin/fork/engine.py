@@ -151,7 +151,8 @@ def _wait_taken(tpl_sock: socket.socket, timeout: float = 5.0) -> None:
 
 def reap_in(tp: Tracee, pids: list[int]) -> None:
     """wait4 for each of ``pids`` (dead children of the template process) inside it: one stop
-    for all (compel's batch in the page it keeps there), or one call when there is one."""
+    for all (compel's batch in the page it keeps there), or one call when there is one.
+    Cannot block: each is a zombie already (end_mid saw it die, as its tracer)."""
     if len(pids) == 1:
         tp.syscall(61, pids[0], 0, WALL, 0)
     elif pids:
@@ -180,7 +181,9 @@ def end_mid(mid: Tracee, mids: list[int]) -> None:
         mids.append(mid.in_parent)
     # Killing it while stopped: it never runs the template's code in shared memory.
     os.kill(mid.pid, signal.SIGKILL)
-    os.waitpid(mid.pid, WALL)  # as its tracer: hands the zombie to its real parent
+    # as its tracer: hands the zombie to its real parent. Cannot block: SIGKILL ends a
+    # ptrace-stopped single-threaded task at once.
+    os.waitpid(mid.pid, WALL)
     mid._ctl = None  # dead: nothing to cure or detach
 
 

@@ -84,7 +84,7 @@ class ForkThread:
         call = _Call(fn, args)
         self._calls.put(call)
         try:
-            call.wait()
+            call.wait()  # as long as the call: every wait of a fork on the kernel is bounded
         except BaseException:
             # not the call's own failure: this caller stopped waiting (at once if it is done)
             if abandon is not None:

@@ -14,9 +14,12 @@ import os
 import signal
 import struct
 import threading
+import time
 
 from ..compel import Tracee, in_group_stop, suspends_seccomp
 from ..errors import BunshinError, ForkError
+from . import keeper
+from .perprocess import PerProcess
 from .plan import ProcPlan, proc_status, seccomp_filters
 from .remote import Remote
 
@@ -48,25 +51,24 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
     """Stop every process of a frozen cgroup under ptrace, then thaw it: each process stops
     before it can run user code again. One stopped by a signal is seized only after the thaw
     (frozen, its attach would never finish): its group stop keeps it from running meanwhile.
-    ``group_stopped`` of each plan says which are. On failure the group is left frozen,
-    nothing seized. Each wait for a ptrace stop is bounded: ForkError naming the process."""
+    ``group_stopped`` of each plan says which are. On failure the group is left frozen and
+    nothing seized, but for a process whose stop never came: it is let go once it stops
+    (:func:`stragglers`). Each wait for a ptrace stop is bounded: ForkError naming the process."""
+    stragglers().check(plans)
     tracees: dict[int, Tracee] = {}
     stopped: set[int] = set()
     waited_out: set[int] = set()  # not stopped within STOP_TIMEOUT: not waited for again
-    seen = [in_group_stop(pl.hostpid) or _sigstop_pending(pl.hostpid) or None for pl in plans]
+    seen = [_stopped(pl.hostpid) for pl in plans]
     for pl, stop in zip(plans, seen):
         pl.group_stopped = bool(stop)
-    watch = _AttachWatch(cg) if None in seen else None
     try:
-        for pl in plans:
-            if not pl.group_stopped:
-                if watch is not None:
-                    watch.pl = pl
+        for pl, stop in zip(plans, seen):
+            if stop is None:
+                _seize_watched(cg, pl, tracees)
+            elif not stop:
                 _seize(pl, tracees)
                 if len(pl.threads) > 1:  # else they would run between the thaw and stop_all
                     tracees[pl.hostpid].seize_threads()
-        if watch is not None:
-            watch.done()
         cg.thaw()
         for pl in plans:
             if pl.group_stopped:
@@ -85,61 +87,83 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
             t.stop_all()
         check_seccomp(plans)  # the first seize of this trainer has told whether it can
     except BaseException:
-        if watch is not None:
-            watch.timer.cancel()
-        _let_stop(cg, tracees, stopped | waited_out)
+        waited_out |= _let_stop(cg, tracees, stopped | waited_out)
+        unstopped = [tracees.pop(pid) for pid in waited_out if pid in tracees]
         release_all(cg, tracees)
+        stragglers().add(unstopped)
         raise
     return tracees
 
 
-def _sigstop_pending(pid: int) -> bool:
-    """A SIGSTOP queued and not yet taken (a template made of an unrun fork of a stopped
-    process holds one): the process stops before its next instruction, as if stopped."""
+def _stopped(pid: int) -> bool | None:
+    """in_group_stop, or a SIGSTOP queued and not yet taken (a template made of an unrun fork
+    of a stopped process holds one: it stops before its next instruction, as if stopped)."""
+    stop = in_group_stop(pid)
+    if stop:
+        return stop
     bit = 1 << (signal.SIGSTOP - 1)
     try:
-        if int(proc_status(pid)["ShdPnd"], 16) & bit:
+        if int(proc_status(pid)["ShdPnd"], 16) & bit or any(
+                int(proc_status(f"{pid}/task/{t}")["SigPnd"], 16) & bit for t in os.listdir(f"/proc/{pid}/task")):
             return True
-        return any(int(proc_status(f"{pid}/task/{t}")["SigPnd"], 16) & bit
-                   for t in os.listdir(f"/proc/{pid}/task"))
     except (OSError, KeyError, ValueError):
-        return False
+        pass
+    return stop
 
 
-# How long a seized process may take to reach its ptrace stop once thawed.
+# How long a seized process may take to reach its ptrace stop once thawed, and a frozen one's
+# attach to return: a process in uninterruptible sleep (a vfork parent, a wait on a device)
+# reaches neither until it wakes, and the fork fails past it rather than hang.
 STOP_TIMEOUT = 10.0
 
 
+def _seize_watched(cg, pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
+    """Seize a frozen process that /proc/PID/wchan cannot tell (a kernel without kallsyms):
+    stopped by a signal, its attach waits for a thaw that comes only after it. Past
+    STOP_TIMEOUT a timer of this attempt thaws the group, which lets the attach return (the
+    process, attached now, is let go with the others), and the fork fails naming it."""
+    watch = _AttachWatch(cg)
+    try:
+        _seize(pl, tracees)
+    finally:
+        fired = watch.cancel()
+    if fired:
+        raise ForkError(f"process {pl.vpid} ({pl.name}): its ptrace attach did not return within "
+                        f"{STOP_TIMEOUT:g} s while the workspace was frozen (stopped by a signal? "
+                        "this kernel's /proc/PID/wchan cannot tell): resume it (SIGCONT) and "
+                        "fork again", pid=pl.hostpid, step="seize")
+
+
 class _AttachWatch:
-    """Where /proc/PID/wchan tells nothing (a kernel without kallsyms) a process stopped by a
-    signal cannot be told from the others while frozen, and its attach would wait for a thaw
-    that comes only after it: past STOP_TIMEOUT this thaws the group, which lets the attach
-    return, and :meth:`done` fails the fork naming the process."""
+    """One seize attempt's timer: it thaws the group unless cancelled first, and tells which
+    happened (one that fires after the attempt is over does nothing)."""
 
     def __init__(self, cg) -> None:
-        self.cg = cg
-        self.pl: ProcPlan | None = None  # the process being seized
-        self.stuck: ProcPlan | None = None
-        self.timer = threading.Timer(STOP_TIMEOUT, self._thaw)
-        self.timer.daemon = True
-        self.timer.start()
+        self._cg = cg
+        self._lock = threading.Lock()
+        self._armed = True
+        self._fired = False
+        self._timer = threading.Timer(STOP_TIMEOUT, self._thaw)
+        self._timer.daemon = True
+        self._timer.start()
 
     def _thaw(self) -> None:
-        self.stuck = self.pl
+        with self._lock:
+            if not self._armed:
+                return
+            self._fired = True
         try:
-            self.cg.thaw()
+            self._cg.thaw()
         except BunshinError as e:
             log.warning("thawing to release a seize: %s", e)
 
-    def done(self) -> None:
-        self.timer.cancel()
-        self.timer.join()
-        if self.stuck is not None:
-            pl = self.stuck
-            raise ForkError(f"process {pl.vpid} ({pl.name}): its ptrace attach did not return within "
-                            f"{STOP_TIMEOUT:g} s while the workspace was frozen (stopped by a signal? "
-                            "this kernel's /proc/PID/wchan cannot tell): resume it (SIGCONT) and "
-                            "fork again", pid=pl.hostpid, step="seize")
+    def cancel(self) -> bool:
+        """Whether the timer thawed the group (its thaw is over when this returns)."""
+        with self._lock:
+            self._armed = False
+        self._timer.cancel()
+        self._timer.join()
+        return self._fired
 
 
 def _seize(pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
@@ -154,7 +178,8 @@ def _stop_error(pl: ProcPlan, e: ForkError) -> ForkError:
         return e
     return ForkError(f"process {pl.vpid} ({pl.name}) did not reach a ptrace stop within "
                      f"{STOP_TIMEOUT:g} s of being seized (in uninterruptible sleep?): the fork "
-                     "waits for every process to stop", pid=pl.hostpid, step="wait")
+                     "needs every process stopped. It is let go as soon as it stops: fork again "
+                     "then", pid=pl.hostpid, step="wait")
 
 
 def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
@@ -174,23 +199,29 @@ def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
     return ForkError(msg, pid=pl.hostpid, step="seize", errno=e.errno)
 
 
-def _let_stop(cg, tracees: dict[int, Tracee], done: set[int]) -> None:
+def _let_stop(cg, tracees: dict[int, Tracee], done: set[int]) -> set[int]:
     """A seized task can be let go only from a ptrace stop: after a failure before every
     seized process stopped, the others (not in ``done``: stopped, or waited for in vain) are
-    let reach theirs (a dead one is skipped)."""
+    let reach theirs (a dead one is skipped), all within one STOP_TIMEOUT. Returns the pids of
+    those that did not (attached still, their stop still asked for)."""
     rest = [t for pid, t in tracees.items() if pid not in done]
     if not rest:
-        return
+        return set()
     try:
         cg.thaw()
     except BunshinError as e:
         log.warning("thawing to let go of the seized processes: %s", e)
-        return
+        return {t.pid for t in rest}
+    deadline = time.monotonic() + STOP_TIMEOUT
+    late = set()
     for t in rest:
         try:
-            t.wait_stopped(STOP_TIMEOUT)
-        except BunshinError as e:
+            t.wait_stopped(max(deadline - time.monotonic(), 0.0))
+        except ForkError as e:
             log.warning("template process %d did not stop: %s", t.pid, e)
+            if e.step == "wait" and not e.errno:
+                late.add(t.pid)
+    return late
 
 
 class Pinned:
@@ -264,6 +295,78 @@ def release_all(cg, tracees: dict[int, Tracee]) -> None:
             t.detach()
         except BunshinError as e:
             log.warning("detaching template process %d: %s", t.pid, e)
+
+
+class Stragglers:
+    """Template processes a failed fork seized and waited for in vain (in uninterruptible
+    sleep): a tracee can be let go only from a ptrace stop, so each stays attached to the fork
+    thread, its stop still asked for, until it reaches it; the fork thread then lets it go
+    (as compel does, any signal met on the way is delivered). Checked in the fork thread's
+    idle time, more rarely the longer it takes, and before every seize."""
+
+    def __init__(self) -> None:
+        self.tracees: dict[int, Tracee] = {}  # by host pid; used in the fork thread only
+        self._ticking = False
+
+    def add(self, tracees: list[Tracee]) -> None:
+        for t in tracees:
+            self.tracees[t.pid] = t
+        if self.tracees and not self._ticking:
+            self._ticking = True
+            self._tick_later(SWEEP_FIRST_S)
+
+    def _tick_later(self, delay: float) -> None:
+        timer = threading.Timer(delay, keeper.fork_thread().post, (self._tick, delay))
+        timer.daemon = True
+        timer.start()
+
+    def _tick(self, delay: float) -> None:
+        self.sweep()
+        self._ticking = bool(self.tracees)
+        if self._ticking:
+            self._tick_later(min(delay * 2, SWEEP_MAX_S))
+
+    def sweep(self) -> None:
+        """Let go of each straggler that has stopped (or is gone) since."""
+        for pid, t in list(self.tracees.items()):
+            try:
+                t.wait_stopped(0)
+            except ForkError as e:
+                if e.step == "wait" and not e.errno:
+                    continue  # not stopped yet
+                del self.tracees[pid]  # gone: compel has let go of it
+                continue
+            del self.tracees[pid]
+            try:
+                t.detach()
+            except BunshinError as e:
+                log.warning("letting go of template process %d: %s", pid, e)
+
+    def check(self, plans: list[ProcPlan]) -> None:
+        """Refuse to seize a process still attached from an earlier fork's failure."""
+        if not self.tracees:
+            return
+        self.sweep()
+        stuck = next((pl for pl in plans if pl.hostpid in self.tracees), None)
+        if stuck is not None:
+            raise ForkError(f"process {stuck.vpid} ({stuck.name}) has not reached the ptrace stop an "
+                            "earlier fork asked for (in uninterruptible sleep?): it stays attached "
+                            "until it does, and cannot be forked before", pid=stuck.hostpid,
+                            step="seize")
+
+
+# A straggler is checked after SWEEP_FIRST_S, then at twice the last interval, up to
+# SWEEP_MAX_S: one that wakes soon is let go soon, one that sleeps long costs little.
+SWEEP_FIRST_S = 0.01
+SWEEP_MAX_S = 1.0
+
+_stragglers = PerProcess(Stragglers)
+
+
+def stragglers() -> Stragglers:
+    s = _stragglers.get()
+    assert s is not None
+    return s
 
 
 def reap_children(init: Tracee, due: int) -> int:

@@ -31,6 +31,10 @@ _READY = struct.Struct("=Ii")
 _ACK = struct.Struct("=i")
 assert _HDR.size == PROTO["SIZEOF_MSG"] and _SPAWN.size == PROTO["SIZEOF_SPAWN"]
 
+# How long a send may wait for room in the init's receive queue: one that does not read (frozen,
+# stopped, or behind on requests whose answers were given up on) would keep it waiting for ever.
+SEND_TIMEOUT_S = 30
+
 _STEPS = {
     PROTO["STEP_FORK"]: "fork",
     PROTO["STEP_CHDIR"]: "chdir",
@@ -52,6 +56,7 @@ class Channel:
     def __init__(self, sock: socket.socket, name: str) -> None:
         self._sock = sock
         self._name = name
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", SEND_TIMEOUT_S, 0))
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -105,6 +110,8 @@ class Channel:
         why = "init closed the control socket"
         try:
             while True:
+                # unbounded on purpose: this thread waits for the init's reports while it lives;
+                # close() ends the recv (shutdown)
                 data = self._sock.recv(PROTO["MAX_INLINE"] + 4096)
                 if not data:
                     break
@@ -163,6 +170,9 @@ class Channel:
         except OSError as e:
             with self._lock:
                 self._pending.pop(rid, None)
+            if e.errno in (_errno.EAGAIN, _errno.EWOULDBLOCK):  # SO_SNDTIMEO
+                raise ProtocolError(f"{self._name}: init did not take request {typ} within "
+                                    f"{SEND_TIMEOUT_S}s (its control socket stayed full)") from None
             raise WorkspaceDied(f"{self._name}: cannot reach init: {e}") from None
         finally:
             if memfd >= 0:
@@ -207,7 +217,8 @@ class Channel:
         self.request(PROTO["REQ_PING"], timeout=timeout)
 
     def wait_exit(self, pid: int, timeout: float | None) -> int | None:
-        """Raw wait status of a tracked pid, or None on timeout."""
+        """Raw wait status of a tracked pid, or None on timeout (None: as long as the process
+        runs; the init's death ends the wait too, as the reader thread sees it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while pid not in self._exits:

@@ -41,7 +41,7 @@ def reap_init(pidfd: int, *, is_child: bool, grace: float) -> None:
             return
     if is_child:
         try:
-            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)  # exited (its pidfd polled so): cannot block
         except ChildProcessError:
             pass
     os.close(pidfd)

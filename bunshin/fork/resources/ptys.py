@@ -220,7 +220,7 @@ def _put_input(master: int, data: bytes) -> None:
     termios.tcsetattr(master, termios.TCSANOW, [0, was[1], was[2], was[3] & quiet, *was[4:]])
     try:
         view = memoryview(data)
-        while view:
+        while view:  # cannot block: the bytes came out of a buffer as large, now empty
             view = view[os.write(master, view):]
     finally:
         termios.tcsetattr(master, termios.TCSANOW, was)

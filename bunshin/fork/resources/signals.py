@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from types import SimpleNamespace
 
 from ...errors import ForkError
@@ -160,10 +161,11 @@ def _queue_in_threads(clone, proc, queues: dict[int, list[bytes]]) -> None:
         if tid is None:
             raise ForkError(f"process {proc.vpid} ({proc.name}): thread {thread} has signals pending "
                             "but no copy in the clone", pid=proc.hostpid, step="signals")
-        _queue_in_thread(clone.pid, tid, infos, getattr(proc, "posix_timers", ()))
+        who = f"process {proc.vpid} ({proc.name}), thread {thread} of its clone"
+        _queue_in_thread(who, clone.pid, tid, infos, getattr(proc, "posix_timers", ()))
 
 
-def _queue_in_thread(pid: int, tid: int, infos: list[bytes], timers) -> None:
+def _queue_in_thread(who: str, pid: int, tid: int, infos: list[bytes], timers) -> None:
     """The thread runs to a signal-delivery stop for a trigger signal, the only one it lets
     through; there we swap in the siginfo to queue, block everything and let it go with that
     signal, which the kernel queues on the thread again, untouched; an interrupt asked for
@@ -186,16 +188,20 @@ def _queue_in_thread(pid: int, tid: int, infos: list[bytes], timers) -> None:
                 raise ForkError(f"thread {tid}: tgkill: {os.strerror(ctypes.get_errno())}", pid=pid,
                                 step="signals")
             _ptrace(_PTRACE_CONT, tid, None, None, "PTRACE_CONT")
-            _expect(tid, lambda st: os.WSTOPSIG(st) == trigger and st >> 16 == 0, f"signal {trigger}")
+            _expect(who, pid, tid, lambda st: os.WSTOPSIG(st) == trigger and st >> 16 == 0,
+                    f"signal {trigger}")
             data = ctypes.create_string_buffer(info, _SIGINFO)
             _ptrace(_PTRACE_SETSIGINFO, tid, None, data, "PTRACE_SETSIGINFO")
             block = ctypes.c_uint64(_ALL)
             _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(block), "PTRACE_SETSIGMASK")
             _ptrace(_PTRACE_INTERRUPT, tid, None, None, "PTRACE_INTERRUPT")
             _ptrace(_PTRACE_CONT, tid, None, ctypes.c_void_p(_signo(info)), "PTRACE_CONT")
-            _expect(tid, lambda st: st >> 16 == _PTRACE_EVENT_STOP, "the interrupt")
-    finally:
-        _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_SETSIGMASK")
+            _expect(who, pid, tid, lambda st: st >> 16 == _PTRACE_EVENT_STOP, "the interrupt")
+    except BaseException:
+        # a thread that did not stop cannot have its mask set; its clone is discarded anyway
+        _libc.ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask))
+        raise
+    _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_SETSIGMASK")
     # ptrace_signal() drops a signal it cannot queue (RLIMIT_SIGPENDING) without a word
     # (a timer of the clone's may have queued one of its own meanwhile)
     got = iter(_queue(tid, 0))
@@ -204,11 +210,30 @@ def _queue_in_thread(pid: int, tid: int, infos: list[bytes], timers) -> None:
                         "signals again (RLIMIT_SIGPENDING?)", pid=pid, step="signals")
 
 
-def _expect(tid: int, ok, what: str) -> None:
-    _, st = os.waitpid(tid, _WALL)
+# How long a clone's thread, let go with one signal unblocked, may take to stop for it (or for
+# the interrupt after it): it does at once, unless something outside the fork holds it (a
+# freezer, an uninterruptible sleep), and the fork fails past it rather than hang.
+EXPECT_TIMEOUT = 5.0
+
+
+def _expect(who: str, pid: int, tid: int, ok, what: str) -> None:
+    """Collect the next ptrace stop of thread ``tid`` (``who`` names it), which must be the
+    one ``ok`` accepts. Polled, not waited for: a blocking waitpid would have no bound."""
+    deadline = time.monotonic() + EXPECT_TIMEOUT
+    delay = 0.00002
+    while True:
+        done, st = os.waitpid(tid, _WALL | os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() >= deadline:
+            raise ForkError(f"{who}: did not stop for {what} within {EXPECT_TIMEOUT:g} s while "
+                            "its signals were queued again (frozen, or in uninterruptible sleep?)",
+                            pid=pid, step="signals")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
     if not os.WIFSTOPPED(st) or not ok(st):
-        raise ForkError(f"thread {tid}: stopped for {st:#x}, not for {what}, while queueing its "
-                        "signals", pid=tid, step="signals")
+        raise ForkError(f"{who}: stopped for {st:#x}, not for {what}, while its signals were "
+                        "queued again", pid=pid, step="signals")
 
 
 OPS = SimpleNamespace(kind="pending-signals", plan_proc=plan_proc, fixup_proc=fixup_proc)

@@ -117,7 +117,7 @@ def diag_socket(ns_pid: int) -> socket.socket:
 
     t = threading.Thread(target=enter, name="bunshin-unix-diag")
     t.start()
-    t.join()
+    t.join()  # setns and socket: nothing to wait for
     if isinstance(out[0], OSError):
         raise ForkError(f"cannot list the workspace's sockets: {out[0]}", step="plan")
     return out[0]
@@ -127,6 +127,8 @@ def diag_dump(nl: socket.socket, req: bytes, what: str) -> Iterator[bytes]:
     """Each reply of a sock_diag dump of ``req`` on ``nl``, without its netlink header."""
     nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)  # REQUEST|DUMP
     while True:
+        # cannot block: the kernel queues each part of a dump before the recv of the last one
+        # returns, and an error of its own ends the recv (netlink_recvmsg)
         buf = nl.recv(1 << 16)
         while buf:
             ln, typ = struct.unpack_from("=IH", buf)
