@@ -97,16 +97,13 @@ class WorkspaceDir:
         os.chmod(d.upper, 0o755)
         return d
 
-    def freeze_upper(self) -> Path:
-        """A read-only copy of the upper layer as it is now (its writers stopped by the
-        caller), in this directory; its ``upper`` is the lower layer of this workspace's
-        children, and it goes with the directory."""
+    def frozen_path(self) -> Path:
+        """Where a read-only copy of the upper layer goes (layers.freeze): its ``upper`` is the
+        lower layer of this workspace's children, and it goes with the directory."""
         while True:
             path = self.path / f"frozen-{secrets.token_hex(4)}"
             if not path.exists():
-                break
-        layers.freeze(self.layer, path)
-        return path
+                return path
 
     def write_meta(self, meta: Meta) -> None:
         tmp = self.meta_file.with_suffix(".tmp")
