@@ -16,7 +16,8 @@
 #             default: tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py
 #             tests/test_fork_failures.py tests/test_fork_comm.py
 #             tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py
-#             tests/test_fork_vfork.py tests/test_fork_stopped.py;
+#             tests/test_fork_vfork.py tests/test_fork_stopped.py tests/test_fork_source.py
+#             tests/fidelity;
 #             "none" skips)
 #   -x CMD    run this shell command in the guest instead of the tests and benchmarks
 #             (from the repository root, with the module loaded and what the fork suite
