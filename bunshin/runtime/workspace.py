@@ -823,7 +823,10 @@ def _cannot_rebase(ws: Workspace, limit: int, why: str) -> str:
 def _not_dumpable(ws: Workspace) -> str | None:
     """Why CRIU would refuse the workspace, known without trying: a process whose session
     leader is outside its pid namespace (a shell's job started before a fork: its clone keeps
-    the template's session, docs/design.md), which CRIU cannot dump."""
+    the template's session, docs/design.md), which CRIU cannot dump; live forks (their inits
+    are children of its init)."""
+    if ws.body.holds:
+        return "it has live forks (their inits are children of its init): close them first"
     for hp in ws.host_pids():
         try:
             st = proc_status(hp)
