@@ -19,6 +19,7 @@ import ctypes
 import fcntl
 import logging
 import os
+import stat
 import re
 import select
 import struct
@@ -72,7 +73,9 @@ def _is(st: os.stat_result, path: str, ino: int, dev: int, handle: str, follow: 
         return False
     if handle:
         return _handle(path, follow) == handle
-    return st.st_dev == dev
+    # no handles (AT_HANDLE_FID is 6.5's): a directory shows the overlay's device as a watch
+    # does, a file its layer's, so only the inode number can tell
+    return st.st_dev == dev or not stat.S_ISDIR(st.st_mode)
 
 
 def _path_of(root: str, upper: str | None, proc, ino: int, dev: int, handle: str, cache: dict) -> str | None:
