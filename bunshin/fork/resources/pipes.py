@@ -1,5 +1,7 @@
-"""Pipes and FIFOs: the child gets a new pipe (or reopens its own FIFO) holding a copy of the
-bytes buffered in the template's, copied with tee(2), which leaves the template's untouched.
+"""Pipes and FIFOs: the child gets a new pipe (or reopens its own FIFO) of the template's size
+(F_SETPIPE_SZ) holding a copy of the bytes buffered in the template's, copied with tee(2), which
+leaves the template's untouched. tee copies only what fits in one call (a second would copy the
+same bytes again), so the new pipe gets the template's size first: it then has as many slots.
 
 A pipe is created in the first clone that holds it; later clones open it through that
 clone's /proc/PID/fd entry, which yields the same pipe. A pipe with only one end inside had its
@@ -14,9 +16,11 @@ its path, opened and unlinked.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
+import fcntl
 import stat
+import struct
+import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
@@ -30,6 +34,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.tee.restype = ctypes.c_ssize_t
 _libc.tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
 _SPLICE_F_NONBLOCK = 2
+_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032
 
 
 def claims(proc, f) -> bool:
@@ -54,18 +59,29 @@ def _access(f) -> int:
 
 
 def _copy_buffer(src_path: str, dst_path: str) -> None:
+    """The template pipe's size and buffered bytes given to the (empty) new one. The trainer
+    sets the size (root: past fs.pipe-max-size, as a process may have gone)."""
     src = os.open(src_path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         dst = os.open(dst_path, os.O_WRONLY | os.O_NONBLOCK)
         try:
-            if _libc.tee(src, dst, 1 << 20, _SPLICE_F_NONBLOCK) < 0:
+            size = fcntl.fcntl(src, _F_GETPIPE_SZ)
+            if fcntl.fcntl(dst, _F_GETPIPE_SZ) != size:
+                fcntl.fcntl(dst, _F_SETPIPE_SZ, size)
+            queued = _queued(src)
+            if queued and _libc.tee(src, dst, queued, _SPLICE_F_NONBLOCK) < 0:
                 e = ctypes.get_errno()
-                if e != errno.EAGAIN:  # EAGAIN: nothing buffered
-                    raise OSError(e, os.strerror(e))
+                raise OSError(e, os.strerror(e))
+            if _queued(dst) != queued:
+                raise ForkError(f"a pipe's buffered bytes: {_queued(dst)} of {queued} copied", step="fixup")
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def _queued(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
 
 
 def fixup(ctx, proc, r, f) -> None:
