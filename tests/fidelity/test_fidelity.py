@@ -39,7 +39,6 @@ _KNOWN = {
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
     "madvise": "mlock()ed pages are not locked in the clone",
     "pty_path": "a line typed towards a reader in canonical mode is not carried",
-    "threads": "a thread's own CPU affinity is not carried",
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
             "zombies, PDEATHSIG, session)",
 }
