@@ -41,7 +41,7 @@ SYS = {
     "set_robust_list": 273, "sched_setaffinity": 203, "semctl": 66,
     "fchmod": 91, "fchown": 93, "fchdir": 81, "mkdirat": 258, "mknodat": 259, "flock": 73,
     "fchmodat": 268, "fchownat": 260, "linkat": 265, "symlinkat": 266,
-    "munmap": 11,
+    "munmap": 11, "mlock2": 325, "mlockall": 151, "prctl": 157,
     "sigaltstack": 131, "rseq": 334, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
 }
 AT_FDCWD = -100

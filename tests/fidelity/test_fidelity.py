@@ -35,9 +35,7 @@ _KNOWN = {
     "clone_files": "two processes sharing one descriptor table get a table each",
     "deadlines": "a poll() blocked at the fork returns early with EINTR (the restart block of its "
                  "timeout is not carried)",
-    "procattrs": "PR_SET_CHILD_SUBREAPER is not carried",
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
-    "madvise": "mlock()ed pages are not locked in the clone",
     "pty_path": "a line typed towards a reader in canonical mode is not carried",
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
             "zombies, PDEATHSIG, session)",
