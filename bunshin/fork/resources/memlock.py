@@ -36,7 +36,7 @@ def _locked_ranges(hostpid: int) -> list[tuple[int, int, int]]:
                 start, end = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
             elif line.startswith("VmFlags:"):
                 flags = line.split()[1:]
-                if "lo" not in flags:
+                if "lo" not in flags or "dc" in flags:  # dc: MADV_DONTFORK, no clone has it
                     continue
                 how = _MLOCK_ONFAULT if "lf" in flags else 0
                 if out and out[-1][1] == start and out[-1][2] == how:
