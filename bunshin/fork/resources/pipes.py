@@ -16,8 +16,8 @@ its path, opened and unlinked.
 from __future__ import annotations
 
 import ctypes
-import os
 import fcntl
+import os
 import stat
 import struct
 import termios
@@ -58,7 +58,7 @@ def _access(f) -> int:
     return f.flags & os.O_ACCMODE
 
 
-def _copy_buffer(src_path: str, dst_path: str) -> None:
+def _copy_buffer(proc, f, src_path: str, dst_path: str) -> None:
     """The template pipe's size and buffered bytes given to the (empty) new one. The trainer
     sets the size (root: past fs.pipe-max-size, as a process may have gone)."""
     src = os.open(src_path, os.O_RDONLY | os.O_NONBLOCK)
@@ -73,7 +73,8 @@ def _copy_buffer(src_path: str, dst_path: str) -> None:
                 e = ctypes.get_errno()
                 raise OSError(e, os.strerror(e))
             if _queued(dst) != queued:
-                raise ForkError(f"a pipe's buffered bytes: {_queued(dst)} of {queued} copied", step="fixup")
+                raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: {_queued(dst)} of the {queued} "
+                                f"bytes buffered in its {f.target} copied", pid=proc.hostpid, step="fixup")
         finally:
             os.close(dst)
     finally:
@@ -93,7 +94,7 @@ def fixup(ctx, proc, r, f) -> None:
             r.queue_openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
     elif f.target.startswith("pipe:"):
         rd, wr = r.pipe()
-        _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
+        _copy_buffer(proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
         keep, drop = (rd, wr) if _access(f) == os.O_RDONLY else (wr, rd)
         r.queue("close", drop)
         newfd = keep
@@ -107,7 +108,7 @@ def fixup(ctx, proc, r, f) -> None:
             r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
             r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
         newfd = _open_fifo(r, path, f, lambda helper: _copy_buffer(
-            f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
+            proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
         if f.target.endswith(_DELETED):
             r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
             drop_way(r, f.way)
