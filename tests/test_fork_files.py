@@ -372,6 +372,37 @@ def test_fifos_without_peers_and_unlinked(family, how):
         assert w.run("test -e /work/ff/gone").exit_code == 1
 
 
+RESIZED_PIPES = r"""
+import fcntl, hashlib, termios
+F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
+os.makedirs("/work/rp", exist_ok=True)
+os.mkfifo("/work/rp/big")
+big = os.open("/work/rp/big", os.O_RDWR | os.O_NONBLOCK)  # grown past 64 KiB, filled past it
+fcntl.fcntl(big, F_SETPIPE_SZ, 1 << 20)
+os.write(big, bytes(i * 13 % 251 for i in range(300000)))
+small_r, small_w = os.pipe2(os.O_NONBLOCK)  # shrunk to one page, full
+fcntl.fcntl(small_r, F_SETPIPE_SZ, 4096)
+os.write(small_w, b"s" * 4096)
+def facts(rd, wr):
+    size, queued = fcntl.fcntl(rd, F_GETPIPE_SZ), struct.unpack("i", fcntl.ioctl(rd, termios.FIONREAD, b"0000"))[0]
+    data = b""
+    while len(data) < queued:
+        data += os.read(rd, queued - len(data))
+    os.write(wr, data)  # back, for the next report
+    return [size, queued, hashlib.sha1(data).hexdigest()]
+def report():
+    return {"big": facts(big, big), "small": facts(small_r, small_w)}
+serve(report)
+"""
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_resized_pipes_keep_their_size_and_every_queued_byte(family, how):
+    before, src, kid, _ = _reports(family, RESIZED_PIPES, how)
+    assert before["big"][:2] == [1 << 20, 300000] and before["small"][:2] == [4096, 4096]
+    assert src == before and kid == before
+
+
 DELETED_DIRS = r"""
 import shutil
 os.makedirs("/work/dd/held", exist_ok=True)

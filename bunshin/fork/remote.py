@@ -41,7 +41,7 @@ SYS = {
     "set_robust_list": 273, "sched_setaffinity": 203, "semctl": 66,
     "fchmod": 91, "fchown": 93, "fchdir": 81, "mkdirat": 258, "mknodat": 259, "flock": 73,
     "fchmodat": 268, "fchownat": 260, "linkat": 265, "symlinkat": 266,
-    "munmap": 11,
+    "munmap": 11, "mlock2": 325, "mlockall": 151, "prctl": 157,
     "sigaltstack": 131, "rseq": 334, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
 }
 AT_FDCWD = -100
@@ -356,12 +356,12 @@ class RunRemote(Remote):
                             errno=e.errno) from None
 
 
-def set_affinity(r: Remote, cpus: set[int]) -> None:
+def set_affinity(r: Remote, cpus: set[int], tid: int = 0) -> None:
     """Queue the clone's move onto ``cpus`` (its calling thread, so threads it gets later
-    inherit them)."""
+    inherit them; or its thread ``tid``, as its pid namespace numbers it)."""
     size = (max(cpus) // 64 + 1) * 8
     mask = sum(1 << c for c in cpus).to_bytes(size, "little")
-    r.queue("sched_setaffinity", 0, size, r.queue_put(mask))
+    r.queue("sched_setaffinity", tid, size, r.queue_put(mask))
 
 
 def enter_namespaces(r: Remote, cwd: str, setns: bool = True) -> None:

@@ -235,6 +235,9 @@ class Pinned:
         self.cpu = min(mine)
         self.saved[0] = mine
         self.of_pid: dict[int, set[int]] = {}
+        # a thread's own CPUs (sched_setaffinity on one thread) where they are not its
+        # process's, by tid in the workspace (a clone's threads have the same)
+        self.of_thread: dict[int, dict[int, set[int]]] = {}
         try:
             os.sched_setaffinity(0, {self.cpu})
             for pid, t in tracees.items():
@@ -245,6 +248,10 @@ class Pinned:
                     except OSError:
                         pass
                 self.of_pid[pid] = self.saved.get(pid, mine)
+                own = {_vtid(tid): self.saved[tid] for tid in t.threads()
+                       if tid != pid and self.saved.get(tid, self.of_pid[pid]) != self.of_pid[pid]}
+                if own:
+                    self.of_thread[pid] = own
         except BaseException:
             self.restore()
             raise
@@ -260,15 +267,17 @@ class Pinned:
         cpus = self.of_pid.get(template_pid)
         if cpus is None:
             return
-        if away and len(cpus) > 1:
-            cpus = cpus - {self.cpu}
+        own = self.of_thread.get(template_pid, {})
         try:
             tids = clone.threads()
         except BunshinError:
             tids = [clone.pid]
         for tid in tids:
+            mask = own.get(_vtid(tid), cpus) if own and tid != clone.pid else cpus
+            if away and len(mask) > 1:
+                mask = mask - {self.cpu}
             try:
-                os.sched_setaffinity(tid, cpus)
+                os.sched_setaffinity(tid, mask)
             except OSError:
                 pass
 
@@ -279,6 +288,14 @@ class Pinned:
             except OSError:
                 pass
         self.saved.clear()
+
+
+def _vtid(tid: int) -> int:
+    """A task's tid in its own pid namespace (0 once it is gone)."""
+    try:
+        return int(proc_status(tid)["NSpid"].split()[-1])
+    except (OSError, KeyError):
+        return 0
 
 
 def release_all(cg, tracees: dict[int, Tracee]) -> None:

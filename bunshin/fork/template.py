@@ -497,7 +497,7 @@ class _Child:
         self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
                                   cloner=self.cloner,
                                   shared={"tracees": self.tracees, "template-upper": str(core.own_upper or ""),
-                                          "pty_masters": self.masters},
+                                          "pty_masters": self.masters, "thread_cpus": self.pin.of_thread},
                                   cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
         self.masters = {}
         return self.ctx

@@ -35,13 +35,8 @@ _KNOWN = {
     "clone_files": "two processes sharing one descriptor table get a table each",
     "deadlines": "a poll() blocked at the fork returns early with EINTR (the restart block of its "
                  "timeout is not carried)",
-    "procattrs": "PR_SET_CHILD_SUBREAPER is not carried",
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
-    "madvise": "mlock()ed pages are not locked in the clone",
-    "pipe": "a pipe resized with F_SETPIPE_SZ comes back at 64 KiB with only the first 64 KiB",
     "pty_path": "a line typed towards a reader in canonical mode is not carried",
-    "sockopts": "SO_PRIORITY after IP_TOS comes back as IP_TOS's priority",
-    "threads": "a thread's own CPU affinity is not carried",
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
             "zombies, PDEATHSIG, session)",
 }

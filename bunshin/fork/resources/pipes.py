@@ -1,5 +1,7 @@
-"""Pipes and FIFOs: the child gets a new pipe (or reopens its own FIFO) holding a copy of the
-bytes buffered in the template's, copied with tee(2), which leaves the template's untouched.
+"""Pipes and FIFOs: the child gets a new pipe (or reopens its own FIFO) of the template's size
+(F_SETPIPE_SZ) holding a copy of the bytes buffered in the template's, copied with tee(2), which
+leaves the template's untouched. tee copies only what fits in one call (a second would copy the
+same bytes again), so the new pipe gets the template's size first: it then has as many slots.
 
 A pipe is created in the first clone that holds it; later clones open it through that
 clone's /proc/PID/fd entry, which yields the same pipe. A pipe with only one end inside had its
@@ -14,9 +16,11 @@ its path, opened and unlinked.
 from __future__ import annotations
 
 import ctypes
-import errno
+import fcntl
 import os
 import stat
+import struct
+import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
@@ -30,6 +34,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.tee.restype = ctypes.c_ssize_t
 _libc.tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
 _SPLICE_F_NONBLOCK = 2
+_F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032
 
 
 def claims(proc, f) -> bool:
@@ -53,19 +58,31 @@ def _access(f) -> int:
     return f.flags & os.O_ACCMODE
 
 
-def _copy_buffer(src_path: str, dst_path: str) -> None:
+def _copy_buffer(proc, f, src_path: str, dst_path: str) -> None:
+    """The template pipe's size and buffered bytes given to the (empty) new one. The trainer
+    sets the size (root: past fs.pipe-max-size, as a process may have gone)."""
     src = os.open(src_path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         dst = os.open(dst_path, os.O_WRONLY | os.O_NONBLOCK)
         try:
-            if _libc.tee(src, dst, 1 << 20, _SPLICE_F_NONBLOCK) < 0:
+            size = fcntl.fcntl(src, _F_GETPIPE_SZ)
+            if fcntl.fcntl(dst, _F_GETPIPE_SZ) != size:
+                fcntl.fcntl(dst, _F_SETPIPE_SZ, size)
+            queued = _queued(src)
+            if queued and _libc.tee(src, dst, queued, _SPLICE_F_NONBLOCK) < 0:
                 e = ctypes.get_errno()
-                if e != errno.EAGAIN:  # EAGAIN: nothing buffered
-                    raise OSError(e, os.strerror(e))
+                raise OSError(e, os.strerror(e))
+            if _queued(dst) != queued:
+                raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: {_queued(dst)} of the {queued} "
+                                f"bytes buffered in its {f.target} copied", pid=proc.hostpid, step="fixup")
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def _queued(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
 
 
 def fixup(ctx, proc, r, f) -> None:
@@ -77,7 +94,7 @@ def fixup(ctx, proc, r, f) -> None:
             r.queue_openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
     elif f.target.startswith("pipe:"):
         rd, wr = r.pipe()
-        _copy_buffer(f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
+        _copy_buffer(proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
         keep, drop = (rd, wr) if _access(f) == os.O_RDONLY else (wr, rd)
         r.queue("close", drop)
         newfd = keep
@@ -91,7 +108,7 @@ def fixup(ctx, proc, r, f) -> None:
             r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
             r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
         newfd = _open_fifo(r, path, f, lambda helper: _copy_buffer(
-            f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
+            proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
         if f.target.endswith(_DELETED):
             r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
             drop_way(r, f.way)

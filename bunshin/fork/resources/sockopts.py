@@ -18,6 +18,7 @@ _SOL, _TCP, _IP, _IP6 = socket.SOL_SOCKET, socket.IPPROTO_TCP, socket.IPPROTO_IP
 _INT, _TIMEVAL, _LINGER, _IFNAME, _U64 = 4, 16, 8, 16, 8  # getsockopt lengths
 _SO_RCVBUF, _SO_SNDBUF, _SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 8, 7, 33, 32
 _SO_BINDTODEVICE = 25
+_SO_PRIORITY = 12
 
 # (level, option, length). SO_REUSEADDR and IPV6_V6ONLY of inet sockets are set by sk_inet.py
 # itself (bind order). A TCP connection whose buffers the kernel grew keeps their size, no
@@ -30,7 +31,7 @@ SOCKET = [(_SOL, o, n) for o, n in (
     (_SO_SNDBUF, _INT), (_SO_RCVBUF, _INT),
     (9, _INT),              # SO_KEEPALIVE
     (10, _INT),             # SO_OOBINLINE
-    (12, _INT),             # SO_PRIORITY
+    (_SO_PRIORITY, _INT),
     (13, _LINGER),          # SO_LINGER
     (15, _INT),             # SO_REUSEPORT
     (16, _INT),             # SO_PASSCRED
@@ -105,8 +106,9 @@ def refusal(saved: dict[tuple[int, int], bytes]) -> str | None:
 
 
 def apply(s: socket.socket, saved: dict[tuple[int, int], bytes]) -> None:
-    """Give ``s`` (a new socket of the same kind) every option whose value differs from its own."""
-    for (level, opt), want in saved.items():
+    """Give ``s`` (a new socket of the same kind) every option whose value differs from its own.
+    SO_PRIORITY goes last: setting IP_TOS sets the priority too, to the one its TOS implies."""
+    for (level, opt), want in sorted(saved.items(), key=lambda item: item[0] == (_SOL, _SO_PRIORITY)):
         try:
             have = s.getsockopt(level, opt, len(want) or _IFNAME)
         except OSError:

@@ -4,7 +4,8 @@ clone itself, made by a CLONE_VM intermediate, which keeps its mask but drops it
 stack and rseq registration: both are set again here (a clone of the module's FORK, which may
 have kept them, is given the same again). Thread names
 (comm) are not copied by a thread's clone (it takes the main thread's): each thread gets its
-own back, written by the main thread (a thread may rename another of its own process only)."""
+own back, written by the main thread (a thread may rename another of its own process only).
+A thread with CPUs of its own (sched_setaffinity on that thread) gets them again."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import struct
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..remote import set_affinity
 
 _SS_DISABLE, _SS_ONSTACK = 2, 1
 _STACK_T = struct.Struct("QiiQ")  # ss_sp, ss_flags, (padding), ss_size
@@ -60,6 +62,10 @@ def fixup_proc(ctx, proc, r) -> None:
         if addr:
             # EBUSY: registered already, at this address with this signature
             r.queue("rseq", addr, length, 0, sig, ok_errnos=(errno.EBUSY,))
+    # a thread's own CPUs, where they are not its process's (seize.Pinned): a clone whose
+    # fixups run in the kernel is not given its CPUs back after them (release_clone)
+    for vtid, cpus in ctx.shared.get("thread_cpus", {}).get(proc.hostpid, {}).items():
+        set_affinity(r, cpus, vtid)
     for vtid, name in proc.thread_names.items():
         fd = r.queue_openat(f"/proc/thread-self/../{vtid}/comm", os.O_WRONLY | os.O_CLOEXEC)
         r.queue("write", fd, r.queue_put(name[:_TASK_COMM_LEN - 1]), len(name[:_TASK_COMM_LEN - 1]))
