@@ -427,10 +427,13 @@ def _reissued(tid: int, st: ThreadState) -> ThreadState:
     again from the start instead of restart_syscall. A sleep whose time left the kernel wrote
     to user space (nanosleep's remaining time) sleeps that; poll and futex waits wait their
     whole timeout again (an absolute one, as pthread_cond_timedwait's, is kept exactly). A
-    restarted call whose number this process never saw comes back as compel makes it:
-    EINTR."""
+    restarted call whose number this process never saw, or one a signal queued to the thread
+    itself ends (its handler makes it return EINTR in the source too), comes back as compel
+    makes it: EINTR."""
     regs = st.regs
     if not st.in_syscall or regs["rax"] & _WORD != -_ERESTART_RESTARTBLOCK & _WORD:
+        return st
+    if st.sigpending & ~st.sigmask:
         return st
     key = (tid, regs["rip"], regs["rdi"], regs["rsi"], regs["rdx"], regs["r10"], regs["r8"],
            regs["r9"])

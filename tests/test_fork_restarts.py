@@ -164,3 +164,64 @@ def test_calls_restarted_by_earlier_forks_are_made_again_in_later_children(famil
     for kid in kids:
         _check(kid, forked_by, exact_in_source=False)
     _check(ws, 0, exact_in_source=True)
+
+
+C_SIGNALLED = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static void on_usr1(int sig) { (void)sig; }
+
+static void *call(void *a)
+{
+	(void)a;
+	FILE *f = fopen("/tmp/tid", "w");
+	fprintf(f, "%d\n", gettid());
+	fclose(f);
+	int rc = poll(0, 0, 60000);
+	f = fopen("/tmp/r-poll.part", "w");
+	fprintf(f, "%d %s\n", rc, rc < 0 ? strerror(errno) : "-");
+	fclose(f);
+	rename("/tmp/r-poll.part", "/tmp/r-poll");
+	return 0;
+}
+
+int main(void)
+{
+	signal(SIGUSR1, on_usr1);
+	pthread_t t;
+	pthread_create(&t, 0, call, 0);
+	for (;;)
+		pause();
+}
+"""
+
+
+def test_a_call_a_signal_queued_to_its_thread_ends_returns_eintr_in_both(family):
+    """A signal queued to the blocked thread itself (here while its process is stopped) ends
+    the call with EINTR once its handler has run: so in the child as in the source."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/t.c", C_SIGNALLED)
+    assert ws.run("gcc -O1 -pthread -o /t /t.c").ok
+    main = ws.spawn(["/t"])
+    tid = int(wait_file(ws, "/tmp/tid"))
+    time.sleep(0.2)  # in poll
+    ws.kill(main, 19)
+    deadline = time.monotonic() + 10
+    while ws.run(f"grep -q '^State:.T' /proc/{main}/status").exit_code:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    tgkill = f"import ctypes; assert ctypes.CDLL(None).syscall(234, {main}, {tid}, 10) == 0"
+    assert ws.run(f"python3 -c '{tgkill}'").ok
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (kid, ws):
+        w.kill(main, 18)
+        assert wait_file(w, "/tmp/r-poll", 10).strip() == "-1 Interrupted system call", w.id
