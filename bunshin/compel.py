@@ -439,8 +439,9 @@ def _reissued(tid: int, st: ThreadState) -> ThreadState:
            regs["r9"])
     nr = regs["orig_rax"]
     if nr == _SYS_restart_syscall:
-        if (nr := _interrupted_calls.get(key)) is None:
+        if key not in _interrupted_calls:
             return st
+        nr = _interrupted_calls[key]
     else:
         if len(_interrupted_calls) >= _INTERRUPTED_CALLS_MAX:
             _interrupted_calls.clear()
