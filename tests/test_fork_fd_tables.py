@@ -4,6 +4,8 @@ refuses them up front, naming both, and the source runs on with its table still 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import bunshin
@@ -73,6 +75,8 @@ def test_processes_sharing_a_descriptor_table_are_refused_naming_both(family, pa
     ws.kill(main, 10)
     wait_file(ws, "/tmp/sees-100")  # still one table
     ws.kill(sharer, 9)
+    while any(p.pid == sharer and p.state != "Z" for p in ws.processes()):
+        time.sleep(0.01)
     (kid,) = ws.fork(1)  # without the sharer, it forks
     family.append(kid)
     living = [p.pid for p in ws.processes() if p.state != "Z"]  # the sharer's zombie: not carried
