@@ -35,6 +35,13 @@ SYS_getpid = 39
 SYS_exit_group = 231
 _SYS_set_tid_address = 218
 
+# x86_64: the kernel's code for "the call's remaining work is in current->restart_block"
+# (include/linux/errno.h), and the calls whose time left user space can see
+_ERESTART_RESTARTBLOCK = 516
+_SYS_nanosleep, _SYS_clock_nanosleep, _SYS_restart_syscall = 35, 230, 219
+_SYSCALL_INSN_LEN = 2
+_WORD = (1 << 64) - 1
+
 _core: Any = None
 
 
@@ -348,8 +355,8 @@ class Tracee:
         for tid in tids[1:]:
             if tid not in alive:  # exited while being stopped
                 continue
-            st = replace(source.thread_state(tid), altstack=source.thread_altstack(tid),
-                         xstate=source.xstate(tid))
+            st = replace(_reissued(tid, source.thread_state(tid)),
+                         altstack=source.thread_altstack(tid), xstate=source.xstate(tid))
             out.append(self.clone_thread(st, st.vtid if own_ns else 0))
         return out
 
@@ -404,6 +411,47 @@ def _kill_traced(pids) -> None:
             os.waitpid(pid, 0x40000000)  # __WALL; cannot block: SIGKILL ends a ptrace-stopped task at once
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+# The call each source thread was last seen interrupted in, by thread, call site and
+# arguments: once the source runs on, the kernel makes it again as restart_syscall, and a later
+# fork sees only that number. Bounded: forgetting costs only that fallback.
+_interrupted_calls: dict[tuple[int, ...], int] = {}
+_INTERRUPTED_CALLS_MAX = 4096
+
+
+def _reissued(tid: int, st: ThreadState) -> ThreadState:
+    """``st`` for a thread recreated in a clone, whose call the fork interrupted with the rest
+    of its work in the kernel's per-task restart block (poll, a relative nanosleep, a timed
+    futex wait): a new thread has its creator's block, not its source's, so it makes the call
+    again from the start instead of restart_syscall. A sleep whose time left the kernel wrote
+    to user space (nanosleep's remaining time) sleeps that; poll and futex waits wait their
+    whole timeout again (an absolute one, as pthread_cond_timedwait's, is kept exactly). A
+    restarted call whose number this process never saw, or one a signal queued to the thread
+    itself ends (its handler makes it return EINTR in the source too), comes back as compel
+    makes it: EINTR."""
+    regs = st.regs
+    if not st.in_syscall or regs["rax"] & _WORD != -_ERESTART_RESTARTBLOCK & _WORD:
+        return st
+    if st.sigpending & ~st.sigmask:
+        return st
+    key = (tid, regs["rip"], regs["rdi"], regs["rsi"], regs["rdx"], regs["r10"], regs["r8"],
+           regs["r9"])
+    nr = regs["orig_rax"]
+    if nr == _SYS_restart_syscall:
+        if key not in _interrupted_calls:
+            return st
+        nr = _interrupted_calls[key]
+    else:
+        if len(_interrupted_calls) >= _INTERRUPTED_CALLS_MAX:
+            _interrupted_calls.clear()
+        _interrupted_calls[key] = nr
+    resume = dict(regs, rax=nr, orig_rax=_WORD, rip=regs["rip"] - _SYSCALL_INSN_LEN)
+    if nr == _SYS_nanosleep and regs["rsi"]:
+        resume["rdi"] = regs["rsi"]
+    elif nr == _SYS_clock_nanosleep and regs["r10"]:
+        resume["rdx"] = regs["r10"]
+    return replace(st, in_syscall=False, resume=resume)
 
 
 def _pidns(pid: int) -> str:

@@ -220,6 +220,36 @@ def check_caps(procs: list[ProcPlan]) -> None:
                 "process before forking", pid=p.hostpid, step="snapshot")
 
 
+_KCMP_FILES = 2  # include/uapi/linux/kcmp.h: the same descriptor table
+
+
+def check_fd_tables(procs: list[ProcPlan]) -> None:
+    """Refuse two processes that share one descriptor table (clone() with CLONE_FILES and
+    without CLONE_THREAD): a clone is made from inside its own process, so it gets a table of
+    its own, and no system call makes a process take another's table (unshare only leaves
+    one; pidfd_getfd copies a descriptor, not the table), so the sharing would be lost.
+    Processes sharing a table have the same descriptor numbers: only those are compared."""
+    from .._core._syscalls import kcmp
+
+    by_fds: dict[tuple[int, ...], list[ProcPlan]] = {}
+    for p in procs:
+        by_fds.setdefault(tuple(f.fd for f in p.fds), []).append(p)
+    for same in by_fds.values():
+        for i, a in enumerate(same):
+            for b in same[i + 1:]:
+                try:
+                    shared = kcmp(a.hostpid, b.hostpid, _KCMP_FILES, 0, 0) == 0
+                except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
+                    continue
+                if shared:
+                    raise ForkError(
+                        f"processes {a.vpid} ({a.name}) and {b.vpid} ({b.name}) share one "
+                        "descriptor table (clone with CLONE_FILES): each clone of a fork gets a "
+                        "table of its own, as no system call makes a process take another's, so "
+                        "a descriptor one of them opens or closes would no longer be seen by the "
+                        "other; end one of them before forking", pid=b.hostpid, step="plan")
+
+
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     """Plans for every process, init first; raises ForkError for what no handler supports
     (VforkInFlight for a vfork not over yet)."""
@@ -233,6 +263,7 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     if pairs:
         raise VforkInFlight(pairs)
     check_caps(procs)
+    check_fd_tables(procs)
     for p in procs:
         for i, f in enumerate(p.fds):
             # Descriptors dup()ed inside one process share one open file: keep that.

@@ -32,9 +32,6 @@ VERDICT_TIMEOUT = 10.0
 # Children that fail today, each a bug of the fork engine the suite found (a silent mismatch):
 # expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
 _KNOWN = {
-    "clone_files": "two processes sharing one descriptor table get a table each",
-    "deadlines": "a poll() blocked at the fork returns early with EINTR (the restart block of its "
-                 "timeout is not carried)",
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
     "pty_path": "a line typed towards a reader in canonical mode is not carried",
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "

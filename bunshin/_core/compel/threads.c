@@ -111,7 +111,8 @@ int bx_thread_altstack_seized(struct bx_ctl *c, pid_t tid, struct bx_altstack *o
 
 /* A restart_syscall in the new thread would run the restart block it inherited from the
  * cloning thread, not the one its source's call left behind: the call returns -EINTR instead,
- * as if a signal handler had run (CRIU restores such threads the same way). */
+ * as if a signal handler had run (CRIU restores such threads the same way). bunshin.compel
+ * hands most such calls here already made again from the start (its _reissued). */
 static void resume_regs(const struct bx_thread_state *src, bx_regs_t *r)
 {
 	*r = src->resume;
