@@ -432,7 +432,7 @@ def test_an_injected_call_that_blocks_fails_within_the_bound_and_is_cured(family
                 t.calls([(39, (), 0), (0, (rfd, buf, 1), 0)])  # getpid, read
         assert time.monotonic() - t0 < 3
         assert e.value.errno == __import__("errno").ETIMEDOUT
-        assert t.syscall(39) == hp  # stopped where it was: injects again
+        assert t.syscall(39) == pid  # stopped where it was: injects again
         t.munmap(buf, 4096)
     finally:
         t.detach()
