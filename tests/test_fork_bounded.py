@@ -409,11 +409,12 @@ def check(w, pid: int, n: int) -> str:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("how", ["syscall", "calls"])
+@pytest.mark.parametrize("how", ["syscall", "calls", "remote"])
 def test_an_injected_call_that_blocks_fails_within_the_bound_and_is_cured(family, how):
     """A read injected on an empty pipe never returns: past the bound compel interrupts it,
     the thread is put back by cure, the process runs on with its pipe as it was and forks."""
     from bunshin.compel import Tracee
+    from bunshin.fork.remote import Remote
 
     ws = start_script(family, PIPE_HOLDER, "/ready")
     pid, rfd = map(int, ws.read_file("/ready").split())
@@ -424,12 +425,18 @@ def test_an_injected_call_that_blocks_fails_within_the_bound_and_is_cured(family
         t.set_wait_timeout(0.3)
         buf = t.mmap(4096)
         t0 = time.monotonic()
-        with pytest.raises(ForkError, match=rf"pid {hp}: thread {hp} did not reach a ptrace stop "
-                                            r"within 0.3 s at step '(syscall|batch)'") as e:
+        if how == "remote":
+            expect = rf"the victim: read\({rfd}, {buf}, 1\) did not return within 0.3 s"
+        else:
+            expect = (rf"pid {hp}: thread {hp} did not reach a ptrace stop within 0.3 s at step "
+                      r"'(syscall|batch)'")
+        with pytest.raises(ForkError, match=expect) as e:
             if how == "syscall":
                 t.syscall(0, rfd, buf, 1)  # read
-            else:
+            elif how == "calls":
                 t.calls([(39, (), 0), (0, (rfd, buf, 1), 0)])  # getpid, read
+            else:
+                Remote(t, "the victim").call("read", rfd, buf, 1)
         assert time.monotonic() - t0 < 3
         assert e.value.errno == __import__("errno").ETIMEDOUT
         assert t.syscall(39) == pid  # stopped where it was: injects again

@@ -172,11 +172,9 @@ static void set_alarm(int64_t ns)
 	struct itimerspec it;
 	memset(&it, 0, sizeof it);
 	if (ns > 0) {
-		int64_t again = ns < ALARM_REPEAT_NS ? ALARM_REPEAT_NS : ns;
 		it.it_value.tv_sec = ns / 1000000000;
 		it.it_value.tv_nsec = ns % 1000000000;
-		again = again > ALARM_REPEAT_NS ? ALARM_REPEAT_NS : again;
-		it.it_interval.tv_nsec = again;
+		it.it_interval.tv_nsec = ALARM_REPEAT_NS;
 	}
 	timer_settime(alarm_timer, 0, &it, NULL);
 }
