@@ -2,7 +2,8 @@
 fork waits for fails it with a ForkError naming the process and the stop, the source thawed,
 intact and running, nothing left attached and nothing left behind. Each case provokes the
 wait for real (a vfork parent in uninterruptible sleep, a thread that never gets the signal it
-should stop for, attaches that add up) with its bound made small."""
+should stop for, attaches that add up; in compel: a thread asleep in its vfork while stop_all
+waits, an injected call that blocks) with its bound made small."""
 
 from __future__ import annotations
 

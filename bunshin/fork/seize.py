@@ -315,11 +315,12 @@ def release_all(cg, tracees: dict[int, Tracee]) -> None:
 
 
 class Stragglers:
-    """Template processes a failed fork seized and waited for in vain (in uninterruptible
-    sleep): a tracee can be let go only from a ptrace stop, so each stays attached to the fork
-    thread, its stop still asked for, until it reaches it; the fork thread then lets it go
-    (as compel does, any signal met on the way is delivered). Checked in the fork thread's
-    idle time, more rarely the longer it takes, and before every seize."""
+    """Template processes a failed fork seized and waited for in vain (a process or one of its
+    threads in uninterruptible sleep): a thread can be let go only from a ptrace stop, so each
+    such stays attached to the fork thread, its stop still asked for, until it reaches it; the
+    fork thread then lets it go (as compel does, any signal met on the way is delivered).
+    Checked in the fork thread's idle time, more rarely the longer it takes, and before every
+    seize."""
 
     def __init__(self) -> None:
         self.tracees: dict[int, Tracee] = {}  # by host pid; used in the fork thread only

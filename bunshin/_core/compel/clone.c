@@ -266,7 +266,7 @@ out:
 		} else if (!k) { /* its first stop never came: it must not run on */
 			int st;
 			kill(child, SIGKILL);
-			while (waitpid(child, &st, __WALL) < 0 && errno == EINTR)
+			while (!bx_wait(c, child, &st)) /* a stop reported before the kill */
 				;
 		}
 	}
