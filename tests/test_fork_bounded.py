@@ -337,8 +337,22 @@ int main(int argc, char **argv) {
 """
 
 
+def fork_via(ws, how: str):
+    """One child of ``ws``: by ws.fork(), or by a snapshot's fork (the template closed)."""
+    if how == "fork":
+        (kid,) = ws.fork(1)
+        return kid
+    tpl = ws.snapshot()
+    try:
+        (kid,) = tpl.fork(1)
+    finally:
+        tpl.close()
+    return kid
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
 def test_a_thread_that_never_stops_fails_stop_all_and_is_let_go_once_it_wakes(family,
-                                                                               monkeypatch):
+                                                                               monkeypatch, how):
     """compel's stop_all waits for every thread's stop: a thread asleep uninterruptibly in its
     vfork never reaches it. The fork fails within the bound naming process and thread, the
     process is let go but for that thread, which is let go once it wakes."""
@@ -359,7 +373,7 @@ def test_a_thread_that_never_stops_fails_stop_all_and_is_let_go_once_it_wakes(fa
     t0 = time.monotonic()
     with pytest.raises(ForkError, match=rf"process {parent} \(v\): thread {tid} did not reach a "
                                         r"ptrace stop within 0.5 s") as e:
-        ws.fork(1)
+        fork_via(ws, how)
     assert e.value.step == "stop_all"
     assert time.monotonic() - t0 < 10
     # the main thread is let go; the sleeping one stays attached until it stops
@@ -367,14 +381,14 @@ def test_a_thread_that_never_stops_fails_stop_all_and_is_let_go_once_it_wakes(fa
     assert proc_status(host_tid)["TracerPid"] != "0"
     with pytest.raises(ForkError, match=rf"process {parent} \(v\) has not reached the ptrace "
                                         "stop an earlier fork asked for"):
-        ws.fork(1)
+        fork_via(ws, how)
     monkeypatch.undo()
     assert ws.run("echo ok").stdout == b"ok\n"
     child = int(wait_file(ws, "/tmp/resumed", 15))  # the child exec'd, the thread went on
     assert ws.run(f"cat /proc/{child}/comm").stdout == b"sleep\n"
     assert_let_go(ws)
     assert leaks_but_inits() == before
-    (kid,) = ws.fork(1)
+    kid = fork_via(ws, how)
     family.append(kid)
     assert int(kid.read_file("/tmp/resumed")) == child
     assert kid.run(f"ls /proc/{parent}/task | wc -l").stdout == b"2\n"
