@@ -17,6 +17,7 @@ thread). Failures raise :class:`bunshin.errors.ForkError` with ``.pid``, ``.step
 
 from __future__ import annotations
 
+import errno
 import mmap as _mmap
 import os
 import signal
@@ -61,9 +62,13 @@ def suspends_seccomp() -> bool | None:
     return None if v < 0 else bool(v)
 
 
-def _translate(exc: OSError, pid: int) -> ForkError:
+def _translate(exc: OSError, pid: int, bound: float = 0.0) -> ForkError:
     step = getattr(exc, "step", "seize")
     pid = getattr(exc, "pid", pid)
+    if exc.errno == errno.ETIMEDOUT and getattr(exc, "tid", 0):
+        return ForkError(f"pid {pid}: thread {exc.tid} did not reach a ptrace stop within "
+                         f"{bound:g} s at step {step!r} (in uninterruptible sleep?)", pid=pid,
+                         step=step, errno=exc.errno)
     what = os.strerror(exc.errno) if exc.errno else str(exc)  # a CompelError's text names the step too
     return ForkError(f"pid {pid}: {what} at step {step!r}", pid=pid, step=step, errno=exc.errno)
 
@@ -91,12 +96,19 @@ class ThreadState:
 
 class Tracee:
     """One seized thread group. Use :meth:`seize`, preferably as a context manager: leaving
-    the block cures and detaches, also on exception."""
+    the block cures and detaches, also on exception.
 
-    def __init__(self, ctl: Any, clone_flags: int = 0) -> None:
+    ``wait_timeout`` (seconds, 0: none) bounds each wait for a report of one of its threads,
+    and of the clones made through it: past it the step raises ForkError with errno ETIMEDOUT
+    naming the thread. An injected call that blocks is interrupted (the victim sees it
+    restarted or -EINTR, as after any signal) and cure puts the thread back; a thread whose
+    seize stop did not come stays attached, its stop still asked for (:attr:`late`)."""
+
+    def __init__(self, ctl: Any, clone_flags: int = 0, wait_timeout: float = 0.0) -> None:
         self._ctl = ctl
         self.pid: int = ctl.pid
         self.clone_flags = clone_flags  # what :meth:`clone` made it with (0: seized)
+        self.wait_timeout = wait_timeout
 
     @classmethod
     def seize(cls, pid: int) -> Tracee:
@@ -107,14 +119,28 @@ class Tracee:
             raise _translate(exc, pid) from None
 
     @classmethod
-    def seize_frozen(cls, pid: int) -> Tracee:
+    def seize_frozen(cls, pid: int, wait_timeout: float = 0.0) -> Tracee:
         """Attach to a task frozen by the cgroup freezer and ask it to stop, without waiting:
         it stops when thawed. Call :meth:`wait_stopped` after thawing. Not for a frozen task
         :func:`in_group_stop`: its attach would wait for the thaw (seize it thawed)."""
         try:
-            return cls(_compel().Ctl(pid, False))
+            t = cls(_compel().Ctl(pid, False))
         except OSError as exc:
             raise _translate(exc, pid) from None
+        t.set_wait_timeout(wait_timeout)
+        return t
+
+    def set_wait_timeout(self, seconds: float) -> None:
+        """Bound each later wait for a report of a thread (see the class), 0: none."""
+        self._call("set_wait_timeout", seconds)
+        self.wait_timeout = seconds
+
+    @property
+    def late(self) -> list[int]:
+        """Threads still attached after :meth:`detach` because the stop their seize asked for
+        has not come (asleep uninterruptibly): :meth:`detach` again lets go of those that
+        have stopped since."""
+        return self._ctl.late() if self._ctl is not None else []
 
     def wait_stopped(self, timeout: float | None = None) -> int:
         """Second half of :meth:`seize_frozen`. ``timeout``: ForkError (step ``"wait"``) if
@@ -152,7 +178,7 @@ class Tracee:
         try:
             return getattr(self._ctl, name)(*args, **kw)
         except OSError as exc:
-            raise _translate(exc, self.pid) from None
+            raise _translate(exc, self.pid, self.wait_timeout) from None
 
     def __enter__(self) -> Tracee:
         return self
@@ -261,7 +287,7 @@ class Tracee:
         runs, with what :meth:`take_owed_robust` gives (in a batch it makes anyway: one
         stop less)."""
         ctl = self._call("clone", flags, pidns_owner or 0, set_tid or 0, quiet_exit, owe_robust)
-        return Tracee(ctl, flags)
+        return Tracee(ctl, flags, self.wait_timeout)
 
     def learn(self) -> None:
         """Read now what a clone from this process needs to know of it (~30 us of reads),
@@ -294,7 +320,8 @@ class Tracee:
         out: list[Tracee] = []
         try:
             for pid, vtid in zip(pids, vtids):
-                out.append(Tracee(self._call("ext_clone_adopt", pid, vtid)))
+                out.append(Tracee(self._call("ext_clone_adopt", pid, vtid),
+                                  wait_timeout=self.wait_timeout))
         except BaseException:
             _kill_traced(pids)
             for t in out:
@@ -365,7 +392,8 @@ class Tracee:
         self._call("cure")
 
     def detach(self) -> None:
-        """Cure if needed and let every thread run, untraced. Safe to call twice."""
+        """Cure if needed and let every thread run, untraced (but the :attr:`late` ones).
+        Safe to call twice."""
         self._call("detach")
 
     @property

@@ -2,7 +2,8 @@
 fork waits for fails it with a ForkError naming the process and the stop, the source thawed,
 intact and running, nothing left attached and nothing left behind. Each case provokes the
 wait for real (a vfork parent in uninterruptible sleep, a thread that never gets the signal it
-should stop for, attaches that add up) with its bound made small."""
+should stop for, attaches that add up; in compel: a thread asleep in its vfork while stop_all
+waits, an injected call that blocks) with its bound made small."""
 
 from __future__ import annotations
 
@@ -296,3 +297,172 @@ def test_a_request_to_an_init_that_does_not_read_fails_in_bounded_time(no_leaks,
         assert ws.run("echo ok").stdout == b"ok\n"
     finally:
         ws.close()
+
+
+# A vfork made by a second thread: that thread sleeps uninterruptibly until the child execs,
+# the main thread runs on. /tmp/vforking holds the vforking thread's tid.
+THREAD_VFORKER = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+static long ms;
+static void *vforker(void *arg) {
+    FILE *f = fopen("/tmp/vforking.part", "w");
+    fprintf(f, "%ld\n", (long)syscall(SYS_gettid));
+    fclose(f);
+    rename("/tmp/vforking.part", "/tmp/vforking");
+    pid_t p = vfork();
+    if (p == 0) {
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        nanosleep(&ts, 0);
+        execl("/bin/sleep", "sleep", "1000", (char *)0);
+        _exit(127);
+    }
+    f = fopen("/tmp/resumed.part", "w");
+    fprintf(f, "%d\n", p);
+    fclose(f);
+    rename("/tmp/resumed.part", "/tmp/resumed");
+    for (;;) pause();
+    return arg;
+}
+int main(int argc, char **argv) {
+    pthread_t t;
+    ms = atol(argv[1]);
+    pthread_create(&t, 0, vforker, 0);
+    for (;;) pause();
+}
+"""
+
+
+def fork_via(ws, how: str):
+    """One child of ``ws``: by ws.fork(), or by a snapshot's fork (the template closed)."""
+    if how == "fork":
+        (kid,) = ws.fork(1)
+        return kid
+    tpl = ws.snapshot()
+    try:
+        (kid,) = tpl.fork(1)
+    finally:
+        tpl.close()
+    return kid
+
+
+@pytest.mark.parametrize("how", ["fork", "snapshot"])
+def test_a_thread_that_never_stops_fails_stop_all_and_is_let_go_once_it_wakes(family,
+                                                                               monkeypatch, how):
+    """compel's stop_all waits for every thread's stop: a thread asleep uninterruptibly in its
+    vfork never reaches it. The fork fails within the bound naming process and thread, the
+    process is let go but for that thread, which is let go once it wakes."""
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/v.c", THREAD_VFORKER)
+    assert ws.run("gcc -O1 -pthread -o /v /v.c").ok
+    parent = ws.spawn(["/v", "4000"])
+    tid = int(wait_file(ws, "/tmp/vforking"))
+    time.sleep(0.1)
+    hp = host_pid(ws, parent)
+    host_tid = next(int(t) for t in __import__("os").listdir(f"/proc/{hp}/task")
+                    if proc_status(f"{hp}/task/{t}")["NSpid"].split()[-1] == str(tid))
+    assert proc_status(host_tid)["State"][0] == "D"
+    before = leaks_but_inits()
+    monkeypatch.setattr(plan, "vfork_pairs", lambda procs: [])
+    monkeypatch.setattr(seize, "STOP_TIMEOUT", 0.5)
+    t0 = time.monotonic()
+    with pytest.raises(ForkError, match=rf"process {parent} \(v\): thread {tid} did not reach a "
+                                        r"ptrace stop within 0.5 s") as e:
+        fork_via(ws, how)
+    assert e.value.step == "stop_all"
+    assert time.monotonic() - t0 < 10
+    # the main thread is let go; the sleeping one stays attached until it stops
+    assert proc_status(hp)["TracerPid"] == "0"
+    assert proc_status(host_tid)["TracerPid"] != "0"
+    with pytest.raises(ForkError, match=rf"process {parent} \(v\) has not reached the ptrace "
+                                        "stop an earlier fork asked for"):
+        fork_via(ws, how)
+    monkeypatch.undo()
+    assert ws.run("echo ok").stdout == b"ok\n"
+    child = int(wait_file(ws, "/tmp/resumed", 15))  # the child exec'd, the thread went on
+    assert ws.run(f"cat /proc/{child}/comm").stdout == b"sleep\n"
+    assert_let_go(ws)
+    assert leaks_but_inits() == before
+    kid = fork_via(ws, how)
+    family.append(kid)
+    assert int(kid.read_file("/tmp/resumed")) == child
+    assert kid.run(f"ls /proc/{parent}/task | wc -l").stdout == b"2\n"
+
+
+# An empty pipe kept open at both ends; on each SIGUSR1 one byte goes through it and /check
+# says what came back: an injected read that took a byte would show.
+PIPE_HOLDER = SCRIPT_PRELUDE + """
+import signal
+r, w = os.pipe()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+out('/ready', f'{os.getpid()} {r}')
+n = 0
+while True:
+    signal.sigwait({signal.SIGUSR1})
+    n += 1
+    os.write(w, b'x')
+    out('/check', f'{n} {os.read(r, 10).decode()}')
+"""
+
+
+def check(w, pid: int, n: int) -> str:
+    w.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            got = w.read_file("/check").decode().split()
+        except bunshin.BunshinError:
+            got = ["0"]
+        if int(got[0]) == n:
+            return got[1]
+        assert time.monotonic() < deadline, "the victim did not report"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["syscall", "calls", "remote"])
+def test_an_injected_call_that_blocks_fails_within_the_bound_and_is_cured(family, how):
+    """A read injected on an empty pipe never returns: past the bound compel interrupts it,
+    the thread is put back by cure, the process runs on with its pipe as it was and forks."""
+    from bunshin.compel import Tracee
+    from bunshin.fork.remote import Remote
+
+    ws = start_script(family, PIPE_HOLDER, "/ready")
+    pid, rfd = map(int, ws.read_file("/ready").split())
+    hp = host_pid(ws, pid)
+    before = leaks_but_inits()
+    t = Tracee.seize(hp)
+    try:
+        t.set_wait_timeout(0.3)
+        buf = t.mmap(4096)
+        t0 = time.monotonic()
+        if how == "remote":
+            expect = rf"the victim: read\({rfd}, {buf}, 1\) did not return within 0.3 s"
+        else:
+            expect = (rf"pid {hp}: thread {hp} did not reach a ptrace stop within 0.3 s at step "
+                      r"'(syscall|batch)'")
+        with pytest.raises(ForkError, match=expect) as e:
+            if how == "syscall":
+                t.syscall(0, rfd, buf, 1)  # read
+            elif how == "calls":
+                t.calls([(39, (), 0), (0, (rfd, buf, 1), 0)])  # getpid, read
+            else:
+                Remote(t, "the victim").call("read", rfd, buf, 1)
+        assert time.monotonic() - t0 < 3
+        assert e.value.errno == __import__("errno").ETIMEDOUT
+        assert t.syscall(39) == pid  # stopped where it was: injects again
+        t.munmap(buf, 4096)
+    finally:
+        t.detach()
+    assert t.late == []
+    assert proc_status(hp)["TracerPid"] == "0"
+    assert check(ws, pid, 1) == "x"
+    assert leaks_but_inits() == before
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (ws, kid):
+        assert check(w, pid, 2) == "x"

@@ -7,7 +7,7 @@ the tracee releases the GIL.
 """
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
-from libc.errno cimport EPERM
+from libc.errno cimport EPERM, ETIMEDOUT
 
 import os
 
@@ -17,12 +17,14 @@ _REGS = ("r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "ra
 
 
 class CompelError(OSError):
-    """An injection step failed: .errno, .step (e.g. "syscall"), .pid."""
+    """An injection step failed: .errno, .step (e.g. "syscall"), .pid; .tid: with ETIMEDOUT,
+    the thread whose report did not come within the wait bound."""
 
-    def __init__(self, err, step, pid):
+    def __init__(self, err, step, pid, tid=0):
         super().__init__(err, f"{os.strerror(err)} at step {step!r} (pid {pid})")
         self.step = step
         self.pid = pid
+        self.tid = tid
 
 
 def set_verbose(bint on):
@@ -91,6 +93,8 @@ cdef class Ctl:
         cdef bx_ctl *c = self._live()
         with nogil:
             err = bx_seize_finish(c)
+        if err == -ETIMEDOUT:  # kept, attached, its stop still asked for
+            raise CompelError(ETIMEDOUT, "wait", self.pid, bx_overdue(c))
         if err:
             self.c = NULL  # bx_seize_finish freed it
             raise CompelError(-err, "wait", self.pid)
@@ -105,7 +109,7 @@ cdef class Ctl:
             raise CompelError(9, "closed", self.pid)  # EBADF
         if err < 0:
             raise CompelError(-err, step or bx_step_name(bx_last_step(self.c)).decode(),
-                              self.pid)
+                              self.pid, bx_overdue(self.c) if err == -ETIMEDOUT else 0)
 
     cdef bx_ctl *_live(self) except NULL:
         if self.c == NULL:
@@ -129,6 +133,19 @@ cdef class Ctl:
     @property
     def alive(self):
         return self.c != NULL and bx_alive(self.c)
+
+    def set_wait_timeout(self, double seconds):
+        """Bound of each wait for a report of a thread (and of the clones made through this
+        block later): past it the step fails with ETIMEDOUT. 0: none."""
+        bx_set_wait_timeout(self._live(), <int64_t>(seconds * 1e9))
+
+    def late(self):
+        """Threads still attached after detach(), their stop asked for and not yet seen."""
+        if self.c == NULL:
+            return []
+        cdef pid_t out[64]
+        cdef int n = bx_late(self.c, out, 64)
+        return [out[i] for i in range(min(n, 64))]
 
     def seize_threads(self):
         cdef bx_ctl *c = self._live()
@@ -379,13 +396,18 @@ cdef class Ctl:
         self._check(err)
 
     def detach(self):
-        """Cure if needed, let every thread go, free the control block. Idempotent."""
-        cdef int err = 0
+        """Cure if needed, let every thread go, free the control block. Idempotent. A thread
+        whose stop is owed and has not come (late()) stays attached, and so does the block:
+        detach again once it has."""
+        cdef int err = 0, late = 0
         if self.c == NULL:
             return
         with nogil:
             err = bx_detach(self.c)
-            bx_free(self.c)
-        self.c = NULL
+            late = bx_late(self.c, NULL, 0)
+            if not late:
+                bx_free(self.c)
+        if not late:
+            self.c = NULL
         if err < 0:
             raise CompelError(-err, "detach", self.pid)

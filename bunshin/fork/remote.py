@@ -132,6 +132,14 @@ class Remote:
                 self._batched = False
         return self._page
 
+    def _overdue(self, e: ForkError, calls: str) -> ForkError:
+        """compel's error for an injected call that did not return within the Tracee's wait
+        bound, naming the call: compel interrupted it and the process is put back."""
+        if e.errno != _errno.ETIMEDOUT:
+            return e
+        return ForkError(f"{self.what}: {calls} did not return within {self._t.wait_timeout:g} s "
+                         "(blocked in the kernel?)", pid=self._t.pid, step=e.step, errno=e.errno)
+
     def _fail(self, name: str, args: tuple, r: int) -> ForkError:
         return ForkError(f"{self.what}: {name}{args}: {os.strerror(-r)}", pid=self._t.pid, step=name, errno=-r)
 
@@ -140,7 +148,10 @@ class Remote:
             raise ForkError(f"{self.what}: {name}: queued data given to a plain call (use put)")
         self.flush()
         values = tuple(a.value if isinstance(a, Ref) else a for a in args)
-        r = self._t.syscall(SYS[name], *values)
+        try:
+            r = self._t.syscall(SYS[name], *values)
+        except ForkError as e:
+            raise self._overdue(e, f"{name}{values}") from None
         if -4096 < r < 0 and -r not in ok_errnos:
             raise self._fail(name, values, r)
         return r
@@ -181,10 +192,13 @@ class Remote:
             page = self._scratch()
             if data:
                 self._t.write(page + self.PAGE, data)
-            if self._batched:
-                rets = self._t.batch(page, page + self._CODE, [self._entry(e, page, done) for e in rest])
-            else:
-                rets = self._one_by_one(rest, page, done)
+            try:
+                if self._batched:
+                    rets = self._t.batch(page, page + self._CODE, [self._entry(e, page, done) for e in rest])
+                else:
+                    rets = self._one_by_one(rest, page, done)
+            except ForkError as e:
+                raise self._overdue(e, " or ".join(name for name, *_ in rest)) from None
             self._settle(rest, rets)
 
     def _ran_first(self, q: list, data: bytes) -> int:

@@ -83,14 +83,17 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
                 waited_out.add(pl.hostpid)
                 raise _stop_error(pl, e) from None
             stopped.add(pl.hostpid)
-        for t in tracees.values():
-            t.stop_all()
+        for pl in plans:
+            try:
+                tracees[pl.hostpid].stop_all()
+            except ForkError as e:
+                raise _stop_error(pl, e, tracees[pl.hostpid].late) from None
         check_seccomp(plans)  # the first seize of this trainer has told whether it can
     except BaseException:
         waited_out |= _let_stop(cg, tracees, stopped | waited_out)
         unstopped = [tracees.pop(pid) for pid in waited_out if pid in tracees]
         release_all(cg, tracees)
-        stragglers().add(unstopped)
+        stragglers().add(unstopped + [t for t in tracees.values() if t.late])
         raise
     return tracees
 
@@ -168,18 +171,32 @@ class _AttachWatch:
 
 def _seize(pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
     try:
-        tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid)
+        tracees[pl.hostpid] = Tracee.seize_frozen(pl.hostpid, STOP_TIMEOUT)
     except ForkError as e:
         raise _seize_error(pl, e) from None
 
 
-def _stop_error(pl: ProcPlan, e: ForkError) -> ForkError:
+def _stop_error(pl: ProcPlan, e: ForkError, late: list[int] = ()) -> ForkError:
+    if e.step == "stop_all" and e.errno == errno.ETIMEDOUT:
+        tids = ", ".join(str(_own_tid(t)) for t in late) or "?"
+        return ForkError(f"process {pl.vpid} ({pl.name}): thread {tids} did not reach a ptrace stop "
+                         f"within {STOP_TIMEOUT:g} s of being seized (in uninterruptible sleep?): "
+                         "the fork needs every thread stopped. It is let go as soon as it stops: "
+                         "fork again then", pid=pl.hostpid, step="stop_all", errno=e.errno)
     if e.step != "wait" or e.errno:
         return e
     return ForkError(f"process {pl.vpid} ({pl.name}) did not reach a ptrace stop within "
                      f"{STOP_TIMEOUT:g} s of being seized (in uninterruptible sleep?): the fork "
                      "needs every process stopped. It is let go as soon as it stops: fork again "
                      "then", pid=pl.hostpid, step="wait")
+
+
+def _own_tid(tid: int) -> int:
+    """A host tid as its own pid namespace numbers it (the workspace's)."""
+    try:
+        return int(proc_status(tid)["NSpid"].split()[-1])
+    except (OSError, KeyError, ValueError):
+        return tid
 
 
 def _seize_error(pl: ProcPlan, e: ForkError) -> ForkError:
@@ -315,11 +332,12 @@ def release_all(cg, tracees: dict[int, Tracee]) -> None:
 
 
 class Stragglers:
-    """Template processes a failed fork seized and waited for in vain (in uninterruptible
-    sleep): a tracee can be let go only from a ptrace stop, so each stays attached to the fork
-    thread, its stop still asked for, until it reaches it; the fork thread then lets it go
-    (as compel does, any signal met on the way is delivered). Checked in the fork thread's
-    idle time, more rarely the longer it takes, and before every seize."""
+    """Template processes a failed fork seized and waited for in vain (a process or one of its
+    threads in uninterruptible sleep): a thread can be let go only from a ptrace stop, so each
+    such stays attached to the fork thread, its stop still asked for, until it reaches it; the
+    fork thread then lets it go (as compel does, any signal met on the way is delivered).
+    Checked in the fork thread's idle time, more rarely the longer it takes, and before every
+    seize."""
 
     def __init__(self) -> None:
         self.tracees: dict[int, Tracee] = {}  # by host pid; used in the fork thread only
@@ -344,20 +362,15 @@ class Stragglers:
             self._tick_later(min(delay * 2, SWEEP_MAX_S))
 
     def sweep(self) -> None:
-        """Let go of each straggler that has stopped (or is gone) since."""
+        """Let go of each straggler that has stopped (or is gone) since: detach collects the
+        stop of each thread that has reached it and keeps the others attached (late)."""
         for pid, t in list(self.tracees.items()):
-            try:
-                t.wait_stopped(0)
-            except ForkError as e:
-                if e.step == "wait" and not e.errno:
-                    continue  # not stopped yet
-                del self.tracees[pid]  # gone: compel has let go of it
-                continue
-            del self.tracees[pid]
             try:
                 t.detach()
             except BunshinError as e:
                 log.warning("letting go of template process %d: %s", pid, e)
+            if not t.late:
+                del self.tracees[pid]
 
     def check(self, plans: list[ProcPlan]) -> None:
         """Refuse to seize a process still attached from an earlier fork's failure."""

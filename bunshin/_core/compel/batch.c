@@ -66,7 +66,13 @@ static int run_to_trap(struct bx_ctl *c, unsigned long code)
 	if (ptrace(PTRACE_CONT, tid, 0, 0))
 		return -errno;
 	for (;;) {
-		if ((err = bx_wait(c, tid, &st)))
+		if ((err = bx_wait(c, tid, &st)) == -ETIMEDOUT) { /* a call that blocks: stopped */
+			if (!bx_stop_overdue(c, tid, PTRACE_CONT))
+				bx_arch_get_regs(tid, &c->cur);
+			c->overdue = tid;
+			return -ETIMEDOUT;
+		}
+		if (err)
 			return err;
 		int event = st >> 16, sig = WSTOPSIG(st);
 		if (bx_fork_event(c, tid, st)) {

@@ -92,6 +92,7 @@ static struct bx_ctl *adopt_child(struct bx_ctl *c, pid_t child, pid_t vtid, uin
 		return NULL;
 	}
 	k->pid = child;
+	k->wait_ns = c->wait_ns;
 	if ((*err = bx_add_thread_as(k, child, vtid)) < 0) {
 		free(k);
 		return NULL;
@@ -262,6 +263,11 @@ out:
 			kill(child, SIGKILL);
 			bx_free(k);
 			k = NULL;
+		} else if (!k) { /* its first stop never came: it must not run on */
+			int st;
+			kill(child, SIGKILL);
+			while (!bx_wait(c, child, &st)) /* a stop reported before the kill */
+				;
 		}
 	}
 	if (e && c->step == BX_STEP_NONE)
@@ -296,6 +302,10 @@ int bx_clone_ext_end(struct bx_ctl *c)
 	pid_t tid = c->thr[0].tid;
 	for (;;) {
 		int st, e = bx_wait(c, tid, &st);
+		if (e == -ETIMEDOUT) { /* stopped where it is, as after an injected call */
+			bx_stop_overdue(c, tid, PTRACE_CONT);
+			c->overdue = tid;
+		}
 		if (e)
 			return bx_fail(c, BX_STEP_WAIT, e);
 		int event = st >> 16, sig = WSTOPSIG(st);

@@ -12,8 +12,11 @@
  *   bx_free()             release the control block (cures and detaches first if still needed)
  *
  * Functions that return int give 0 or -errno. On failure the control block remembers which step
- * failed (bx_last_step). The tracer must make every call for one control block from the thread
- * that called bx_seize: ptrace attaches to a thread, not to a process.
+ * failed (bx_last_step). Each wait for a thread's report is bounded by bx_set_wait_timeout:
+ * past it the step fails with -ETIMEDOUT (bx_overdue names the thread) and the thread is
+ * stopped where it is (an injected call: cure puts it back) or, not stoppable, left late.
+ * The tracer must make every call for one control block from the thread that called
+ * bx_seize: ptrace attaches to a thread, not to a process.
  */
 #ifndef BUNSHIN_COMPEL_H
 #define BUNSHIN_COMPEL_H
@@ -90,8 +93,17 @@ int bx_stop_all_seized(struct bx_ctl *c);
 /* Attach to every other thread and ask each for a stop, without waiting (a frozen task stops
  * once thawed); bx_stop_all_seized then waits for them. */
 int bx_seize_threads_begin(struct bx_ctl *c);
+/* Lets go of every stopped thread. A thread whose stop is still owed (a seize or stop_all
+ * past its bound) is collected if it has stopped since, else stays attached, its stop still
+ * asked for (the block with it: bx_late); call bx_detach again later to let it go. */
 int bx_detach(struct bx_ctl *c);
+int bx_late(const struct bx_ctl *c, pid_t *out, int max); /* late threads; returns the count */
 void bx_free(struct bx_ctl *c);
+/* Bound of each wait for a report of a thread of c (and of the clones made through it), in
+ * nanoseconds; 0: none. Uses a per-thread POSIX timer signalling BX_WAIT_SIGNAL (SIGRTMAX - 2) to the
+ * waiting thread, whose handler (installed once, without SA_RESTART) does nothing. */
+void bx_set_wait_timeout(struct bx_ctl *c, int64_t ns);
+pid_t bx_overdue(const struct bx_ctl *c); /* the thread of the latest -ETIMEDOUT, 0 if none */
 pid_t bx_pid(const struct bx_ctl *c);   /* thread group id, tracer's namespace */
 /* The robust list a clone made with owe_robust must still be given (set_robust_list) before
  * it runs: 1 and the head and length, once; 0 if none is owed. */

@@ -73,6 +73,8 @@ struct bx_ctl {
 	uint64_t robust, robust_len;
 	/* a clone's robust list, left for the caller to set (bx_clone_req.owe_robust) */
 	uint64_t owed_robust, owed_robust_len;
+	int64_t wait_ns;  /* bound of each wait for a report of a thread, 0: none (bx_set_wait_timeout) */
+	pid_t overdue;    /* the thread whose report the latest -ETIMEDOUT waited for */
 };
 
 extern int bx_verbose;
@@ -100,6 +102,13 @@ int bx_read_nspid(pid_t tid, pid_t *out, int max);
 int bx_status_field(pid_t tid, const char *key, char *out, size_t n);
 int bx_status_fields(pid_t tid, int nkeys, const char *const keys[], char *const out[], size_t n);
 int bx_wait(struct bx_ctl *c, pid_t tid, int *status);
+/* bx_wait with a bound of its own: ns > 0, 0 none, BX_WAIT_POLL only a report already there */
+int bx_wait_for(struct bx_ctl *c, pid_t tid, int *status, int64_t ns);
+#define BX_WAIT_POLL ((int64_t)-1)
+#define BX_WAIT_SIGNAL (SIGRTMAX - 2)
+/* After a wait of an injection ran past its bound: stop the thread where it is, within the
+ * bound, so cure can put it back; resume is how it was let run (PTRACE_SINGLESTEP, ...). */
+int bx_stop_overdue(struct bx_ctl *c, pid_t tid, int resume);
 
 /* syscall.c */
 int bx_scratch(struct bx_ctl *c, unsigned long *addr);

@@ -1,5 +1,7 @@
 /* Attaching to threads, stopping them, waiting for their stops, letting them go. */
 #include <dirent.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -139,7 +141,72 @@ static int reap_exited_threads(struct bx_ctl *c)
 	return n;
 }
 
-/* Waits for the next report of thread tid: 0 and *status for a stop, -ESRCH once it is gone.
+/* --- the bound of a wait ---------------------------------------------------------------
+ * waitid has no timeout. A POSIX timer of the waiting thread's own signals it BX_WAIT_SIGNAL
+ * (SIGEV_THREAD_ID) at the deadline, and since its handler is installed without SA_RESTART the
+ * blocking waitid returns EINTR. The timer repeats after the deadline: a signal that lands just
+ * before the waitid is entered (and so interrupts nothing) is followed by another. Arming and
+ * disarming cost two system calls a wait, and the wait stays the kernel's own blocking one. */
+static pthread_once_t alarm_once = PTHREAD_ONCE_INIT;
+static pthread_key_t alarm_key; /* deletes a thread's timer as the thread exits */
+static __thread timer_t alarm_timer;
+static __thread int alarm_made;
+#define ALARM_REPEAT_NS 10000000L
+
+static void alarm_noop(int sig) { (void)sig; }
+
+static void alarm_drop(void *id) { timer_delete((timer_t)((intptr_t)id - 1)); }
+
+static void alarm_setup(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = alarm_noop; /* no SA_RESTART: the interrupted waitid returns EINTR */
+	sigemptyset(&sa.sa_mask);
+	sigaction(BX_WAIT_SIGNAL, &sa, NULL);
+	pthread_key_create(&alarm_key, alarm_drop);
+}
+
+static void set_alarm(int64_t ns)
+{
+	struct itimerspec it;
+	memset(&it, 0, sizeof it);
+	if (ns > 0) {
+		it.it_value.tv_sec = ns / 1000000000;
+		it.it_value.tv_nsec = ns % 1000000000;
+		it.it_interval.tv_nsec = ALARM_REPEAT_NS;
+	}
+	timer_settime(alarm_timer, 0, &it, NULL);
+}
+
+static int arm_alarm(int64_t ns)
+{
+	if (!alarm_made) {
+		pthread_once(&alarm_once, alarm_setup);
+		struct sigevent ev;
+		memset(&ev, 0, sizeof ev);
+		ev.sigev_notify = SIGEV_THREAD_ID;
+		ev.sigev_signo = BX_WAIT_SIGNAL;
+		ev._sigev_un._tid = gettid();
+		if (timer_create(CLOCK_MONOTONIC, &ev, &alarm_timer))
+			return -errno;
+		pthread_setspecific(alarm_key, (void *)((intptr_t)alarm_timer + 1)); /* ids start at 0 */
+		sigset_t s;
+		sigemptyset(&s);
+		sigaddset(&s, BX_WAIT_SIGNAL);
+		pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+		alarm_made = 1;
+	}
+	set_alarm(ns);
+	return 0;
+}
+
+void bx_set_wait_timeout(struct bx_ctl *c, int64_t ns) { c->wait_ns = ns > 0 ? ns : 0; }
+
+pid_t bx_overdue(const struct bx_ctl *c) { return c->overdue; }
+
+/* Waits for the next report of thread tid: 0 and *status for a stop, -ESRCH once it is gone,
+ * -ETIMEDOUT if none came by the deadline (0: none).
  *
  * Peek first (WNOWAIT), because an exit is not always ours to consume: reaping the leader
  * when we are also its real parent would steal the exit status from the code that started
@@ -148,20 +215,24 @@ static int reap_exited_threads(struct bx_ctl *c)
  * And a traced zombie thread waits for its tracer to reap it, while a leader is not reported
  * before all other threads are reaped: so for the leader of a multi-threaded tracee we poll,
  * reaping the others, or a dying tracee would block us forever. */
-int bx_wait(struct bx_ctl *c, pid_t tid, int *status)
+static int wait_report(struct bx_ctl *c, pid_t tid, int *status, double deadline, int poll)
 {
-	int poll = c->nthr > 1 && tid == c->pid;
+	poll |= c->nthr > 1 && tid == c->pid;
 	long ns = 2000;
 	for (;;) {
 		siginfo_t si = {0};
 		if (waitid(P_PID, tid, &si, WEXITED | WSTOPPED | __WALL | WNOWAIT | (poll ? WNOHANG : 0))) {
-			if (errno == EINTR)
-				continue;
-			return errno == ECHILD ? -ESRCH : -errno;
+			if (errno != EINTR)
+				return errno == ECHILD ? -ESRCH : -errno;
+			if (deadline && bx_now() >= deadline)
+				return -ETIMEDOUT;
+			continue;
 		}
 		if (si.si_pid == 0) {
 			if (reap_exited_threads(c))
 				continue;
+			if (deadline < 0 || (deadline && bx_now() >= deadline))
+				return -ETIMEDOUT;
 			struct timespec ts = {0, ns};
 			nanosleep(&ts, NULL);
 			ns = ns < 1000000 ? ns * 2 : ns;
@@ -184,14 +255,59 @@ int bx_wait(struct bx_ctl *c, pid_t tid, int *status)
 	}
 }
 
+int bx_wait_for(struct bx_ctl *c, pid_t tid, int *status, int64_t ns)
+{
+	int ret;
+	if (ns == BX_WAIT_POLL) {
+		ret = wait_report(c, tid, status, -1, 1);
+	} else if (!ns) {
+		ret = wait_report(c, tid, status, 0, 0);
+	} else {
+		if ((ret = arm_alarm(ns)))
+			return ret;
+		ret = wait_report(c, tid, status, bx_now() + ns * 1e-9, 0);
+		set_alarm(0);
+	}
+	if (ret == -ETIMEDOUT) {
+		c->overdue = tid;
+		bx_log("%d: no report within %.3f s", tid, ns > 0 ? ns * 1e-9 : 0.0);
+	}
+	return ret;
+}
+
+int bx_wait(struct bx_ctl *c, pid_t tid, int *status) { return bx_wait_for(c, tid, status, c->wait_ns); }
+
+int bx_stop_overdue(struct bx_ctl *c, pid_t tid, int resume)
+{
+	for (;;) {
+		if (ptrace(PTRACE_INTERRUPT, tid, 0, 0))
+			return errno == ESRCH ? -ESRCH : -errno;
+		int st, ret = bx_wait(c, tid, &st);
+		if (ret)
+			return ret;
+		int event = st >> 16, sig = WSTOPSIG(st);
+		siginfo_t si;
+		if (event == PTRACE_EVENT_STOP || (!event && sig == (SIGTRAP | 0x80)))
+			return 0;
+		/* the step's trap or the batch's int3 (a kernel-made SIGTRAP): stopped as well */
+		if (!event && sig == SIGTRAP && !ptrace(PTRACE_GETSIGINFO, tid, 0, &si) &&
+		    si.si_code > 0)
+			return 0;
+		if (!bx_fork_event(c, tid, st) && !event && (ret = bx_hold_signal(c, tid, sig)))
+			return ret;
+		if (ptrace(resume, tid, 0, 0))
+			return -errno;
+	}
+}
+
 /* Until thread i reports the stop PTRACE_INTERRUPT asked for. A signal that arrives first is
  * delivered as it would have been without us; new threads are recorded (TRACECLONE attached
  * them, they start stopped). */
-static int wait_interrupt_stop(struct bx_ctl *c, int i)
+static int wait_interrupt_stop(struct bx_ctl *c, int i, int64_t ns)
 {
 	pid_t tid = c->thr[i].tid;
 	for (;;) {
-		int st, ret = bx_wait(c, tid, &st);
+		int st, ret = bx_wait_for(c, tid, &st, ns);
 		if (ret)
 			return ret;
 		int event = st >> 16, sig = WSTOPSIG(st);
@@ -327,12 +443,15 @@ fail:
 	return NULL;
 }
 
-/* Wait for the stop bx_seize_begin asked for; on failure the block is freed (detached). */
+/* Wait for the stop bx_seize_begin asked for; on failure the block is freed (detached), but
+ * past the bound (-ETIMEDOUT), when it is kept for another try. */
 int bx_seize_finish(struct bx_ctl *c)
 {
 	int ret;
 	c->step = BX_STEP_WAIT;
-	if ((ret = wait_interrupt_stop(c, 0))) {
+	if ((ret = wait_interrupt_stop(c, 0, c->wait_ns))) {
+		if (ret == -ETIMEDOUT)
+			return ret;
 		bx_free(c);
 		return ret;
 	}
@@ -423,7 +542,7 @@ int bx_stop_all_seized(struct bx_ctl *c)
 		for (int i = 1; i < c->nthr; i++) {
 			if (c->thr[i].stopped)
 				continue;
-			int ret = wait_interrupt_stop(c, i);
+			int ret = wait_interrupt_stop(c, i, c->wait_ns);
 			if (ret == -ESRCH && c->thr[i].tid != c->pid) {
 				c->thr[i--] = c->thr[--c->nthr];
 				continue;
@@ -441,25 +560,52 @@ int bx_stop_all_seized(struct bx_ctl *c)
 
 int bx_detach(struct bx_ctl *c)
 {
-	int ret = 0;
+	int ret = 0, nlate = 0;
 	if (!c->attached)
 		return 0;
-	if (!c->cured && !c->dead && (ret = bx_cure_seized(c)))
+	if (!c->cured && !c->dead && c->thr[0].stopped && (ret = bx_cure_seized(c)))
 		bx_log("cure failed (%d), detaching anyway", ret);
+	/* a thread can be let go only from a ptrace stop: one asked for and not yet seen is
+	 * collected if it has come, else the thread stays, late (new ones may join the list) */
 	for (int i = 0; i < c->nthr; i++) {
+		if (!c->thr[i].stopped && !c->dead) {
+			int r = wait_interrupt_stop(c, i, BX_WAIT_POLL);
+			if (r == -ETIMEDOUT) {
+				c->thr[nlate++] = c->thr[i];
+				continue;
+			}
+			if (r == -ESRCH)
+				continue;
+		}
 		if (ptrace(PTRACE_DETACH, c->thr[i].tid, 0, 0) && errno != ESRCH && !ret)
 			ret = bx_fail(c, BX_STEP_DETACH, -errno);
 		c->thr[i].stopped = 0;
 	}
+	if (c->dead) /* reap traced zombies so none are left waiting for us */
+		reap_exited_threads(c);
+	c->nthr = nlate;
+	if (nlate) {
+		bx_log("%d: %d threads not stopped yet, still attached", c->pid, nlate);
+		return ret;
+	}
 	c->attached = 0;
 	bx_send_held(c);
-	if (c->dead) { /* reap traced zombies so none are left waiting for us */
-		reap_exited_threads(c);
-		siginfo_t si;
-		if (!c->parent_is_us) /* hands the leader on to its parent */
-			waitid(P_PID, c->pid, &si, WEXITED | __WALL | WNOHANG);
-	}
+	siginfo_t si;
+	if (c->dead && !c->parent_is_us) /* hands the leader on to its parent */
+		waitid(P_PID, c->pid, &si, WEXITED | __WALL | WNOHANG);
 	return ret;
+}
+
+int bx_late(const struct bx_ctl *c, pid_t *out, int max)
+{
+	int n = 0;
+	for (int i = 0; c->attached && i < c->nthr; i++)
+		if (!c->thr[i].stopped) {
+			if (n < max)
+				out[n] = c->thr[i].tid;
+			n++;
+		}
+	return n;
 }
 
 void bx_free(struct bx_ctl *c)

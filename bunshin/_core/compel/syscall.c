@@ -190,6 +190,19 @@ static int step_trap(struct bx_ctl *c, pid_t tid, bx_regs_t *r, int *err)
 	return bx_arch_ip(r) == c->sysaddr + BX_ARCH_SYSCALL_LEN;
 }
 
+/* An injected call did not return within the bound: interrupted (back in user space it is
+ * restarted, or returns -EINTR, as cure leaves it), the thread stops for cure to put it back.
+ * -ETIMEDOUT either way; not stopped even then (asleep uninterruptibly), it is left as is. */
+static int overdue(struct bx_ctl *c, pid_t tid, int resume)
+{
+	int err = bx_stop_overdue(c, tid, resume);
+	if (!err)
+		err = bx_arch_get_regs(tid, &c->cur);
+	bx_log("%d: injected call overdue, %s", tid, err ? "not stopped" : "stopped");
+	c->overdue = tid;
+	return -ETIMEDOUT;
+}
+
 /* Run the injected call by single-stepping over its instruction: the kernel reports the step
  * as the call returns, before any user instruction, so a call costs one stop instead of the
  * two (entry and exit) of PTRACE_SYSCALL. Signals are held back; an injected call they
@@ -202,7 +215,9 @@ static int run_to_exit(struct bx_ctl *c, long *ret)
 	if (ptrace(PTRACE_SINGLESTEP, tid, 0, 0))
 		return -errno;
 	for (;;) {
-		if ((err = bx_wait(c, tid, &st)))
+		if ((err = bx_wait(c, tid, &st)) == -ETIMEDOUT) /* a call that blocks */
+			return overdue(c, tid, PTRACE_SINGLESTEP);
+		if (err)
 			return err;
 		int event = st >> 16, sig = WSTOPSIG(st);
 		if (bx_fork_event(c, tid, st)) {

@@ -55,7 +55,12 @@ static int run_in(struct bx_ctl *c, int i, long nr, unsigned long a0, unsigned l
 	if (ptrace(PTRACE_SYSCALL, tid, 0, 0))
 		return -errno;
 	for (;;) {
-		if ((err = bx_wait(c, tid, &st)))
+		if ((err = bx_wait(c, tid, &st)) == -ETIMEDOUT) { /* stopped for the caller's undo */
+			bx_stop_overdue(c, tid, PTRACE_SYSCALL);
+			c->overdue = tid;
+			return -ETIMEDOUT;
+		}
+		if (err)
 			return err;
 		int event = st >> 16, sig = WSTOPSIG(st);
 		if (sig == (SIGTRAP | 0x80)) {
