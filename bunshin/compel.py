@@ -65,8 +65,9 @@ def suspends_seccomp() -> bool | None:
 def _translate(exc: OSError, pid: int, bound: float = 0.0) -> ForkError:
     step = getattr(exc, "step", "seize")
     pid = getattr(exc, "pid", pid)
-    if exc.errno == errno.ETIMEDOUT and getattr(exc, "tid", 0):
-        return ForkError(f"pid {pid}: thread {exc.tid} did not reach a ptrace stop within "
+    tid: int = getattr(exc, "tid", 0)
+    if exc.errno == errno.ETIMEDOUT and tid:
+        return ForkError(f"pid {pid}: thread {tid} did not reach a ptrace stop within "
                          f"{bound:g} s at step {step!r} (in uninterruptible sleep?)", pid=pid,
                          step=step, errno=exc.errno)
     what = os.strerror(exc.errno) if exc.errno else str(exc)  # a CompelError's text names the step too

@@ -8,6 +8,8 @@ template the user holds, keeps them seized and frozen for the next fork (keeper.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import errno
 import logging
 import os
@@ -176,7 +178,7 @@ def _seize(pl: ProcPlan, tracees: dict[int, Tracee]) -> None:
         raise _seize_error(pl, e) from None
 
 
-def _stop_error(pl: ProcPlan, e: ForkError, late: list[int] = ()) -> ForkError:
+def _stop_error(pl: ProcPlan, e: ForkError, late: Sequence[int] = ()) -> ForkError:
     if e.step == "stop_all" and e.errno == errno.ETIMEDOUT:
         tids = ", ".join(str(_own_tid(t)) for t in late) or "?"
         return ForkError(f"process {pl.vpid} ({pl.name}): thread {tids} did not reach a ptrace stop "
