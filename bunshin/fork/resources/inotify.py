@@ -71,10 +71,11 @@ def _is(st: os.stat_result, path: str, ino: int, dev: int, handle: str, follow: 
     two layers may be equal (without xino), so its handle decides where the kernel gives one."""
     if st.st_ino != ino:
         return False
-    if handle:
-        return _handle(path, follow) == handle
-    # no handles (AT_HANDLE_FID is 6.5's): a directory shows the overlay's device as a watch
-    # does, a file its layer's, so only the inode number can tell
+    mine = _handle(path, follow) if handle else ""
+    if mine:
+        return mine == handle
+    # no handle to compare (AT_HANDLE_FID is 6.5's): a directory shows the overlay's device as
+    # a watch does, a file its layer's, so only the inode number can tell
     return st.st_dev == dev or not stat.S_ISDIR(st.st_mode)
 
 
