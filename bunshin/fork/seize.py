@@ -8,8 +8,6 @@ template the user holds, keeps them seized and frozen for the next fork (keeper.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import errno
 import logging
 import os
@@ -17,6 +15,7 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Sequence
 
 from ..compel import Tracee, in_group_stop, suspends_seccomp
 from ..errors import BunshinError, ForkError

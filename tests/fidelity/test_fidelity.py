@@ -37,6 +37,9 @@ _KNOWN = {
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
             "zombies, PDEATHSIG, session)",
 }
+if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlayfs O_TMPFILE is 6.6's
+    _KNOWN["deleted_file"] = ("before Linux 6.6 a deleted file's copy is made in /dev/shm (no O_TMPFILE on "
+                              "overlayfs), and /proc names it so")
 KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
     (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
 
