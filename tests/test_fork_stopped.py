@@ -6,6 +6,7 @@ keep the fork's attach to it waiting for ever."""
 from __future__ import annotations
 
 import glob
+import os
 import signal
 import threading
 import time
@@ -101,7 +102,12 @@ def counting_stopped(family):
     wait_file(ws, "/count")
     ws.kill(pid, signal.SIGSTOP)
     assert until_state(ws, pid, "T") == "T"
-    time.sleep(0.1)  # State is the main thread's: let the counting thread stop too
+    # State is the main thread's: the counting thread stops too, later on a loaded machine
+    hp = host_pid(ws, pid)
+    deadline = time.monotonic() + 10
+    while not all(proc_status(f"{hp}/task/{t}")["State"][0] == "T" for t in os.listdir(f"/proc/{hp}/task")):
+        assert time.monotonic() < deadline, "the counting thread never stopped"
+        time.sleep(0.01)
     return ws, pid, count(ws)
 
 
