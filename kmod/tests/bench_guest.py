@@ -170,6 +170,9 @@ def bench_fork(small=False):
             ws.spawn(["python3", "-c", "import time; time.sleep(1000)"])
         time.sleep(1)
         nproc = len(ws.processes())
+        # the template is a fork of ws: made with the module, its tree is ws's (the check below
+        # asks each mode's children for it); a previous bench may have left another backend on
+        backend("1")
         tpl = ws.snapshot()
         try:
             modes = ("1", "norun", "reparent", "0")
