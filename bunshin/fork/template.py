@@ -71,9 +71,7 @@ class TemplateCore(slots.Holder):
     def __init__(self, body: Body, plans, shells: list[tuple[int, int, str]],
                  config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None) -> None:
         self.body = body  # frozen: its processes are the template
-        # a source core (frozen_upper: a copy of the running workspace's upper layer, taken
-        # at the freeze) forks once and lets its processes go, thawed; the body stays theirs
-        self.source = frozen_upper is not None
+        # a copy of the running workspace's upper layer taken at the freeze: a source core's
         self.frozen_upper = frozen_upper
         self.plans = plans
         self.shells = shells  # (pty index, bash pid, session id) of the source's shell sessions
@@ -122,6 +120,12 @@ class TemplateCore(slots.Holder):
             while tmp in used:
                 tmp -= 1
             self.tmp_pids[pl.hostpid] = tmp
+
+    @property
+    def source(self) -> bool:
+        """A running workspace's processes, for one fork: it lets them go, thawed, and the
+        body stays the workspace's."""
+        return self.frozen_upper is not None
 
     def child_rootfs(self) -> Rootfs:
         """What each child's ``ws.rootfs`` says: made (and its layers checked, ~0.3 ms) once,
