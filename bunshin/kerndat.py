@@ -19,7 +19,6 @@ import logging
 import mmap
 import os
 import resource
-import select
 import signal
 import tempfile
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 from . import config, criu_locate
 from .criu_locate import CriuInfo
+from .fdwait import readable
 
 __all__ = ["KernDat", "get", "probe", "cache_path", "NAMESPACES"]
 
@@ -151,7 +151,7 @@ def _collect(pid: int, fd: int, deadline: float) -> tuple[Any, str | None]:
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not readable(fd, left):
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:

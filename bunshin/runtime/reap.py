@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
-import time
+
+from ..fdwait import readable
 
 log = logging.getLogger("bunshin.reap")
 
 
 def wait_exit_pidfd(pidfd: int, timeout: float) -> bool:
     """True once the process behind ``pidfd`` has exited (works for non-children too)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        r, _, _ = select.select([pidfd], [], [], left)
-        if r:
-            return True
+    return readable(pidfd, timeout)
 
 
 def reap_init(pidfd: int, *, is_child: bool, grace: float) -> None:

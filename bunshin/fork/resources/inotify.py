@@ -21,12 +21,12 @@ import logging
 import os
 import stat
 import re
-import select
 import struct
 import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ...fdwait import readable
 from . import sharing
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,7 @@ def finish(ctx) -> None:
     for clone, fd in ctx.shared.pop("inotify-made", []):
         copy = sharing.getfd_here(clone, fd)
         try:
-            while select.select([copy], [], [], 0)[0]:
+            while readable(copy, 0):
                 os.read(copy, 65536)
         finally:
             os.close(copy)
