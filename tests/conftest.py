@@ -140,6 +140,13 @@ def wait_file(w, path: str, timeout: float = 15) -> str:
     raise AssertionError(f"{path} never appeared in {w.id}")
 
 
+def build_vforker(w) -> str:
+    """tests/victims/vforker.c built in workspace ``w``; its path there."""
+    w.write_file("/v.c", (Path(__file__).parent / "victims" / "vforker.c").read_text())
+    assert w.run("gcc -O1 -pthread -o /v /v.c").ok
+    return "/v"
+
+
 def put(w, path: str, text: str) -> None:
     """Write ``path`` in workspace ``w`` for a program there that waits for it to appear:
     atomically (a temporary file renamed into place), since ``write_file`` creates the file

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import SCRIPT_PRELUDE, leaks, start_script, wait_file
+from conftest import SCRIPT_PRELUDE, build_vforker, leaks, start_script, wait_file
 
 import bunshin
 from bunshin.errors import ForkError
@@ -50,31 +50,6 @@ def leaks_but_inits() -> dict:
     return {k: v for k, v in leaks().items() if k != "inits"}
 
 
-# Writes /tmp/vforking, then vforks a child that sleeps ARGV[1] ms before it execs.
-VFORKER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    long ms = atol(argv[1]);
-    fclose(fopen("/tmp/vforking", "w"));
-    pid_t p = vfork();
-    if (p == 0) {
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        nanosleep(&ts, 0);
-        execl("/bin/sleep", "sleep", "1000", (char *)0);
-        _exit(127);
-    }
-    FILE *f = fopen("/tmp/resumed.part", "w");
-    fprintf(f, "%d\n", p);
-    fclose(f);
-    rename("/tmp/resumed.part", "/tmp/resumed");
-    for (;;) pause();
-}
-"""
-
-
 def test_a_vfork_parent_that_never_stops_fails_the_fork_and_is_let_go_once_it_wakes(family,
                                                                                      monkeypatch):
     """A vfork parent sleeps uninterruptibly until its child execs, and the seized child stops
@@ -82,9 +57,7 @@ def test_a_vfork_parent_that_never_stops_fails_the_fork_and_is_let_go_once_it_wa
     refuse: here it is told there is no vfork, so the seize meets it.)"""
     ws = bunshin.Workspace.create()
     family.append(ws)
-    ws.write_file("/v.c", VFORKER)
-    assert ws.run("gcc -O1 -o /v /v.c").ok
-    parent = ws.spawn(["/v", "4000"])
+    parent = ws.spawn([build_vforker(ws), "4000"])
     wait_file(ws, "/tmp/vforking")
     time.sleep(0.1)
     assert proc_status(host_pid(ws, parent))["State"][0] == "D"
@@ -299,44 +272,6 @@ def test_a_request_to_an_init_that_does_not_read_fails_in_bounded_time(no_leaks,
         ws.close()
 
 
-# A vfork made by a second thread: that thread sleeps uninterruptibly until the child execs,
-# the main thread runs on. /tmp/vforking holds the vforking thread's tid.
-THREAD_VFORKER = r"""
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-static long ms;
-static void *vforker(void *arg) {
-    FILE *f = fopen("/tmp/vforking.part", "w");
-    fprintf(f, "%ld\n", (long)syscall(SYS_gettid));
-    fclose(f);
-    rename("/tmp/vforking.part", "/tmp/vforking");
-    pid_t p = vfork();
-    if (p == 0) {
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        nanosleep(&ts, 0);
-        execl("/bin/sleep", "sleep", "1000", (char *)0);
-        _exit(127);
-    }
-    f = fopen("/tmp/resumed.part", "w");
-    fprintf(f, "%d\n", p);
-    fclose(f);
-    rename("/tmp/resumed.part", "/tmp/resumed");
-    for (;;) pause();
-    return arg;
-}
-int main(int argc, char **argv) {
-    pthread_t t;
-    ms = atol(argv[1]);
-    pthread_create(&t, 0, vforker, 0);
-    for (;;) pause();
-}
-"""
-
-
 def fork_via(ws, how: str):
     """One child of ``ws``: by ws.fork(), or by a snapshot's fork (the template closed)."""
     if how == "fork":
@@ -358,9 +293,7 @@ def test_a_thread_that_never_stops_fails_stop_all_and_is_let_go_once_it_wakes(fa
     process is let go but for that thread, which is let go once it wakes."""
     ws = bunshin.Workspace.create()
     family.append(ws)
-    ws.write_file("/v.c", THREAD_VFORKER)
-    assert ws.run("gcc -O1 -pthread -o /v /v.c").ok
-    parent = ws.spawn(["/v", "4000"])
+    parent = ws.spawn([build_vforker(ws), "4000", "thread"])
     tid = int(wait_file(ws, "/tmp/vforking"))
     time.sleep(0.1)
     hp = host_pid(ws, parent)

@@ -8,37 +8,10 @@ import time
 import pytest
 
 import bunshin
-from conftest import wait_file
-
-# Writes /tmp/vforking, then vforks a child that waits ARGV[1] ms before it execs a shell.
-VFORKER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    long ms = atol(argv[1]);
-    fclose(fopen("/tmp/vforking", "w"));
-    pid_t p = vfork();
-    if (p == 0) {
-        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-        nanosleep(&ts, 0);
-        execl("/bin/sh", "sh", "-c", "echo $$ > /tmp/execd; exec sleep 1000", (char *)0);
-        _exit(127);
-    }
-    FILE *f = fopen("/tmp/resumed.part", "w");  /* whole once it appears (wait_file) */
-    fprintf(f, "%d\n", p);
-    fclose(f);
-    rename("/tmp/resumed.part", "/tmp/resumed");
-    for (;;) pause();
-}
-"""
-
+from conftest import build_vforker, wait_file
 
 def _in_vfork(ws, ms: int) -> int:
-    ws.write_file("/v.c", VFORKER)
-    assert ws.run("gcc -O1 -o /v /v.c").ok
-    pid = ws.spawn(["/v", str(ms)])
+    pid = ws.spawn([build_vforker(ws), str(ms)])
     wait_file(ws, "/tmp/vforking", 20)
     time.sleep(0.2)
     assert not ws.run("test -e /tmp/resumed").ok  # still waiting for its child's exec
