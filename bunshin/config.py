@@ -84,6 +84,8 @@ KNOBS: tuple[Knob, ...] = (
          "snapshot fails)"),
     Knob("BUNSHIN_FREEZER_ON", "1", "switch",
          "0: no frozen empty group keeping the cgroup v1 freezer's static key on"),
+    Knob("BUNSHIN_OWNER_WATCH", "1", "switch",
+         "0: no watcher process removing a trainer's workspaces when it dies without closing them"),
     Knob("BUNSHIN_FAVOR_DYNMODS", "1", "switch",
          "0: leave the kernel's cgroup `favordynmods` option alone"),
     Knob("BUNSHIN_PAGEMAP_SCAN", "auto", "choice",
@@ -200,6 +202,11 @@ def rebase() -> bool:
 def freezer_on() -> bool:
     """Keep the cgroup v1 freezer's static key on with a frozen empty group."""
     return _switch("BUNSHIN_FREEZER_ON")
+
+
+def owner_watch() -> bool:
+    """Start a watcher that removes this trainer's workspaces when it ends without closing them."""
+    return _switch("BUNSHIN_OWNER_WATCH")
 
 
 def favor_dynmods() -> bool:

@@ -95,6 +95,7 @@ _BY_KNOB = {"BUNSHIN_NS_POOL": config.ns_pool_size, "BUNSHIN_KMOD_FORK": config.
             "BUNSHIN_KMOD_RUN": config.kmod_run, "BUNSHIN_FORK_SLOTS": config.fork_slots,
             "BUNSHIN_EARLY_INIT": config.early_init, "BUNSHIN_REBASE": config.rebase,
             "BUNSHIN_FREEZER_ON": config.freezer_on, "BUNSHIN_FAVOR_DYNMODS": config.favor_dynmods,
+            "BUNSHIN_OWNER_WATCH": config.owner_watch,
             "BUNSHIN_PAGEMAP_SCAN": config.pagemap_scan}
 
 

@@ -31,7 +31,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_owner_death_kills_workspace_processes_and_gc_cleans(no_leaks):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # without its watcher (test_owner_death.py), which would clean up before gc can
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), BUNSHIN_OWNER_WATCH="0")
     p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, env=env)
     try:
         info = json.loads(p.stdout.readline())

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import time
 
 from .. import config
 from . import cgroup, statedir
@@ -13,8 +14,15 @@ from . import cgroup, statedir
 log = logging.getLogger("bunshin.gc")
 
 
-def collect(*, dry_run: bool = False) -> list[str]:
-    """Remove every workspace whose owning process is gone. Returns the ids removed."""
+# A directory is made a moment before its meta file names its owner (body.allocate): one
+# without a meta file is a leftover only once it is older than this.
+_UNCLAIMED_AGE = 30.0
+
+
+def collect(*, dry_run: bool = False, owner: tuple[int, int] | None = None) -> list[str]:
+    """Remove every workspace whose owning process is gone, or, with ``owner`` (pid, start
+    time), only that dead owner's: its watcher's call, which leaves other trainers' leftovers
+    and cgroups to their own. Returns the ids removed."""
     removed = []
     live_cgroups = set()
     dead_cgroups = set()  # of this state directory's dead workspaces: frozen templates included
@@ -22,6 +30,10 @@ def collect(*, dry_run: bool = False) -> list[str]:
         meta = d.read_meta()
         if meta is not None and statedir.owner_alive(meta):
             live_cgroups.add(meta.cgroup)
+            continue
+        if owner is not None and (meta is None or (meta.owner_pid, meta.owner_start) != owner):
+            continue
+        if meta is None and _younger_than(d.path, _UNCLAIMED_AGE):
             continue
         if meta is not None:
             dead_cgroups.add(meta.cgroup)
@@ -33,7 +45,7 @@ def collect(*, dry_run: bool = False) -> list[str]:
         d.remove()
     backend = cgroup.backend()
     for name in backend.list():
-        if name in live_cgroups:
+        if name in live_cgroups or (owner is not None and name not in dead_cgroups):
             continue
         try:
             cg = backend.open(name)
@@ -59,6 +71,13 @@ def collect(*, dry_run: bool = False) -> list[str]:
         except Exception as e:  # noqa: BLE001 - busy mounts are reported, not fatal
             log.warning("state file system stays mounted: %s", e)
     return removed
+
+
+def _younger_than(path: os.PathLike, seconds: float) -> bool:
+    try:
+        return time.time() - os.stat(path).st_mtime < seconds
+    except OSError:
+        return False
 
 
 def _ours(pids: list[int]) -> bool:

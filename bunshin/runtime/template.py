@@ -4,6 +4,7 @@ processes and the fork engine are bunshin/fork/'s, see bunshin/fork/template.py)
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,17 @@ if TYPE_CHECKING:
 
 __all__ = ["Template"]
 
+_live: weakref.WeakSet[Template] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """Close every template handle still open (a trainer that exits without closing them)."""
+    for tpl in list(_live):
+        try:
+            tpl.close()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
 
 class Template:
     """A frozen workspace state. ``fork(n)`` makes live copies; ``close()`` when done.
@@ -27,6 +39,7 @@ class Template:
     def __init__(self, core: TemplateCore) -> None:
         self._core = core
         self._closed = False
+        _live.add(self)
 
     @property
     def id(self) -> str:

@@ -50,6 +50,7 @@ from .cgroup.limits import Limits
 from .channel import Channel
 from .result import Result, exit_code_from_status
 from .shell import Shell
+from . import template
 from .template import Template
 from .workspace_config import WorkspaceConfig
 
@@ -83,11 +84,14 @@ _live: weakref.WeakSet[Workspace] = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
+    """What the trainer left open goes with it: its workspaces, then its templates (a source
+    or template with live children is kept until they close)."""
     for ws in list(_live):
         try:
             ws.close()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
+    template.close_all()
 
 
 @dataclass(frozen=True)
