@@ -60,7 +60,8 @@ def collect(*, dry_run: bool = False, owner: tuple[int, int] | None = None) -> l
         if not dry_run:
             cg.destroy()
         removed.append(f"cgroup:{name}")
-    if not dry_run and not backend.list() and backend.remove_freezer_on():
+    # the frozen empty group is every Bunshin's on the machine: only a gc by hand removes it
+    if not dry_run and owner is None and not backend.list() and backend.remove_freezer_on():
         removed.append("cgroup:freezer-on")
     if not dry_run and not live_cgroups:
         from . import statefs
