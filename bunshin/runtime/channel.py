@@ -1,7 +1,8 @@
 """The trainer's end of a workspace's control socket (protocol in _core/init/proto.h).
 
-One reader thread per workspace demultiplexes answers (matched by request id) and exit
-reports (matched by pid); callers block on their own request only.
+One reader thread for every workspace of the trainer (epoll over their sockets: a trainer keeps
+thousands, and a thread each would cost thousands of threads) demultiplexes answers (matched by
+request id) and exit reports (matched by pid); callers block on their own request only.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import errno as _errno
 import itertools
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -44,6 +46,48 @@ _STEPS = {
 }
 
 
+class _Reader:
+    """The thread that reads every started channel's socket when it turns readable."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._chans: dict[int, Channel] = {}
+        self._ep: select.epoll | None = None
+        self._pid = 0  # a trainer forked since has no thread: it starts its own
+
+    def add(self, chan: Channel) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._chans, self._ep = os.getpid(), {}, select.epoll()
+                threading.Thread(target=self._loop, args=(self._ep,), name="bunshin-channels",
+                                 daemon=True).start()
+            assert self._ep is not None
+            fd = chan.sock.fileno()
+            self._chans[fd] = chan
+            self._ep.register(fd, select.EPOLLIN)
+
+    def remove(self, chan: Channel) -> None:
+        """After this no read of ``chan`` starts (one under way may finish)."""
+        with self._lock:
+            fd = chan.sock.fileno()
+            if self._pid == os.getpid() and self._chans.get(fd) is chan:
+                del self._chans[fd]
+                assert self._ep is not None
+                self._ep.unregister(fd)
+
+    def _loop(self, ep: select.epoll) -> None:
+        while True:
+            # unbounded on purpose: this thread waits for the inits' reports while they live
+            for fd, _ev in ep.poll():
+                with self._lock:
+                    chan = self._chans.get(fd)
+                if chan is not None:
+                    chan._read()
+
+
+_reader = _Reader()
+
+
 @dataclass
 class _Pending:
     event: threading.Event
@@ -63,7 +107,7 @@ class Channel:
         self._exits: dict[int, int] = {}
         self._exit_cond = threading.Condition(self._lock)
         self._dead: str | None = None
-        self._reader: threading.Thread | None = None
+        self._started = False
 
     # -- start-up ---------------------------------------------------------------------
     @property
@@ -98,42 +142,51 @@ class Channel:
     @property
     def ready(self) -> bool:
         """Whether init reported ready (or the reader was started) and has not gone since."""
-        return self._reader is not None and self._dead is None
+        return self._started and self._dead is None
 
     def start(self) -> None:
-        """Start the reader thread (``wait_ready`` does; a CRIU-restored init sends no READY)."""
-        self._reader = threading.Thread(target=self._read_loop, name=f"bunshin-{self._name}", daemon=True)
-        self._reader.start()
+        """Start reading the init's reports (``wait_ready`` does; a CRIU-restored init sends no
+        READY)."""
+        self._started = True
+        _reader.add(self)
 
     # -- reader -----------------------------------------------------------------------
-    def _read_loop(self) -> None:
-        why = "init closed the control socket"
+    def _read(self) -> None:
+        """Every message queued now (the reader thread's call, when the socket is readable)."""
         try:
             while True:
-                # unbounded on purpose: this thread waits for the init's reports while it lives;
-                # close() ends the recv (shutdown)
-                data = self._sock.recv(PROTO["MAX_INLINE"] + 4096)
+                try:
+                    data = self._sock.recv(PROTO["MAX_INLINE"] + 4096, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
                 if not data:
-                    break
-                typ, _flags, rid, length, _nfds = _HDR.unpack_from(data)
-                payload = data[_HDR.size : _HDR.size + length]
-                if typ == PROTO["REP_EXITED"]:
-                    pid, status = _EXITED.unpack_from(payload)
-                    with self._lock:
-                        self._exits[pid] = status
-                        self._exit_cond.notify_all()
-                    continue
-                with self._lock:
-                    p = self._pending.pop(rid, None)
-                if p is None:
-                    log.warning("%s: unexpected message type %d id %d", self._name, typ, rid)
-                    continue
-                p.reply = (typ, payload)
-                p.event.set()
+                    return self._die("init closed the control socket")
+                self._dispatch(data)
         except OSError as e:
-            why = f"control socket error: {e}"
+            self._die(f"control socket error: {e}")
+
+    def _dispatch(self, data: bytes) -> None:
+        typ, _flags, rid, length, _nfds = _HDR.unpack_from(data)
+        payload = data[_HDR.size : _HDR.size + length]
+        if typ == PROTO["REP_EXITED"]:
+            pid, status = _EXITED.unpack_from(payload)
+            with self._lock:
+                self._exits[pid] = status
+                self._exit_cond.notify_all()
+            return
         with self._lock:
-            self._dead = why
+            p = self._pending.pop(rid, None)
+        if p is None:
+            log.warning("%s: unexpected message type %d id %d", self._name, typ, rid)
+            return
+        p.reply = (typ, payload)
+        p.event.set()
+
+    def _die(self, why: str) -> None:
+        _reader.remove(self)
+        with self._lock:
+            if self._dead is None:
+                self._dead = why
             pending, self._pending = self._pending, {}
             self._exit_cond.notify_all()
         for p in pending.values():
@@ -245,10 +298,10 @@ class Channel:
         self.close()
 
     def close(self) -> None:
+        if self._sock.fileno() >= 0:
+            self._die("the control socket was closed")
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-        if self._reader is not None and self._reader is not threading.current_thread():
-            self._reader.join(timeout=5)
