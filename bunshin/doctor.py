@@ -154,7 +154,8 @@ def checks(kd: KernDat) -> list[Check]:
     out.append(Check("transparent hugepages", kd.thp_mode in ("always", "madvise"), False,
                      kd.thp_mode or "absent",
                      "THP off → forking a large heap copies ~20× more page-table entries"))
-    out.append(Check("RLIMIT_NOFILE hard", True, False, str(kd.nofile_hard), ""))
+    out.append(Check("RLIMIT_NOFILE", True, False, f"hard {kd.nofile_hard}; a trainer's soft limit "
+                     "is raised to it with its first workspace", ""))
     out.append(Check("CAP_SYS_ADMIN", kd.cap_sys_admin, False, "effective" if kd.cap_sys_admin
                      else "absent", "not root → namespaces, mounts and cgroups are refused"))
     out.append(Check("CAP_SYS_RESOURCE", kd.cap_sys_resource, False,

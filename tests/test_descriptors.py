@@ -57,3 +57,22 @@ def test_workspaces_fork_and_close_with_descriptors_above_1024(many_fds, tmp_pat
 def test_the_machine_probe_runs_with_descriptors_above_1024(many_fds):
     kd = kerndat.probe()
     assert kd.pidfd_open  # a probe that ran and answered, not one that failed on its pipe
+
+
+def test_the_trainer_limit_is_raised_and_workspaces_keep_the_machine_s(tmp_path):
+    """In a fresh trainer with soft < hard: the first workspace raises the trainer's soft limit
+    to the hard one; the workspace's programs still see the soft limit the trainer started with."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "t.py"
+    script.write_text(
+        "import resource, bunshin\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1000, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "with bunshin.Workspace.create() as ws:\n"
+        "    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], ws.run('ulimit -Sn').stdout.decode().strip(),\n"
+        "          ws.fork(1)[0].run('ulimit -Sn').stdout.decode().strip())\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert out.stdout.split() == [str(hard), "1000", "1000"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import BunshinError
 from . import cgroup as _cgroup
-from . import layers, owner_watch
+from . import layers, trainer
 from .cgroup.limits import Limits
 from .reap import reap_init
 from .statedir import Meta, WorkspaceDir, own_start_time
@@ -65,7 +65,7 @@ def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
     """A new state directory, its meta file and a cgroup with ``limits``; on failure nothing
     is left. The meta file is written first, so that `bunshin gc` elsewhere leaves the pieces
     alone while this process lives and removes them after it dies."""
-    owner_watch.ensure()
+    trainer.prepare()
     d = WorkspaceDir.create()
     cg = None
     try:

@@ -50,7 +50,7 @@ from .cgroup.limits import Limits
 from .channel import Channel
 from .result import Result, exit_code_from_status
 from .shell import Shell
-from . import template
+from . import template, trainer
 from .template import Template
 from .workspace_config import WorkspaceConfig
 
@@ -253,6 +253,7 @@ class Workspace:
             os.close(logfd)
             os.close(null)
         b.init_pid, b.pidfd = pid, pidfd
+        trainer.give_own_limits(pid)
         b.channel = Channel(ours, f"workspace {self.id}")
         try:
             b.channel.wait_ready(ready_timeout)
