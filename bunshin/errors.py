@@ -12,6 +12,7 @@ __all__ = [
     "PermissionDenied",
     "RootfsError",
     "LimitError",
+    "OutOfResources",
     "WorkspaceClosed",
     "WorkspaceDied",
     "SpawnError",
@@ -45,6 +46,12 @@ class RootfsError(BunshinError):
 
 class LimitError(BunshinError):
     """A resource limit has a value that cannot be applied (negative, wrong type, too small)."""
+
+
+class OutOfResources(BunshinError):
+    """The trainer or the machine has no room for another workspace: descriptors, processes or
+    the state file system's space (the message names which and how much is in use). Nothing was
+    made; the existing workspaces keep working. Close some, or raise that limit."""
 
 
 class WorkspaceClosed(BunshinError):

@@ -16,9 +16,10 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from .. import config
 from ..errors import BunshinError
 from . import cgroup as _cgroup
-from . import layers, trainer
+from . import headroom, layers, statefs, trainer
 from .cgroup.limits import Limits
 from .reap import reap_init
 from .statedir import Meta, WorkspaceDir, own_start_time
@@ -66,6 +67,8 @@ def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
     is left. The meta file is written first, so that `bunshin gc` elsewhere leaves the pieces
     alone while this process lives and removes them after it dies."""
     trainer.prepare()
+    state = config.state_dir()
+    headroom.check(state, statefs.image_path(state))
     d = WorkspaceDir.create()
     cg = None
     try:

@@ -38,12 +38,16 @@ def ensure() -> None:
         if _watcher[0] == pid:
             return
         env = dict(os.environ, BUNSHIN_STATE_DIR=str(config.state_dir()))
-        # the Popen is kept so that it is never collected (and waited for) while the trainer lives
-        _watcher = (pid, subprocess.Popen(
-            [sys.executable, "-m", "bunshin.runtime.owner_watch", str(pid),
-             str(statedir.own_start_time())],
-            env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True))
+        try:
+            # the Popen is kept so that it is never collected (and waited for) while the trainer lives
+            _watcher = (pid, subprocess.Popen(
+                [sys.executable, "-m", "bunshin.runtime.owner_watch", str(pid),
+                 str(statedir.own_start_time())],
+                env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True))
+        except OSError as e:  # out of processes or memory: the workspace can do without
+            log.warning("no owner watcher (%s): if this trainer is killed, `bunshin gc` removes "
+                        "its workspaces", e)
 
 
 def _wait_for_end(pid: int, start: int) -> None:

@@ -44,7 +44,7 @@ def raise_nofile() -> None:
 
 
 def give_own_limits(pid: int) -> None:
-    """Put back in a new workspace's init (``pid``, which has run no request yet) the limit the
+    """Put back in a new workspace's init (``pid``, set up and asked nothing yet) the limit the
     trainer had before it was raised: the workspace's programs see the limits they would
     see on this machine, not the trainer's need."""
     if _nofile is not None and _nofile != resource.getrlimit(resource.RLIMIT_NOFILE):

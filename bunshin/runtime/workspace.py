@@ -50,7 +50,7 @@ from .cgroup.limits import Limits
 from .channel import Channel
 from .result import Result, exit_code_from_status
 from .shell import Shell
-from . import template, trainer
+from . import headroom, template, trainer
 from .template import Template
 from .workspace_config import WorkspaceConfig
 
@@ -247,13 +247,14 @@ class Workspace:
                                               theirs.fileno())
         except OSError as e:
             ours.close()
+            if e.errno == errno.EAGAIN:
+                raise headroom.no_process("the workspace init") from None
             raise BunshinError(f"cannot start the workspace init: {e} (see `bunshin doctor`)") from None
         finally:
             theirs.close()
             os.close(logfd)
             os.close(null)
         b.init_pid, b.pidfd = pid, pidfd
-        trainer.give_own_limits(pid)
         b.channel = Channel(ours, f"workspace {self.id}")
         try:
             b.channel.wait_ready(ready_timeout)
@@ -263,6 +264,7 @@ class Workspace:
                 raise RootfsError(f"{msg}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
                                   "lower layer") from None
             raise
+        trainer.give_own_limits(pid)  # set up, and not yet asked to start anything
         b.meta.init_pid = pid
         d.write_meta(b.meta)
         b.open_root()

@@ -1,0 +1,86 @@
+"""Room for one more workspace, checked before any part of it is made: a clear
+:class:`~bunshin.errors.OutOfResources` up front, instead of a failure half-way through a
+create or a fork (whose clean-up would itself need the descriptors that ran out), and a reserve
+left so that the workspaces already there can still run calls and be closed."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+from ..errors import OutOfResources
+
+# Descriptors a workspace keeps in the trainer (~3: its control socket, pidfd, a pty master)
+# plus what making one opens for a moment (pipes, cgroup files, namespace files).
+FDS_PER_WORKSPACE = 12
+# Kept free for the workspaces already there: a call opens a few pipes, a close a pidfd.
+FDS_RESERVE = 64
+# Free space a workspace needs to start (its directory, meta and log; a fork's snapshot).
+MIN_FREE_BYTES = 64 << 20
+
+
+def check(state_dir: Path, image: Path | None = None) -> None:
+    """Raise OutOfResources when the trainer's descriptors or the state file system (and the
+    file system holding its image) leave no room for one more workspace."""
+    _descriptors()
+    _space(state_dir, "the state file system")
+    if image is not None:
+        _space(image.parent, f"the file system holding {image.name}")
+
+
+def _descriptors() -> None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = FDS_RESERVE + FDS_PER_WORKSPACE
+    try:
+        lowest = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        os.close(lowest)
+    except OSError:
+        lowest = soft
+    # a new descriptor takes the lowest free number: the one just had lies below the mark
+    # when the table is not that full (counting /proc/self/fd costs a read per entry)
+    if lowest < soft - need:
+        return
+    used = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+    if soft - used >= need:  # free numbers below: closed ones
+        return
+    raise OutOfResources(
+        f"the trainer holds {used} descriptors of its limit of {soft} (RLIMIT_NOFILE), and a new "
+        f"workspace needs {FDS_PER_WORKSPACE} with {FDS_RESERVE} kept for the workspaces already "
+        "there: close workspaces or descriptors, or raise the hard limit (ulimit -Hn)")
+
+
+def no_process(what: str) -> OutOfResources:
+    """The error for a clone() that failed with EAGAIN: the pids limit of the trainer's cgroup,
+    or of the machine, is reached (``what``: what could not be started)."""
+    limits = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.split(":", 2)[2].strip() for ln in f
+                        if ln.split(":", 2)[1] in ("pids", "")), None)
+        for mount in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+            if rel is not None and os.path.exists(f"{mount}{rel}/pids.max"):
+                cap = Path(f"{mount}{rel}/pids.max").read_text().strip()
+                now = Path(f"{mount}{rel}/pids.current").read_text().strip()
+                limits.append(f"the trainer's cgroup {rel} holds {now} tasks of its pids.max {cap}")
+                break
+    except (OSError, StopIteration, IndexError):
+        pass
+    tasks = sum(1 for n in os.listdir("/proc") if n.isdigit())
+    pid_max = Path("/proc/sys/kernel/pid_max").read_text().strip()
+    limits.append(f"the machine runs {tasks} processes (pid_max {pid_max})")
+    return OutOfResources(f"cannot start {what}: no process can be made ({'; '.join(limits)}): "
+                          "close workspaces, or raise the pids limit")
+
+
+def _space(path: Path, what: str) -> None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return  # not made yet: statefs.ensure() makes it
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        total = st.f_blocks * st.f_frsize
+        raise OutOfResources(
+            f"{what} ({path}) has {free >> 20} MiB free of {total >> 20} MiB, and a workspace "
+            f"needs {MIN_FREE_BYTES >> 20} MiB to start: close workspaces or free space there")
