@@ -7,6 +7,7 @@ request id) and exit reports (matched by pid); callers block on their own reques
 
 from __future__ import annotations
 
+import asyncio
 import errno as _errno
 import itertools
 import logging
@@ -90,8 +91,38 @@ _reader = _Reader()
 
 @dataclass
 class _Pending:
-    event: threading.Event
+    """A request waiting for its answer: a thread's (``event``) or a coroutine's (``future``,
+    completed in its event loop)."""
+
+    event: threading.Event | None = None
+    future: asyncio.Future | None = None
     reply: tuple[int, bytes] | None = None
+
+    def done(self) -> None:
+        if self.event is not None:
+            self.event.set()
+        if self.future is not None:
+            _complete(self.future, self.reply)
+
+
+def _complete(fut: asyncio.Future, value: object) -> None:
+    """Give ``fut`` its result from any thread (a cancelled one takes none)."""
+    def put() -> None:
+        if not fut.done():
+            fut.set_result(value)
+    try:
+        fut.get_loop().call_soon_threadsafe(put)
+    except RuntimeError:  # its loop is closed: no one waits any more
+        pass
+
+
+def _spawn_request(argv: Sequence[str], env: Sequence[str], cwd: str, setsid: bool, ctty: bool,
+                   track: bool, umask: int) -> tuple[int, bytes]:
+    flags = PROTO["SPAWN_TRACK"] if track else 0
+    flags |= PROTO["SPAWN_SETSID"] if setsid else 0
+    flags |= PROTO["SPAWN_CTTY"] if ctty else 0
+    strings = b"".join(os.fsencode(s) + b"\0" for s in [cwd, *argv, *env])
+    return flags, _SPAWN.pack(len(argv), len(env), umask, 0) + strings
 
 
 class Channel:
@@ -106,6 +137,7 @@ class Channel:
         self._pending: dict[int, _Pending] = {}
         self._exits: dict[int, int] = {}
         self._exit_cond = threading.Condition(self._lock)
+        self._exit_futures: dict[int, asyncio.Future] = {}
         self._dead: str | None = None
         self._started = False
 
@@ -171,8 +203,12 @@ class Channel:
         if typ == PROTO["REP_EXITED"]:
             pid, status = _EXITED.unpack_from(payload)
             with self._lock:
-                self._exits[pid] = status
-                self._exit_cond.notify_all()
+                fut = self._exit_futures.pop(pid, None)
+                if fut is None or fut.done():
+                    self._exits[pid] = status
+                    self._exit_cond.notify_all()
+            if fut is not None:
+                _complete(fut, status)
             return
         with self._lock:
             p = self._pending.pop(rid, None)
@@ -180,7 +216,7 @@ class Channel:
             log.warning("%s: unexpected message type %d id %d", self._name, typ, rid)
             return
         p.reply = (typ, payload)
-        p.event.set()
+        p.done()
 
     def _die(self, why: str) -> None:
         _reader.remove(self)
@@ -188,9 +224,12 @@ class Channel:
             if self._dead is None:
                 self._dead = why
             pending, self._pending = self._pending, {}
+            futures, self._exit_futures = self._exit_futures, {}
             self._exit_cond.notify_all()
         for p in pending.values():
-            p.event.set()
+            p.done()
+        for fut in futures.values():
+            _complete(fut, None)
 
     # -- requests ---------------------------------------------------------------------
     @property
@@ -200,8 +239,38 @@ class Channel:
     def request(self, typ: int, payload: bytes = b"", fds: Sequence[int] = (), flags: int = 0,
                 timeout: float | None = 30.0) -> tuple[int, bytes]:
         """Send one request and wait for its answer."""
+        pend = _Pending(event=threading.Event())
+        rid = self._send(pend, typ, payload, fds, flags)
+        assert pend.event is not None
+        if not pend.event.wait(timeout):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise ProtocolError(f"{self._name}: init did not answer request {typ} within {timeout}s")
+        if pend.reply is None:
+            raise WorkspaceDied(f"{self._name}: {self._dead}")
+        return pend.reply
+
+    async def arequest(self, typ: int, payload: bytes = b"", fds: Sequence[int] = (), flags: int = 0,
+                       timeout: float | None = 30.0) -> tuple[int, bytes]:
+        """:meth:`request` for a coroutine: its event loop runs on while the init answers."""
+        pend = _Pending(future=asyncio.get_running_loop().create_future())
+        rid = self._send(pend, typ, payload, fds, flags)
+        assert pend.future is not None
+        try:
+            reply = await asyncio.wait_for(pend.future, timeout)
+        except TimeoutError:
+            raise ProtocolError(f"{self._name}: init did not answer request {typ} within {timeout}s") from None
+        finally:
+            with self._lock:
+                self._pending.pop(rid, None)
+        if reply is None:
+            raise WorkspaceDied(f"{self._name}: {self._dead}")
+        return reply
+
+    def _send(self, pend: _Pending, typ: int, payload: bytes, fds: Sequence[int], flags: int) -> int:
+        """Send one request whose answer goes to ``pend`` (a send never blocks for long: the
+        init reads as it answers, and SO_SNDTIMEO bounds it)."""
         rid = next(self._ids)
-        pend = _Pending(threading.Event())
         memfd = -1
         if len(payload) > PROTO["MAX_INLINE"]:
             memfd = os.memfd_create("bunshin-payload", os.MFD_CLOEXEC)
@@ -230,23 +299,22 @@ class Channel:
         finally:
             if memfd >= 0:
                 os.close(memfd)
-        if not pend.event.wait(timeout):
-            with self._lock:
-                self._pending.pop(rid, None)
-            raise ProtocolError(f"{self._name}: init did not answer request {typ} within {timeout}s")
-        if pend.reply is None:
-            raise WorkspaceDied(f"{self._name}: {self._dead}")
-        return pend.reply
+        return rid
 
     def spawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int], *,
               setsid: bool = True, ctty: bool = False, track: bool = True, umask: int = 0o022) -> int:
         """Start ``argv`` inside the workspace; returns its pid in the workspace."""
-        flags = PROTO["SPAWN_TRACK"] if track else 0
-        flags |= PROTO["SPAWN_SETSID"] if setsid else 0
-        flags |= PROTO["SPAWN_CTTY"] if ctty else 0
-        strings = b"".join(os.fsencode(s) + b"\0" for s in [cwd, *argv, *env])
-        payload = _SPAWN.pack(len(argv), len(env), umask, 0) + strings
+        flags, payload = _spawn_request(argv, env, cwd, setsid, ctty, track, umask)
         typ, rep = self.request(PROTO["REQ_SPAWN"], payload, fds, flags)
+        return self._spawned(argv, cwd, typ, rep)
+
+    async def aspawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int]) -> int:
+        """:meth:`spawn` (a tracked process in a session of its own) for a coroutine."""
+        flags, payload = _spawn_request(argv, env, cwd, True, False, True, 0o022)
+        typ, rep = await self.arequest(PROTO["REQ_SPAWN"], payload, fds, flags)
+        return self._spawned(argv, cwd, typ, rep)
+
+    def _spawned(self, argv: Sequence[str], cwd: str, typ: int, rep: bytes) -> int:
         if typ != PROTO["REP_SPAWNED"]:
             raise ProtocolError(f"{self._name}: expected SPAWNED, got message type {typ}")
         pid, err, step, _ = _SPAWNED.unpack_from(rep)
@@ -282,6 +350,24 @@ class Channel:
                     return None
                 self._exit_cond.wait(left)
             return self._exits.pop(pid)
+
+    async def await_exit(self, pid: int) -> int:
+        """Raw wait status of a tracked pid, for a coroutine (cancel it to stop waiting)."""
+        with self._lock:
+            if pid in self._exits:
+                return self._exits.pop(pid)
+            if self._dead:
+                raise WorkspaceDied(f"{self._name}: {self._dead}")
+            fut = self._exit_futures[pid] = asyncio.get_running_loop().create_future()
+        try:
+            status = await fut
+        finally:
+            with self._lock:
+                if self._exit_futures.get(pid) is fut:
+                    del self._exit_futures[pid]
+        if status is None:
+            raise WorkspaceDied(f"{self._name}: {self._dead}")
+        return status
 
     def poll_exit(self, pid: int) -> int | None:
         """Wait status if the pid already exited (consumes it), else None."""

@@ -8,6 +8,8 @@ call. The terminal is in raw mode without echo, so the output is what the comman
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import os
 import re
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import BunshinError, ShellExited, ToolCallError, WorkspaceClosed
+from . import aio
 from .capture import Capture
 from .result import Result, exit_code_from_status
 
@@ -238,6 +241,35 @@ class Shell:
             code, out = r
             return Result(bytes(out.buf), b"", code, time.monotonic() - start, timed_out=timed_out,
                           truncated=bool(out.dropped))
+
+    async def arun(self, cmd: str, *, timeout: float | None = 30.0,
+                   max_output: int | None = None) -> Result:
+        """:meth:`run` for asyncio. Cancelling the awaiting task interrupts the command as its
+        timeout would (^C, then SIGKILL of the foreground job); the session stays usable."""
+        call = asyncio.ensure_future(aio.in_thread(lambda: self.run(cmd, timeout=timeout,
+                                                                     max_output=max_output)))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if not call.done():
+                await self._abandon(call)
+            raise
+
+    async def _abandon(self, call: asyncio.Future) -> None:
+        """End the command ``call`` runs, and wait (boundedly) for the session to be ready."""
+        with contextlib.suppress(OSError):
+            os.write(self._master, b"\x03")
+        for wait, kill in ((2, True), (5, False)):
+            done, _ = await asyncio.wait([call], timeout=wait)
+            if done:
+                break
+            if kill:
+                with contextlib.suppress(OSError):
+                    pgrp = os.tcgetpgrp(self._master)
+                    if pgrp > 0 and pgrp != os.getpgrp():  # never killpg(0): our own group
+                        os.killpg(pgrp, signal.SIGKILL)
+        if call.done() and not call.cancelled():
+            call.exception()  # retrieved: the caller was cancelled and wants no result
 
     def _interrupt(self, cap: int) -> tuple[int, Capture]:
         os.write(self._master, b"\x03")  # ^C: SIGINT to the foreground job, as a user would

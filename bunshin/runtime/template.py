@@ -12,6 +12,7 @@ from .. import criu
 from ..errors import WorkspaceClosed
 from ..fork import slots
 from ..fork.template import TemplateCore, check_n
+from . import aio
 
 if TYPE_CHECKING:
     from .workspace import Workspace
@@ -65,6 +66,15 @@ class Template:
         kids = self._core.fork(n, on_fork, keep=True)
         slots.request(self._core, n)  # the next call's host-side parts, made meanwhile
         return kids
+
+    async def afork(self, n: int = 1) -> list[Workspace]:
+        """:meth:`fork` for asyncio (the event loop runs on while the fork thread forks)."""
+        check_n(n)
+        return await aio.in_thread(lambda: self.fork(n))
+
+    async def aclose(self) -> None:
+        """:meth:`close` for asyncio."""
+        await aio.in_thread(self.close)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write this frozen state to ``path`` (a new or empty directory) with CRIU; see

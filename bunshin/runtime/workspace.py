@@ -50,7 +50,7 @@ from .cgroup.limits import Limits
 from .channel import Channel
 from .result import Result, exit_code_from_status
 from .shell import Shell
-from . import headroom, template, trainer
+from . import aio, headroom, template, trainer
 from .template import Template
 from .workspace_config import WorkspaceConfig
 
@@ -484,6 +484,80 @@ class Workspace:
                       timed_out=timed_out, truncated=bool(out.dropped or err.dropped),
                       signal=sig, oom_killed=self._oom_kills() > oom_before)
 
+    async def arun(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        max_output: int | None = None,
+    ) -> Result:
+        """:meth:`run` for asyncio: the event loop runs on while the call does. Cancelling the
+        awaiting task kills the call's process group; the workspace stays usable."""
+        if not isinstance(cmd, str):
+            raise ToolCallError(f"cmd must be a str, got {type(cmd).__name__}")
+        return await self.aexec([self._config.run_shell, "-c", cmd], timeout=timeout, env=env, cwd=cwd,
+                                stdin=stdin, max_output=max_output)
+
+    async def aexec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        max_output: int | None = None,
+    ) -> Result:
+        """:meth:`exec` for asyncio; see :meth:`arun`."""
+        _check_argv(argv)
+        timeout = _check_timeout(timeout)
+        cap = self._config.max_output if max_output is None else _check_max_output(max_output)
+        chan = self.live_channel()
+        envl = self.tool_env(env)
+        cwd = self._config.workdir if cwd is None else _check_abs(cwd, "cwd")
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        in_fd = self._stdin_fd(stdin)
+        oom_before = self._oom_kills()
+        start = time.monotonic()
+        with self._shell_lock:
+            self._calls += 1
+        try:
+            try:
+                try:
+                    pid = await chan.aspawn(list(argv), envl, cwd, [in_fd, out_w, err_w])
+                finally:
+                    os.close(out_w)
+                    os.close(err_w)
+                    os.close(in_fd)
+            except SpawnError as e:
+                os.close(out_r)
+                os.close(err_r)
+                if getattr(e, "step", "") == "exec" and getattr(e, "errno", 0) == errno.ENOENT:
+                    return Result(b"", f"bunshin: {argv[0]}: command not found\n".encode(), 127,
+                                  time.monotonic() - start)
+                raise
+            except BaseException:
+                os.close(out_r)
+                os.close(err_r)
+                raise
+            caps = {out_r: Capture(cap), err_r: Capture(cap)}
+            try:
+                status, timed_out = await aio.collect(chan, pid, caps, timeout)
+            except TimeoutError:
+                raise WorkspaceDied(f"workspace {self.id}: pid {pid} survived SIGKILL for 10 s") from None
+        finally:
+            with self._shell_lock:
+                self._calls -= 1
+        code, sig = exit_code_from_status(status)
+        out, err = caps[out_r], caps[err_r]
+        return Result(bytes(out.buf), bytes(err.buf), code, time.monotonic() - start,
+                      timed_out=timed_out, truncated=bool(out.dropped or err.dropped),
+                      signal=sig, oom_killed=self._oom_kills() > oom_before)
+
     def _stdin_fd(self, data: bytes | None) -> int:
         if data is None:
             return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -588,6 +662,20 @@ class Workspace:
             raise
         core.masters = [m for _ident, m in terminals]
         return Template(core)
+
+    async def afork(self, n: int = 1) -> list[Workspace]:
+        """:meth:`fork` for asyncio (forks run one at a time in the fork thread; the event loop
+        runs on meanwhile)."""
+        check_n(n)
+        return await aio.in_thread(lambda: self.fork(n))
+
+    async def asnapshot(self) -> Template:
+        """:meth:`snapshot` for asyncio."""
+        return await aio.in_thread(self.snapshot)
+
+    async def aclose(self) -> None:
+        """:meth:`close` for asyncio."""
+        await aio.in_thread(self.close)
 
     def _fork(self, n: int, on_fork, unrun: bool) -> list[Workspace]:
         """``n`` forks (``unrun``: left frozen before they run) in one pass over this

@@ -1,0 +1,115 @@
+"""The asyncio API: awaitable tool calls (many in flight on one event loop), forks, snapshots
+and closes; cancelling a call kills it and leaves the workspace or session usable."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import bunshin
+
+
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def _sleeps(ws) -> list:
+    return [p for p in ws.processes() if p.cmdline[:1] == ["sleep"]]
+
+
+def test_many_calls_in_flight_on_one_loop(ws):
+    async def main():
+        ws.write_file("/in.txt", b"hello\n")
+        tpl = await ws.asnapshot()
+        kids = await tpl.afork(8)
+        try:
+            t0 = time.monotonic()
+            calls = [k.arun(f"sleep 0.5; echo {i}-$(cat /in.txt)") for i in range(12) for k in kids]
+            results = await asyncio.gather(*calls)
+            took = time.monotonic() - t0
+            # 96 calls of 0.5 s each: one after another they take 48 s
+            assert took < 15, took
+            want = [f"{i}-hello\n".encode() for i in range(12) for _k in kids]
+            assert [r.stdout for r in results] == want
+            assert all(r.ok for r in results)
+        finally:
+            await asyncio.gather(*(k.aclose() for k in kids))
+            await tpl.aclose()
+    _run(main())
+
+
+def test_results_match_the_blocking_calls(ws):
+    async def main():
+        for cmd, kw in [("echo out; echo err >&2; exit 3", {}), ("cat", {"stdin": b"in put"}),
+                        ("head -c 300000 /dev/zero", {"max_output": 1000}),
+                        ("kill -9 $$", {}), ("no-such-command", {}), ("pwd", {"cwd": "/tmp"}),
+                        ("echo $X", {"env": {"X": "y"}})]:
+            a, b = await ws.arun(cmd, **kw), ws.run(cmd, **kw)
+            assert (a.stdout, a.stderr, a.exit_code, a.signal, a.truncated, a.timed_out) == \
+                   (b.stdout, b.stderr, b.exit_code, b.signal, b.truncated, b.timed_out), cmd
+        r = await ws.aexec(["printf", "%s", "a b"])
+        assert r.stdout == b"a b"
+    _run(main())
+
+
+def test_a_timeout_kills_the_call_and_the_workspace_runs_on(ws):
+    async def main():
+        r = await ws.arun("sleep 100 & sleep 100; echo never", timeout=0.5)
+        assert r.timed_out and r.stdout == b""
+        assert (await ws.arun("echo ok")).stdout == b"ok\n"
+    _run(main())
+    deadline = time.monotonic() + 5
+    while _sleeps(ws) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _sleeps(ws)
+
+
+def test_cancelling_a_call_kills_its_process_group(ws):
+    async def main():
+        call = asyncio.ensure_future(ws.arun("sleep 100 & sleep 100; echo never"))
+        while not _sleeps(ws):
+            await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert (await ws.arun("echo ok")).stdout == b"ok\n"
+        for _ in range(100):
+            if not _sleeps(ws):
+                break
+            await asyncio.sleep(0.05)
+        assert not _sleeps(ws)
+        await asyncio.sleep(0.1)  # the cancelled call's exit report is collected, not kept
+        assert not ws.live_channel()._exits
+    _run(main())
+
+
+def test_shell_calls_keep_their_session_and_cancel_cleanly(ws):
+    async def main():
+        sh = ws.shell()
+        await sh.arun("cd /tmp && X=7")
+        assert (await sh.arun("echo $X $PWD")).stdout == b"7 /tmp\n"
+        call = asyncio.ensure_future(sh.arun("sleep 100"))
+        while not _sleeps(ws):
+            await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert (await sh.arun("echo $X")).stdout == b"7\n"
+        assert not _sleeps(ws)
+    _run(main())
+
+
+def test_forks_and_closes_await(ws):
+    async def main():
+        await ws.arun("echo 1 > /f")
+        (kid,) = await ws.afork(1)
+        await kid.arun("echo 2 > /f")
+        assert (await ws.arun("cat /f")).stdout == b"1\n"
+        assert (await kid.arun("cat /f")).stdout == b"2\n"
+        await kid.aclose()
+        assert kid.closed
+        with pytest.raises(bunshin.WorkspaceClosed):
+            await kid.arun("true")
+    _run(main())
