@@ -113,3 +113,26 @@ def test_forks_and_closes_await(ws):
         with pytest.raises(bunshin.WorkspaceClosed):
             await kid.arun("true")
     _run(main())
+
+
+def test_tools_await_on_the_loop(ws):
+    from bunshin.cache import ToolCall
+    from bunshin.cache.tools import BUILTIN_TOOLS, ToolContext, arun_tool, run_tool
+
+    async def shout(ctx, text):
+        return (await ctx.ws.arun(f"echo {text} | tr a-z A-Z")).stdout
+
+    tools = {**BUILTIN_TOOLS, "shout": shout}
+    sh = ws.shell()
+    ctx = ToolContext(ws, lambda: sh)
+
+    async def main():
+        calls = [ToolCall("bash", {"command": "cd /tmp; echo $PWD"}),
+                 ToolCall("python", {"code": "print(6 * 7)"}),
+                 ToolCall("write_file", {"path": "/w", "content": "x"}),
+                 ToolCall("read_file", {"path": "/w"}), ToolCall("shout", {"text": "hi"})]
+        got = [(await arun_tool(tools, ctx, c)).stdout for c in calls]
+        assert got == [b"/tmp\n", b"42\n", b"", b"x", b"HI\n"]
+        # the blocking path gives the same for the same calls
+        assert [run_tool(tools, ctx, c).stdout for c in calls[:4]] == got[:4]
+    _run(main())

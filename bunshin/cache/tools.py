@@ -5,13 +5,15 @@ A tool is ``fn(ctx, **args) -> Result | bytes | str | None`` where ``ctx`` is a
 shell). ``bytes``/``str`` become a successful result with that stdout; ``None`` an empty one.
 Built in: ``bash`` (``command``; runs in the session's shell: cd and variables persist),
 ``read_file`` (``path``), ``write_file`` (``path``, ``content``: str), ``python`` (``code``;
-``python3 -c`` through ``ws.exec``).
+``python3 -c`` through ``ws.exec``). A tool may also be a coroutine function, for
+:func:`arun_tool`.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.result import Result
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from ..runtime.shell import Shell
     from ..runtime.workspace import Workspace
 
-__all__ = ["BUILTIN_TOOLS", "ToolContext", "ToolFn", "run_tool"]
+__all__ = ["BUILTIN_TOOLS", "ToolContext", "ToolFn", "arun_tool", "run_tool"]
 
 
 class ToolContext:
@@ -78,16 +80,53 @@ BUILTIN_TOOLS: dict[str, ToolFn] = {
 }
 
 
+async def _abash(ctx: ToolContext, **args: Any) -> Result:
+    _only("bash", args, ("command",))
+    return await ctx.shell().arun(_need_str("bash", args, "command"))
+
+
+async def _apython(ctx: ToolContext, **args: Any) -> Result:
+    _only("python", args, ("code",))
+    return await ctx.ws.aexec(["python3", "-c", _need_str("python", args, "code")])
+
+
+# the built-in tools whose calls the event loop runs (the others run in Bunshin's threads)
+_ON_THE_LOOP: dict[ToolFn, Callable[..., Awaitable[Result]]] = {_bash: _abash, _python: _apython}
+
+
 def run_tool(tools: Mapping[str, ToolFn], ctx: ToolContext, call: ToolCall) -> Result:
     """Execute ``call`` with its registered tool; the outcome as a :class:`Result`."""
+    fn = _tool(tools, call)
+    t0 = time.monotonic()
+    return _as_result(call, fn(ctx, **call.args), time.monotonic() - t0)
+
+
+async def arun_tool(tools: Mapping[str, ToolFn], ctx: ToolContext, call: ToolCall) -> Result:
+    """:func:`run_tool` for asyncio: the built-in ``bash`` and ``python`` tools and any tool
+    that is a coroutine function are awaited; other tools run in Bunshin's threads."""
+    from ..runtime import aio
+
+    fn = _tool(tools, call)
+    t0 = time.monotonic()
+    if fn in _ON_THE_LOOP:
+        out: Any = await _ON_THE_LOOP[fn](ctx, **call.args)
+    elif inspect.iscoroutinefunction(fn):
+        out = await fn(ctx, **call.args)
+    else:
+        out = await aio.in_thread(lambda: fn(ctx, **call.args))
+    return _as_result(call, out, time.monotonic() - t0)
+
+
+def _tool(tools: Mapping[str, ToolFn], call: ToolCall) -> ToolFn:
     fn = tools.get(call.name)
     if fn is None:
         raise UnknownTool(f"no tool named {call.name!r}; registered: {sorted(tools)}")
-    t0 = time.monotonic()
-    out = fn(ctx, **call.args)
+    return fn
+
+
+def _as_result(call: ToolCall, out: Any, dt: float) -> Result:
     if isinstance(out, Result):
         return out
-    dt = time.monotonic() - t0
     if out is None:
         return Result(b"", b"", 0, dt)
     if isinstance(out, str):

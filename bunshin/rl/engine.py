@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from ..cache.toolcall import ToolCall, as_tool_call, child_key
-from ..cache.tools import BUILTIN_TOOLS, ToolContext, run_tool
+from ..cache.tools import BUILTIN_TOOLS, ToolContext, arun_tool, run_tool
 from .metrics import CpuMeter, MemoryReport, MemorySampler
 from .types import Final, History, Policy, RolloutError, Task, Trajectory, Turn
 from .workspaces import provider
@@ -297,7 +297,10 @@ class RolloutEngine:
                     raise RolloutError(f"the policy called tool {call.name!r}, which task "
                                        f"{self.task.id!r} does not offer ({list(self.task.tools)})")
                 t = time.monotonic()
-                r, source = await loop.run_in_executor(pool, self._call, target, ex, call)
+                if ex is None and isinstance(target, ToolContext):  # on the event loop
+                    r, source = await arun_tool(BUILTIN_TOOLS, target, call), "exec"
+                else:
+                    r, source = await loop.run_in_executor(pool, self._call, target, ex, call)
                 turn = Turn(call, _observation(r), r.exit_code, think_s=think,
                             tool_s=time.monotonic() - t, source=source)
                 hist.turns.append(turn)
@@ -310,7 +313,7 @@ class RolloutEngine:
             if ws is not None:
                 if ex is not None:
                     await loop.run_in_executor(pool, ex.discard, ws)
-                await loop.run_in_executor(pool, ws.close)
+                await ws.aclose()
         return Trajectory(task_id=self.task.id, index=i, mode=self.mode, turns=hist.turns, final=final,
                           start_s=start, end_s=time.monotonic(), error=error)
 
