@@ -142,6 +142,72 @@ def _check_max_output(n: int) -> int:
     return n
 
 
+class _ToolCall:
+    """One tool call of :meth:`Workspace.exec` or :meth:`Workspace.aexec`: its pipes, their
+    captures, and the Result made of them."""
+
+    def __init__(self, ws: Workspace, chan: Channel, argv: list[str], env: list[str], cwd: str,
+                 timeout: float | None, cap: int, in_fd: int) -> None:
+        self.ws, self.chan, self.argv, self.env, self.cwd, self.timeout = ws, chan, argv, env, cwd, timeout
+        self.in_fd = in_fd
+        made: list[int] = []
+        try:
+            made += os.pipe2(os.O_CLOEXEC)
+            made += os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            for fd in [in_fd, *made]:
+                os.close(fd)
+            raise
+        self.out_r, self.out_w, self.err_r, self.err_w = made
+        self.caps = {self.out_r: Capture(cap), self.err_r: Capture(cap)}
+        self.reading = False  # the read ends handed to pump() or aio.collect(), which close them
+        self.oom_before = ws._oom_kills()
+        self.start = time.monotonic()
+
+    def child_fds(self) -> list[int]:
+        return [self.in_fd, self.out_w, self.err_w]
+
+    def spawn(self, pid: int) -> int:
+        """The call's process started: the child's ends of its pipes are its alone."""
+        self._close_child_ends()
+        return pid
+
+    def _close_child_ends(self) -> None:
+        for name in ("in_fd", "out_w", "err_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def not_found(self, e: SpawnError) -> Result:
+        """A command not found is exit code 127, as in a shell; another SpawnError is raised."""
+        if getattr(e, "step", "") == "exec" and getattr(e, "errno", 0) == errno.ENOENT:
+            return Result(b"", f"bunshin: {self.argv[0]}: command not found\n".encode(), 127,
+                          time.monotonic() - self.start)
+        raise e
+
+    def result(self, status: int, timed_out: bool) -> Result:
+        code, sig = exit_code_from_status(status)
+        out, err = self.caps[self.out_r], self.caps[self.err_r]
+        return Result(bytes(out.buf), bytes(err.buf), code, time.monotonic() - self.start,
+                      timed_out=timed_out, truncated=bool(out.dropped or err.dropped),
+                      signal=sig, oom_killed=self.ws._oom_kills() > self.oom_before)
+
+    def read_ends(self) -> dict[int, Capture]:
+        """The read ends with their captures, for a reader that closes them."""
+        self.reading = True
+        return self.caps
+
+    def end(self) -> None:
+        """Close what is still open."""
+        self._close_child_ends()
+        if not self.reading:
+            for fd in self.caps:
+                os.close(fd)
+        with self.ws._shell_lock:
+            self.ws._calls -= 1
+
+
 class Workspace:
     """A live, isolated Linux workspace that tool calls run in.
 
@@ -418,71 +484,39 @@ class Workspace:
         max_output: int | None = None,
     ) -> Result:
         """Run ``argv`` (no shell) and wait for it; see :meth:`run`."""
-        _check_argv(argv)
-        timeout = _check_timeout(timeout)
-        cap = self._config.max_output if max_output is None else _check_max_output(max_output)
-        chan = self.live_channel()
-        envl = self.tool_env(env)
-        cwd = self._config.workdir if cwd is None else _check_abs(cwd, "cwd")
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        in_fd = self._stdin_fd(stdin)
-        oom_before = self._oom_kills()
-        start = time.monotonic()
-        with self._shell_lock:
-            self._calls += 1
-        try:
-            return self._exec(chan, argv, envl, cwd, in_fd, out_r, out_w, err_r, err_w, cap, timeout,
-                              start, oom_before)
-        finally:
-            with self._shell_lock:
-                self._calls -= 1
-
-    def _exec(self, chan, argv, envl, cwd, in_fd, out_r, out_w, err_r, err_w, cap, timeout, start,
-              oom_before) -> Result:
+        call = self._call(argv, timeout, env, cwd, stdin, max_output)
         try:
             try:
-                pid = chan.spawn(list(argv), envl, cwd, [in_fd, out_w, err_w])
-            finally:
-                os.close(out_w)
-                os.close(err_w)
-                os.close(in_fd)
-        except SpawnError as e:
-            os.close(out_r)
-            os.close(err_r)
-            if getattr(e, "step", "") == "exec" and getattr(e, "errno", 0) == errno.ENOENT:
-                return Result(b"", f"bunshin: {argv[0]}: command not found\n".encode(), 127,
-                              time.monotonic() - start)
-            raise
-        caps = {out_r: Capture(cap), err_r: Capture(cap)}
-        deadline = start + timeout if timeout is not None else float("inf")
-        status_box: list[int] = []
+                pid = call.spawn(call.chan.spawn(call.argv, call.env, call.cwd, call.child_fds()))
+            except SpawnError as e:
+                return call.not_found(e)
+            deadline = call.start + call.timeout if call.timeout is not None else float("inf")
+            status_box: list[int] = []
 
-        def exited() -> bool:
+            def exited() -> bool:
+                if not status_box:
+                    st = call.chan.poll_exit(pid)
+                    if st is not None:
+                        status_box.append(st)
+                return bool(status_box)
+
+            timed_out = pump(call.read_ends(), deadline, exited)
+            chan = call.chan
             if not status_box:
-                st = chan.poll_exit(pid)
-                if st is not None:
-                    status_box.append(st)
-            return bool(status_box)
-
-        timed_out = pump(caps, deadline, exited)
-        if not status_box:
-            left = None if timeout is None else max(deadline - time.monotonic(), 0)
-            st = chan.wait_exit(pid, 0 if timed_out else left)
-            if st is None:
-                timed_out = True
-                chan.kill(pid, signal.SIGKILL, "pgrp")
-                st = chan.wait_exit(pid, 10)
+                left = None if call.timeout is None else max(deadline - time.monotonic(), 0)
+                st = chan.wait_exit(pid, 0 if timed_out else left)
                 if st is None:
-                    raise WorkspaceDied(f"workspace {self.id}: pid {pid} survived SIGKILL for 10 s")
-            status_box.append(st)
-        elif timed_out:
-            chan.kill(pid, signal.SIGKILL, "pgrp")
-        code, sig = exit_code_from_status(status_box[0])
-        out, err = caps[out_r], caps[err_r]
-        return Result(bytes(out.buf), bytes(err.buf), code, time.monotonic() - start,
-                      timed_out=timed_out, truncated=bool(out.dropped or err.dropped),
-                      signal=sig, oom_killed=self._oom_kills() > oom_before)
+                    timed_out = True
+                    chan.kill(pid, signal.SIGKILL, "pgrp")
+                    st = chan.wait_exit(pid, 10)
+                    if st is None:
+                        raise WorkspaceDied(f"workspace {self.id}: pid {pid} survived SIGKILL for 10 s")
+                status_box.append(st)
+            elif timed_out:
+                chan.kill(pid, signal.SIGKILL, "pgrp")
+            return call.result(status_box[0], timed_out)
+        finally:
+            call.end()
 
     async def arun(
         self,
@@ -512,51 +546,34 @@ class Workspace:
         max_output: int | None = None,
     ) -> Result:
         """:meth:`exec` for asyncio; see :meth:`arun`."""
+        call = self._call(argv, timeout, env, cwd, stdin, max_output)
+        try:
+            try:
+                pid = call.spawn(await call.chan.aspawn(call.argv, call.env, call.cwd, call.child_fds()))
+            except SpawnError as e:
+                return call.not_found(e)
+            try:
+                status, timed_out = await aio.collect(call.chan, pid, call.read_ends(), call.timeout)
+            except TimeoutError:
+                raise WorkspaceDied(f"workspace {self.id}: pid {pid} survived SIGKILL for 10 s") from None
+            return call.result(status, timed_out)
+        finally:
+            call.end()
+
+    def _call(self, argv, timeout, env, cwd, stdin, max_output) -> _ToolCall:
+        """A tool call's arguments checked and its pipes made; counted as running until
+        ``end()``."""
         _check_argv(argv)
         timeout = _check_timeout(timeout)
         cap = self._config.max_output if max_output is None else _check_max_output(max_output)
         chan = self.live_channel()
         envl = self.tool_env(env)
         cwd = self._config.workdir if cwd is None else _check_abs(cwd, "cwd")
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        in_fd = self._stdin_fd(stdin)
-        oom_before = self._oom_kills()
-        start = time.monotonic()
+        call = _ToolCall(self, chan, list(argv), envl, cwd, timeout, cap, self._stdin_fd(stdin))
         with self._shell_lock:
             self._calls += 1
-        try:
-            try:
-                try:
-                    pid = await chan.aspawn(list(argv), envl, cwd, [in_fd, out_w, err_w])
-                finally:
-                    os.close(out_w)
-                    os.close(err_w)
-                    os.close(in_fd)
-            except SpawnError as e:
-                os.close(out_r)
-                os.close(err_r)
-                if getattr(e, "step", "") == "exec" and getattr(e, "errno", 0) == errno.ENOENT:
-                    return Result(b"", f"bunshin: {argv[0]}: command not found\n".encode(), 127,
-                                  time.monotonic() - start)
-                raise
-            except BaseException:
-                os.close(out_r)
-                os.close(err_r)
-                raise
-            caps = {out_r: Capture(cap), err_r: Capture(cap)}
-            try:
-                status, timed_out = await aio.collect(chan, pid, caps, timeout)
-            except TimeoutError:
-                raise WorkspaceDied(f"workspace {self.id}: pid {pid} survived SIGKILL for 10 s") from None
-        finally:
-            with self._shell_lock:
-                self._calls -= 1
-        code, sig = exit_code_from_status(status)
-        out, err = caps[out_r], caps[err_r]
-        return Result(bytes(out.buf), bytes(err.buf), code, time.monotonic() - start,
-                      timed_out=timed_out, truncated=bool(out.dropped or err.dropped),
-                      signal=sig, oom_killed=self._oom_kills() > oom_before)
+        return call
+
 
     def _stdin_fd(self, data: bytes | None) -> int:
         if data is None:
