@@ -148,3 +148,23 @@ def test_running_out_of_processes_is_a_clear_error(tmp_path):
         p.kill()
         p.wait()
         os.rmdir(group)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_thousand_children_answer_and_close_in_a_trainer_holding_many_descriptors(many_fds, no_leaks):
+    ws = bunshin.Workspace.create()
+    kids: list = []
+    try:
+        ws.spawn(["python3", "-c", "import time; b = bytearray(16 << 20); time.sleep(10**6)"])
+        with ws.snapshot() as tpl:
+            while len(kids) < 1000:
+                kids += tpl.fork(25)
+            assert len({k.id for k in kids}) == 1000
+            assert all(k.run(f"echo {i}").stdout == f"{i}\n".encode() for i, k in enumerate(kids))
+            while kids:
+                kids.pop().close()
+    finally:
+        for k in kids:
+            k.close()
+        ws.close()
