@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -168,3 +169,33 @@ def test_a_thousand_children_answer_and_close_in_a_trainer_holding_many_descript
         for k in kids:
             k.close()
         ws.close()
+
+
+# Fills its state file system (a small one) from inside a workspace, then asks for another.
+FULL_STATE_TRAINER = r"""
+import bunshin
+ws = bunshin.Workspace.create()
+r = ws.run("head -c 300M /dev/zero > /fill; sync", timeout=120)
+try:
+    bunshin.Workspace.create()
+    print("made")
+except bunshin.OutOfResources as e:
+    print("refused:", e)
+print("first:", ws.run("echo ok").stdout.decode().strip())
+ws.close()
+"""
+
+
+def test_a_full_state_file_system_is_a_clear_error(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text(FULL_STATE_TRAINER)
+    env = dict(os.environ, BUNSHIN_STATE_DIR=str(tmp_path / "state"), BUNSHIN_STATE_SIZE="384M")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("refused: the state file system"), out.stdout + out.stderr
+    assert "is full (" in out.stdout and "first: ok" in out.stdout, out.stdout
+    deadline = time.monotonic() + 10  # its owner watcher unmounts the state file system
+    while os.path.ismount(tmp_path / "state") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.ismount(tmp_path / "state")

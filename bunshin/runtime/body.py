@@ -8,6 +8,7 @@ it starts one, forking makes more (bunshin/fork/), a CRIU restore rebuilds one f
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -69,7 +70,12 @@ def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
     trainer.prepare()
     state = config.state_dir()
     headroom.check(state, statefs.image_path(state))
-    d = WorkspaceDir.create()
+    try:
+        d = WorkspaceDir.create()
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise headroom.no_space(state) from None
+        raise
     cg = None
     try:
         meta = Meta(id=d.id, owner_pid=os.getpid(), owner_start=own_start_time(),

@@ -78,9 +78,15 @@ def _space(path: Path, what: str) -> None:
         st = os.statvfs(path)
     except OSError:
         return  # not made yet: statefs.ensure() makes it
-    free = st.f_bavail * st.f_frsize
-    if free < MIN_FREE_BYTES:
-        total = st.f_blocks * st.f_frsize
-        raise OutOfResources(
-            f"{what} ({path}) has {free >> 20} MiB free of {total >> 20} MiB, and a workspace "
-            f"needs {MIN_FREE_BYTES >> 20} MiB to start: close workspaces or free space there")
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        raise no_space(path, what)
+
+
+def no_space(path: Path, what: str = "the state file system") -> OutOfResources:
+    """The error for a file system with no room for a workspace (found by the check, or by an
+    ENOSPC: btrfs can run out of room for metadata with data blocks still free)."""
+    st = os.statvfs(path)
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return OutOfResources(
+        f"{what} ({path}) is full ({free >> 20} MiB free of {total >> 20} MiB; a workspace needs "
+        f"{MIN_FREE_BYTES >> 20} MiB to start): close workspaces or free space there")
