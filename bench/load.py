@@ -11,7 +11,9 @@ process holding 64 MiB. Per size n, measured in the same run:
     latency includes its queue); every child answers at least once;
   * total memory: distinct physical pages of the whole family (a page counted once), the
     template's frozen processes included;
-  * close ms per child; failures (a call not answered "ok", an exception): must be 0.
+  * close ms per child; then 32 threads asking tpl.fork(1) at once: latency, how far apart
+    the threads finish (forks are served in the order asked), the fork thread's CPU per fork;
+  * failures (a call not answered "ok", an exception): must be 0.
 Then the same calls on independent workspaces (each built from scratch), for comparison.
 
 usage: python bench/load.py [--quick]   (quick: 100 and 300 children, 20 independent; under
@@ -116,6 +118,54 @@ def calls_from_asyncio(wss: list, calls: int) -> tuple[dict, int]:
     return _latencies(lat, time.perf_counter() - t0), oks.count(False)
 
 
+def _engine_cpu_s() -> float:
+    """CPU seconds of the fork engine's thread (every fork's ptrace work runs there)."""
+    tid = next((t.native_id for t in threading.enumerate() if t.name == "bunshin-fork"), None)
+    if tid is None:
+        return 0.0
+    st = Path(f"/proc/self/task/{tid}/stat").read_text()
+    f = st[st.rindex(")") + 2:].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def forks_from_threads(tpl, threads: int, per_thread: int) -> dict:
+    """``threads`` threads each asking ``per_thread`` tpl.fork(1) at once (each child closed at
+    once): latency under contention, fairness (how far apart the threads finish), and the fork
+    thread's CPU per fork."""
+    lat: list[float] = []
+    done_at: list[float] = []
+    lock = threading.Lock()
+    failures = [0]
+
+    def worker() -> None:
+        for _ in range(per_thread):
+            t = time.perf_counter()
+            try:
+                (k,) = tpl.fork(1)
+                k.close()
+            except Exception:  # noqa: BLE001 - counted
+                with lock:
+                    failures[0] += 1
+                continue
+            with lock:
+                lat.append(time.perf_counter() - t)
+        with lock:
+            done_at.append(time.perf_counter())
+
+    cpu0, t0 = _engine_cpu_s(), time.perf_counter()
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    forks = threads * per_thread
+    return {"threads": threads, "forks": forks, "fork_and_close": _latencies(lat, wall),
+            "threads_finish_spread_s": max(done_at) - min(done_at), "wall_s": wall,
+            "engine_cpu_ms_per_fork": (_engine_cpu_s() - cpu0) * 1e3 / forks,
+            "failures": failures[0]}
+
+
 def measure_children(ns: list[int], calls: int) -> list[dict]:
     ld = build_workspace(MIB)
     points = []
@@ -145,6 +195,7 @@ def measure_children(ns: list[int], calls: int) -> list[dict]:
                 k.close()
             points[-1]["close_ms_per_child"] = (time.perf_counter() - t) * 1e3 / len(kids)
             kids = []
+            points[-1]["forks_from_threads"] = forks_from_threads(tpl, THREADS, 4 if len(ns) < 3 else 16)
         finally:
             for k in kids:
                 k.close()
@@ -190,7 +241,9 @@ def main() -> None:
         "quick": args.quick, "worker_mib": MIB, "ns": ns, "trainer_held_fds": HELD_FDS,
         "threads": THREADS, "asyncio_in_flight": IN_FLIGHT, "calls_per_point": calls,
         "memory": memory_facts(), "children": children, "independent": independent,
-        "failures": sum(p["failures"] for p in children) + independent["failures"],
+        "failures": (sum(p["failures"] for p in children) + independent["failures"]
+                     + big["forks_from_threads"]["failures"]),
+        "forks_from_threads": big["forks_from_threads"],
         f"run_p99_asyncio_n{big['n']}_ms": big["run_asyncio"]["p99_ms"],
         f"run_p99_threads_n{big['n']}_ms": big["run_threads"]["p99_ms"],
         "fds_per_workspace": big["fds_per_workspace"], "threads_per_workspace": big["threads_per_workspace"],
