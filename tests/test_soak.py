@@ -22,24 +22,30 @@ THREADS = 4
 POOL = 12  # children kept alive at once, closed at random
 
 
-def _loops() -> int:
-    return sum(1 for _ in Path("/sys/block").glob("loop*") if (_ / "loop" / "backing_file").exists())
-
-
 def _counts() -> dict[str, int]:
+    """This test session's: other programs on the machine may mount and loop-attach meanwhile."""
     from bunshin import config
 
-    prefix = config.cgroup_prefix()
+    prefix, state = config.cgroup_prefix(), str(config.state_dir())
+    loops = [b for b in Path("/sys/block").glob("loop*/loop/backing_file")]
     return {
         "descriptors": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "child processes": sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == os.getpid()),
-        "mounts": len(Path("/proc/self/mountinfo").read_text().splitlines()),
+        "mounts": sum(1 for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+                      if ln.split()[4].startswith(state)),
         "cgroups": sum(1 for m in Path("/sys/fs/cgroup").iterdir() for _ in (m / prefix).glob("*")
                        if (m / prefix).is_dir()),
-        "loop devices": _loops(),
+        "loop devices": sum(1 for b in loops if _read(b).startswith(state)),
         "state dirs": len(list((config.state_dir() / "ws").glob("*"))) if (config.state_dir() / "ws").exists() else 0,
     }
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text()
+    except OSError:
+        return ""
 
 
 def _ppid(p: Path) -> int:
@@ -108,6 +114,7 @@ def _settle(before: dict[str, int], timeout: float = 15) -> dict[str, tuple[int,
 @pytest.mark.timeout(3600)
 def test_soak_leaves_nothing_behind(no_leaks):
     ws = bunshin.Workspace.create()
+    tpl = None
     try:
         ws.run("echo template > /mark")
         sh = ws.shell()
@@ -154,6 +161,7 @@ def test_soak_leaves_nothing_behind(no_leaks):
         over = _settle(before)
         assert not over, f"more than at the start (start, end): {over}"
         assert _rss() <= 1.1 * rss0, f"RSS {_rss()} kB at the end, {rss0} kB at the start"
-        tpl.close()
     finally:
+        if tpl is not None:
+            tpl.close()
         ws.close()
