@@ -43,6 +43,11 @@ if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlay
 KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
     (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
 
+# Children a fork refuses up front (ForkError naming this), as no system call could make the
+# state again: two processes sharing a kernel object through clone()'s flags (plan.SHARINGS).
+REFUSED_CHILDREN = {"clone_files": "CLONE_FILES", "clone_fs": "CLONE_FS", "clone_sighand": "CLONE_SIGHAND",
+                    "clone_sysvsem": "CLONE_SYSVSEM", "clone_vm": "CLONE_VM"}
+
 RESULTS: dict[str, dict] = {}
 
 
@@ -198,6 +203,8 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
     RESULTS.setdefault(victim, {})[path] = {"child": child, "source": source, "same_tasks": same}
     if path == "criu":
         return  # the reference: recorded, whatever it says
+    if victim in REFUSED_CHILDREN:
+        assert child["outcome"] == "REFUSED" and REFUSED_CHILDREN[victim] in child["detail"], child
     # The old engine re-clones the whole source (its init included) at every fork: what the
     # source then loses is that design's, not a silent mismatch of this class.
     recloned = not same and init not in after
