@@ -33,7 +33,6 @@ VERDICT_TIMEOUT = 10.0
 # expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
 _KNOWN = {
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
-    "pty_path": "a line typed towards a reader in canonical mode is not carried",
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
             "zombies, PDEATHSIG, session)",
 }
