@@ -7,6 +7,7 @@ Nothing here touches the processes; a plan is made once per template and reused 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import stat
 from collections.abc import Callable, Hashable
@@ -243,16 +244,38 @@ class Sharing:
     lost: str  # what the two would no longer have in common in a child
     # equal for two processes sharing one object: only those are compared with kcmp; None for a
     # process that has none (the kernel makes some lazily, and kcmp finds two NULLs equal)
-    key: Callable[[ProcPlan, ProcPlan], Hashable]  # (init, process)
+    key: Callable[[ProcPlan], Hashable]
+    excused: Callable[[ProcPlan, ProcPlan], bool] | None = None  # a pair another check judges
 
 
-def _undo_list(init: ProcPlan, p: ProcPlan) -> Hashable:
-    """A task gets a SEM_UNDO list at its first semop with SEM_UNDO, or when cloned with
-    CLONE_SYSVSEM; the init never has one, and kcmp finds two tasks without one equal."""
+_PF_KTHREAD = 0x00200000  # /proc/PID/stat's flags
+
+
+@functools.cache
+def without_undo_list() -> int:
+    """A task kcmp can compare with that has no SEM_UNDO list: kthreadd (a kernel thread never
+    makes one), else the trainer. Not a workspace's init: one CRIU restored has one."""
+    try:
+        with open("/proc/2/stat", "rb") as f:
+            raw = f.read()
+        if int(raw[raw.rindex(b")") + 2:].split()[6]) & _PF_KTHREAD:
+            return 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
+def has_undo_list(tid: int) -> bool:
+    """Whether task ``tid`` has a SEM_UNDO list: made at its first semop with SEM_UNDO, or
+    when it was cloned with CLONE_SYSVSEM, and kept. kcmp finds two tasks without one equal."""
     from .._core._syscalls import kcmp
 
+    return kcmp(without_undo_list(), tid, _KCMP_SYSVSEM, 0, 0) != 0
+
+
+def _undo_list(p: ProcPlan) -> Hashable:
     try:
-        return True if kcmp(init.hostpid, p.hostpid, _KCMP_SYSVSEM, 0, 0) != 0 else None
+        return True if has_undo_list(p.hostpid) else None
     except OSError:  # no kcmp (CONFIG_KCMP off), or it is gone
         return None
 
@@ -267,15 +290,15 @@ def _undo_list(init: ProcPlan, p: ProcPlan) -> Hashable:
 SHARINGS = (
     Sharing("descriptor table", "CLONE_FILES", _KCMP_FILES,
             "a descriptor one of them opens or closes would no longer be seen by the other",
-            lambda init, p: tuple(f.fd for f in p.fds)),
+            lambda p: tuple(f.fd for f in p.fds)),
     Sharing("file system context", "CLONE_FS", _KCMP_FS,
             "a chdir, chroot or umask of one would no longer move the other",
-            lambda init, p: (p.cwd, p.umask)),
+            lambda p: (p.cwd, p.umask)),
     # CLONE_SIGHAND needs CLONE_VM: never a vfork, refused before one is waited for
     Sharing("set of signal handlers", "CLONE_SIGHAND", _KCMP_SIGHAND,
             "a sigaction of one would no longer change the other's, nor a write to memory of one "
             "show in the other (CLONE_SIGHAND comes with CLONE_VM: one address space)",
-            lambda init, p: p.handled),
+            lambda p: p.handled),
     Sharing("SysV semaphore undo list", "CLONE_SYSVSEM", _KCMP_SYSVSEM,
             "a SEM_UNDO adjustment of one would be undone when it exits rather than when the "
             "last of them does (and the kernel shows no adjustments to copy)",
@@ -284,12 +307,13 @@ SHARINGS = (
 
 SHARED_MEMORY = Sharing("address space", "CLONE_VM", _KCMP_VM,
                         "a write to memory of one would no longer show in the other",
-                        lambda init, p: p.vm_size or None)
+                        lambda p: p.vm_size or None,
+                        excused=lambda a, b: a.vpid == b.ppid or b.vpid == a.ppid)  # vfork_pairs'
 
 
-def _sharers(group: list[ProcPlan], kcmp_type: int) -> tuple[ProcPlan, ProcPlan] | None:
-    """Two processes of ``group`` sharing one object of ``kcmp_type``, if any: kcmp orders the
-    objects, so sorted by it sharers are neighbours (CRIU's way)."""
+def _sharing_runs(group: list[ProcPlan], kcmp_type: int) -> list[list[ProcPlan]]:
+    """The processes of ``group`` that share one object of ``kcmp_type`` with another, by
+    object: kcmp orders the objects, so sorted by it sharers are neighbours (CRIU's way)."""
     from .._core._syscalls import kcmp
 
     def cmp(a: ProcPlan, b: ProcPlan) -> int:
@@ -297,29 +321,34 @@ def _sharers(group: list[ProcPlan], kcmp_type: int) -> tuple[ProcPlan, ProcPlan]
 
     try:
         ranked = sorted(group, key=functools.cmp_to_key(cmp))
-        return next(((a, b) for a, b in zip(ranked, ranked[1:]) if cmp(a, b) == 0), None)
+        runs = [[ranked[0]]]
+        for a, b in zip(ranked, ranked[1:]):
+            if cmp(a, b) == 0:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
     except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
-        return None
+        return []
+    return [run for run in runs if len(run) > 1]
 
 
 def check_sharing(procs: list[ProcPlan], sharings=SHARINGS) -> None:
     """Refuse two processes that share a kernel object of ``sharings`` (see Sharing)."""
-    init = procs[0]
     for s in sharings:
         groups: dict[Hashable, list[ProcPlan]] = {}
-        for p in procs[1:]:  # the init clones none of its processes with these flags
-            key = s.key(init, p)
+        for p in procs:
+            key = None if p.is_init else s.key(p)  # the init forks its processes: it shares none
             if key is not None:
                 groups.setdefault(key, []).append(p)
         for group in groups.values():
-            pair = _sharers(group, s.kcmp_type) if len(group) > 1 else None
-            if pair is not None:
-                a, b = sorted(pair, key=lambda p: p.vpid)
-                raise ForkError(
-                    f"processes {a.vpid} ({a.name}) and {b.vpid} ({b.name}) share one {s.kind} "
-                    f"(clone with {s.flag}): each clone of a fork gets its own, as a clone is made "
-                    f"from inside its process and no system call joins another's, so {s.lost}; "
-                    "end one of them before forking", pid=b.hostpid, step="plan")
+            for run in _sharing_runs(group, s.kcmp_type) if len(group) > 1 else ():
+                for a, b in itertools.combinations(sorted(run, key=lambda p: p.vpid), 2):
+                    if s.excused is None or not s.excused(a, b):
+                        raise ForkError(
+                            f"processes {a.vpid} ({a.name}) and {b.vpid} ({b.name}) share one {s.kind} "
+                            f"(clone with {s.flag}): each clone of a fork gets its own, as a clone is "
+                            "made from inside its process and no system call joins another's, so "
+                            f"{s.lost}; end one of them before forking", pid=b.hostpid, step="plan")
 
 
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
