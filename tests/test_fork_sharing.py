@@ -70,6 +70,7 @@ REFUSED = {
     "sighand": (CLONE_VM | CLONE_SIGHAND, r"set of signal handlers \(clone with CLONE_SIGHAND\)"),
     "sysvsem": (CLONE_SYSVSEM, r"SysV semaphore undo list \(clone with CLONE_SYSVSEM\)"),
     "vm": (CLONE_VM | CLONE_PARENT, r"address space \(clone with CLONE_VM\)"),
+    "vm_child": (CLONE_VM, r"address space \(clone with CLONE_VM\)"),  # its parent is not in vfork
 }
 
 

@@ -187,9 +187,29 @@ class VforkInFlight(ForkError):
         self.pairs = pairs
 
 
+_CLONE_CALLS = {"56", "58", "435"}  # clone, vfork, clone3 (x86_64)
+
+
+def in_vfork(parent: ProcPlan) -> bool:
+    """Whether a thread of ``parent`` is still inside the clone call that made a child sharing
+    its memory: a vfork waits there for its child's exec or _exit, any other clone returns at
+    once. /proc/PID/syscall names the call a blocked thread is in (unreadable: assumed so)."""
+    for tid in parent.threads:
+        try:
+            with open(f"/proc/{parent.hostpid}/task/{tid}/syscall") as f:
+                if f.read().split(" ", 1)[0] in _CLONE_CALLS:
+                    return True
+        except FileNotFoundError:  # an exited thread
+            continue
+        except OSError:
+            return True
+    return False
+
+
 def vfork_pairs(procs: list[ProcPlan]) -> list[tuple[ProcPlan, ProcPlan]]:
-    """(parent, child) of every process sharing its parent's address space (see VforkInFlight).
-    Only parents are compared: CLONE_VM without CLONE_PARENT is the only way to get there."""
+    """(parent, child) of every process sharing its parent's address space while the parent
+    is in vfork (see VforkInFlight). Only parents are compared: CLONE_VFORK with CLONE_PARENT
+    would leave the sharer's own parent waiting, and glibc never asks for it."""
     from .._core._syscalls import KCMP_VM, kcmp
 
     by_vpid = {p.vpid: p for p in procs}
@@ -199,7 +219,7 @@ def vfork_pairs(procs: list[ProcPlan]) -> list[tuple[ProcPlan, ProcPlan]]:
         if parent is None:
             continue
         try:
-            if kcmp(parent.hostpid, p.hostpid, KCMP_VM, 0, 0) == 0:
+            if kcmp(parent.hostpid, p.hostpid, KCMP_VM, 0, 0) == 0 and in_vfork(parent):
                 pairs.append((parent, p))
         except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
             pass
@@ -285,8 +305,8 @@ def _undo_list(p: ProcPlan) -> Hashable:
 # later ioprio_set on one no longer shows in the other's ioprio_get, a scheduling hint. And the
 # kernel makes an I/O context lazily (ioprio_set, BFQ): CLONE_IO shares nothing when the parent
 # had none yet, so no program can count on the sharing in the first place.
-# CLONE_VM without CLONE_SIGHAND between parent and child is a vfork (VforkInFlight); other
-# pairs are refused after it by SHARED_MEMORY.
+# A parent and its child sharing memory while the parent is in vfork are waited for
+# (VforkInFlight); any other pair is refused after it by SHARED_MEMORY.
 SHARINGS = (
     Sharing("descriptor table", "CLONE_FILES", _KCMP_FILES,
             "a descriptor one of them opens or closes would no longer be seen by the other",
@@ -308,7 +328,8 @@ SHARINGS = (
 SHARED_MEMORY = Sharing("address space", "CLONE_VM", _KCMP_VM,
                         "a write to memory of one would no longer show in the other",
                         lambda p: p.vm_size or None,
-                        excused=lambda a, b: a.vpid == b.ppid or b.vpid == a.ppid)  # vfork_pairs'
+                        excused=lambda a, b: (a.vpid == b.ppid and in_vfork(a)
+                                              or b.vpid == a.ppid and in_vfork(b)))  # vfork_pairs'
 
 
 def _sharing_runs(group: list[ProcPlan], kcmp_type: int) -> list[list[ProcPlan]]:
