@@ -18,6 +18,7 @@ session's pty are not."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
@@ -212,9 +213,10 @@ class Input:
 
     lines: list[bytes]
     typing: bytes
+    escaping: bool = False  # an LNEXT (^V) was typed last: the next byte typed is taken as is
 
     def __bool__(self) -> bool:
-        return bool(self.lines or self.typing)
+        return bool(self.lines or self.typing or self.escaping)
 
 
 def _canonical(attrs: list) -> bool:
@@ -235,22 +237,42 @@ def _take_lines(fd: int) -> list[bytes]:
     raise ForkError(f"{os.readlink(f'/proc/self/fd/{fd}')}: its reader's lines never end")
 
 
+@contextlib.contextmanager
+def _stuffing(fd: int, was: list):
+    """Tty ``fd`` (termios ``was``) set to take bytes stuffed into its input as they are: they
+    went through the input processing and echo once already. In canonical mode every special
+    character but the newline and LNEXT (_LNEXT) is off, and EOF is _EOF."""
+    quiet = was[3] & ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
+    if _canonical(was):
+        cc = [b"\0"] * len(was[6])  # _POSIX_VDISABLE: byte 0 is never special (n_tty's char_map)
+        cc[termios.VMIN], cc[termios.VTIME] = was[6][termios.VMIN], was[6][termios.VTIME]
+        cc[termios.VEOF], cc[termios.VLNEXT] = _EOF, _LNEXT
+        termios.tcsetattr(fd, termios.TCSANOW, [0, was[1], was[2], quiet | termios.IEXTEN, *was[4:6], cc])
+    else:
+        termios.tcsetattr(fd, termios.TCSANOW, [0, was[1], was[2], quiet, *was[4:]])
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, was)  # ICANON as it was: the ldisc keeps its lines
+
+
 def _take_input(slave: str) -> Input:
-    """The input waiting for the reader of ``slave`` (a template's), taken out of it. The line
-    being typed is read with ICANON off for a moment: turned off and on again with nothing
-    buffered, the ldisc is as it was (n_tty_set_termios), and it is stuffed back after."""
-    fd = os.open(slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    """The input waiting for the reader of ``slave`` (a template's), taken out of it. In
+    canonical mode the line being typed is ended with a newline stuffed in, and read: a
+    newline that only makes a second one needed was escaped by an LNEXT typed last."""
+    fd = os.open(slave, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
     try:
         was = termios.tcgetattr(fd)
         if not _canonical(was):
             return Input([], _take(fd))
         lines = _take_lines(fd)
-        termios.tcsetattr(fd, termios.TCSANOW, [*was[:3], was[3] & ~termios.ICANON, *was[4:]])
-        try:
-            typing = _take(fd)
-        finally:
-            termios.tcsetattr(fd, termios.TCSANOW, was)
-        return Input(lines, typing)
+        with _stuffing(fd, was):
+            _stuff(fd, b"\n")
+            try:
+                return Input(lines, os.read(fd, _N_TTY_BUF_SIZE)[:-1])
+            except BlockingIOError:
+                _stuff(fd, b"\n")
+                return Input(lines, os.read(fd, _N_TTY_BUF_SIZE)[:-2], escaping=True)
     finally:
         os.close(fd)
 
@@ -264,40 +286,28 @@ def _stuff(fd: int, data: bytes) -> None:
 
 
 def _put_input(slave: str, waiting: Input) -> None:
-    """``waiting`` into the input of pty ``slave``, as its reader had it: the bytes went
-    through the input processing and echo once already, so they are stuffed with those off.
-    In canonical mode every special character but the end of line and LNEXT is off, each byte
-    that is either is escaped with LNEXT, and each complete line is ended with a newline (when
-    it was read with one) or EOF (when not): its reads return the same bytes."""
+    """``waiting`` into the input of pty ``slave``, as its reader had it (_stuffing). In
+    canonical mode each byte that would end a line or escape the next is escaped with LNEXT,
+    and each complete line is ended with a newline (when it was read with one) or EOF (when
+    not): its reads return the same bytes."""
     fd = os.open(slave, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
     try:
         was = termios.tcgetattr(fd)
-        quiet = was[3] & ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
-        if not _canonical(was):
-            termios.tcsetattr(fd, termios.TCSANOW, [0, was[1], was[2], quiet, *was[4:]])
-            try:
+        with _stuffing(fd, was):
+            if not _canonical(was):
                 _stuff(fd, waiting.typing)
-            finally:
-                termios.tcsetattr(fd, termios.TCSANOW, was)
-            return
-        cc = [b"\0"] * len(was[6])  # _POSIX_VDISABLE: byte 0 is never special (n_tty's char_map)
-        cc[termios.VMIN], cc[termios.VTIME] = was[6][termios.VMIN], was[6][termios.VTIME]
-        cc[termios.VEOF], cc[termios.VLNEXT] = _EOF, _LNEXT
-        termios.tcsetattr(fd, termios.TCSANOW, [0, was[1], was[2], quiet | termios.IEXTEN, *was[4:6], cc])
-        try:
+                return
             for line in waiting.lines:
                 body, end = (line[:-1], b"\n") if line.endswith(b"\n") else (line, _EOF)
                 _stuff(fd, _escaped(body) + end)
-            _stuff(fd, _escaped(waiting.typing))
-        finally:
-            termios.tcsetattr(fd, termios.TCSANOW, was)
+            _stuff(fd, _escaped(waiting.typing) + (_LNEXT if waiting.escaping else b""))
     finally:
         os.close(fd)
 
 
 _N_TTY_BUF_SIZE = 4096
 _EXTPROC = 0o200000  # asm-generic/termbits.h (Python's termios lacks it)
-_EOF, _LNEXT = b"\x04", b"\x16"  # ^D and ^V, while input is stuffed back (_put_input)
+_EOF, _LNEXT = b"\x04", b"\x16"  # ^D and ^V, while input is stuffed (_stuffing)
 
 
 def _escaped(data: bytes) -> bytes:

@@ -1,5 +1,5 @@
 /* fidelity: a pty in canonical mode with lines typed and not read (ends of line: newline, EOL,
- * EOF, an empty EOF line, an escaped erase) and a line still being typed */
+ * EOF, an empty EOF line, an escaped erase) and a line still being typed, an LNEXT last */
 #include "../victim.h"
 #include <poll.h>
 #include <sys/ioctl.h>
@@ -40,7 +40,7 @@ int main(void)
 	type("three\004");       /* ended by EOF: read without it */
 	type("\004");            /* an empty line: a read of 0 */
 	type("x\026\177y\n");    /* an erase character escaped: kept */
-	type("par\026\ntialXY\177");  /* being typed: "par\ntialX" */
+	type("par\026\ntialXY\177\026");  /* being typed: "par\ntialX", the next byte escaped */
 	usleep(20000);
 	int inq = -1;
 	MUST(ioctl(s, FIONREAD, &inq));
@@ -56,8 +56,8 @@ int main(void)
 	STREQ("empty line ended by EOF", line(0), "0:");
 	STREQ("line with an escaped erase", line(0), "4:x\177y\n");
 	CHECK(read(s, (char[8]){0}, 8) == -1 && errno == EAGAIN, "the line being typed is readable already");
-	type("\177Z\n");
-	STREQ("the line typed on, with one character erased", line(2000), "10:par\ntialZ\n");
+	type("\n\177\177Z\n");  /* a newline taken as is; two erases take it and the X */
+	STREQ("the line typed on, escaped and erased", line(2000), "10:par\ntialZ\n");
 	type("\177\177q\n");
 	STREQ("an erase stops at the start of the line", line(2000), "2:q\n");
 	char echo[8];
