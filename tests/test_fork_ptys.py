@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from conftest import SCRIPT_PRELUDE, put, start_script
+from conftest import SCRIPT_PRELUDE, fork_one, put, start_script
 from conftest import wait_file as _wait
 
 import bunshin
@@ -317,6 +317,36 @@ time.sleep(1000)
         assert got == [b"ls -l\n", b"echo hi", b"partial\n"]
         echoes.append(bytes.fromhex(_wait(w, "/tmp/echo")))
     assert echoes[0] == echoes[1] and echoes[0].startswith(b"ls -l\r\necho hi") and echoes[0].count(b"ls") == 1
+
+
+def test_output_stopped_by_ctrl_s_stays_stopped_in_the_source(family):
+    """The driver typed ^S (IXON: the program's output stops) and half a line: carrying that
+    line leaves the source's output stopped (IXON is never turned off, which would restart
+    it). The child's pty is not stopped: a deviation (a ^S typed earlier is not carried)."""
+    ws = start_script(family, """
+import pty, signal
+pid, master = pty.fork()
+if pid == 0:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    out('/tmp/canon', '')
+    signal.sigwait({signal.SIGUSR1})
+    os.set_blocking(1, False)
+    try:
+        os.write(1, b'x')
+        out('/tmp/stopped', 'no')
+    except BlockingIOError:
+        out('/tmp/stopped', 'yes')
+    time.sleep(1000)
+wait('/tmp/canon')
+os.write(master, b'\\x13half')
+time.sleep(0.1)
+out('/tmp/ready', str(pid))
+time.sleep(1000)
+""", "/tmp/ready")
+    reader = int(ws.read_file("/tmp/ready").decode())
+    fork_one(family, ws)
+    ws.kill(reader, signal.SIGUSR1)
+    assert _wait(ws, "/tmp/stopped") == "yes"
 
 
 def test_dev_tty_held_by_a_shell_job_is_refused(family):
