@@ -240,21 +240,18 @@ def _take_lines(fd: int) -> list[bytes]:
 @contextlib.contextmanager
 def _stuffing(fd: int, was: list):
     """Tty ``fd`` (termios ``was``) set to take bytes stuffed into its input as they are: they
-    went through the input processing and echo once already. In canonical mode every special
-    character but the newline and LNEXT (_LNEXT) is off, and EOF is _EOF."""
+    went through the input processing and echo once already. Every special character is off
+    but, in canonical mode, the newline, LNEXT (_LNEXT) and EOF (_EOF)."""
     # IXON stays: turning it off would restart output stopped by ^S; with START and STOP off no
     # byte stuffed acts on the flow (nor IXANY's any byte)
     iflag = was[0] & (termios.IXON | termios.IXOFF)
-    quiet = was[3] & ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
+    lflag = was[3] & ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
+    cc = [b"\0"] * len(was[6])  # _POSIX_VDISABLE: byte 0 is never special (n_tty's char_map)
+    cc[termios.VMIN], cc[termios.VTIME] = was[6][termios.VMIN], was[6][termios.VTIME]
     if _canonical(was):
-        cc = [b"\0"] * len(was[6])  # _POSIX_VDISABLE: byte 0 is never special (n_tty's char_map)
-        cc[termios.VMIN], cc[termios.VTIME] = was[6][termios.VMIN], was[6][termios.VTIME]
+        lflag |= termios.IEXTEN
         cc[termios.VEOF], cc[termios.VLNEXT] = _EOF, _LNEXT
-        termios.tcsetattr(fd, termios.TCSANOW, [iflag, was[1], was[2], quiet | termios.IEXTEN, *was[4:6], cc])
-    else:
-        cc = list(was[6])
-        cc[termios.VSTART] = cc[termios.VSTOP] = b"\0"
-        termios.tcsetattr(fd, termios.TCSANOW, [iflag, was[1], was[2], quiet, *was[4:6], cc])
+    termios.tcsetattr(fd, termios.TCSANOW, [iflag, was[1], was[2], lflag, *was[4:6], cc])
     try:
         yield
     finally:
