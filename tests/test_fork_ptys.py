@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from conftest import SCRIPT_PRELUDE, put, start_script
+from conftest import SCRIPT_PRELUDE, fork_one, put, start_script
 from conftest import wait_file as _wait
 
 import bunshin
@@ -278,6 +278,75 @@ time.sleep(1000)
     for w in (kid, ws):
         w.kill(reader, signal.SIGUSR1)
         assert bytes.fromhex(_wait(w, "/tmp/got")) == b"typed\r\x03"
+
+
+def test_input_a_canonical_reader_has_not_read_is_kept_line_by_line(family, fork):
+    """Lines the driver typed towards a program reading in canonical mode (echo on), ended by
+    a return and by EOF, and a line still being typed (with an erase): in the child and in the
+    source the program reads the same lines, one a read, the driver finishes the line, and
+    nothing typed before the fork is echoed again."""
+    ws = start_script(family, """
+import pty, signal
+pid, master = pty.fork()
+if pid == 0:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    out('/tmp/canon', '')
+    signal.sigwait({signal.SIGUSR1})
+    out('/tmp/got', json.dumps([os.read(0, 100).hex() for _ in range(3)]))
+    time.sleep(1000)
+wait('/tmp/canon')
+os.write(master, b'ls -l\\r' + b'echo hi\\x04' + b'parx\\x7f')
+time.sleep(0.1)
+out('/tmp/ready', str(pid))
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+signal.sigwait({signal.SIGUSR2})
+echoed = os.read(master, 1000)
+os.write(master, b'tial\\r')
+out('/tmp/echo', echoed.hex())
+time.sleep(1000)
+""", "/tmp/ready")
+    reader = int(ws.read_file("/tmp/ready").decode())
+    driver = next(p.pid for p in ws.processes() if p.cmdline[:1] == ["python3"] and p.ppid == 1)
+    kid = fork(ws)
+    echoes = []
+    for w in (kid, ws):
+        w.kill(reader, signal.SIGUSR1)
+        time.sleep(0.1)
+        w.kill(driver, signal.SIGUSR2)
+        got = [bytes.fromhex(line) for line in json.loads(_wait(w, "/tmp/got"))]
+        assert got == [b"ls -l\n", b"echo hi", b"partial\n"]
+        echoes.append(bytes.fromhex(_wait(w, "/tmp/echo")))
+    assert echoes[0] == echoes[1] and echoes[0].startswith(b"ls -l\r\necho hi") and echoes[0].count(b"ls") == 1
+
+
+def test_output_stopped_by_ctrl_s_stays_stopped_in_the_source(family):
+    """The driver typed ^S (IXON: the program's output stops) and half a line: carrying that
+    line leaves the source's output stopped (IXON is never turned off, which would restart
+    it). The child's pty is not stopped: a deviation (a ^S typed earlier is not carried)."""
+    ws = start_script(family, """
+import pty, signal
+pid, master = pty.fork()
+if pid == 0:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    out('/tmp/canon', '')
+    signal.sigwait({signal.SIGUSR1})
+    os.set_blocking(1, False)
+    try:
+        os.write(1, b'x')
+        out('/tmp/stopped', 'no')
+    except BlockingIOError:
+        out('/tmp/stopped', 'yes')
+    time.sleep(1000)
+wait('/tmp/canon')
+os.write(master, b'\\x13half')
+time.sleep(0.1)
+out('/tmp/ready', str(pid))
+time.sleep(1000)
+""", "/tmp/ready")
+    reader = int(ws.read_file("/tmp/ready").decode())
+    fork_one(family, ws)
+    ws.kill(reader, signal.SIGUSR1)
+    assert _wait(ws, "/tmp/stopped") == "yes"
 
 
 def test_dev_tty_held_by_a_shell_job_is_refused(family):

@@ -7,8 +7,10 @@ Nothing here touches the processes; a plan is made once per template and reused 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import stat
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -68,6 +70,9 @@ class ProcPlan:
     # stopped by a signal (kill -STOP, Ctrl-Z) when last seized (seize.seize_all): its clones
     # are stopped too
     group_stopped: bool = False
+    umask: int = 0o022
+    handled: tuple[str, str] = ("", "")  # SigIgn and SigCgt of /proc/PID/status: its handlers' state
+    vm_size: str = ""  # VmSize of /proc/PID/status ("" without an address space)
 
     @functools.cached_property
     def name(self) -> str:
@@ -147,6 +152,9 @@ def read_proc(hostpid: int) -> ProcPlan:
         exit_signal=int(rest[35]),  # stat's field 38
         uid=int(st["Uid"].split()[1]),
         cap_eff=int(st["CapEff"], 16),
+        umask=int(st.get("Umask", "0022"), 8),
+        handled=(st["SigIgn"], st["SigCgt"]),
+        vm_size=st.get("VmSize", ""),
     )
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
@@ -179,9 +187,29 @@ class VforkInFlight(ForkError):
         self.pairs = pairs
 
 
+_CLONE_CALLS = {"56", "58", "435"}  # clone, vfork, clone3 (x86_64)
+
+
+def in_vfork(parent: ProcPlan) -> bool:
+    """Whether a thread of ``parent`` is still inside the clone call that made a child sharing
+    its memory: a vfork waits there for its child's exec or _exit, any other clone returns at
+    once. /proc/PID/syscall names the call a blocked thread is in (unreadable: assumed so)."""
+    for tid in parent.threads:
+        try:
+            with open(f"/proc/{parent.hostpid}/task/{tid}/syscall") as f:
+                if f.read().split(" ", 1)[0] in _CLONE_CALLS:
+                    return True
+        except FileNotFoundError:  # an exited thread
+            continue
+        except OSError:
+            return True
+    return False
+
+
 def vfork_pairs(procs: list[ProcPlan]) -> list[tuple[ProcPlan, ProcPlan]]:
-    """(parent, child) of every process sharing its parent's address space (see VforkInFlight).
-    Only parents are compared: CLONE_VM without CLONE_PARENT is the only way to get there."""
+    """(parent, child) of every process sharing its parent's address space while the parent
+    is in vfork (see VforkInFlight). Only parents are compared: CLONE_VFORK with CLONE_PARENT
+    would leave the sharer's own parent waiting, and glibc never asks for it."""
     from .._core._syscalls import KCMP_VM, kcmp
 
     by_vpid = {p.vpid: p for p in procs}
@@ -191,7 +219,7 @@ def vfork_pairs(procs: list[ProcPlan]) -> list[tuple[ProcPlan, ProcPlan]]:
         if parent is None:
             continue
         try:
-            if kcmp(parent.hostpid, p.hostpid, KCMP_VM, 0, 0) == 0:
+            if kcmp(parent.hostpid, p.hostpid, KCMP_VM, 0, 0) == 0 and in_vfork(parent):
                 pairs.append((parent, p))
         except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
             pass
@@ -220,34 +248,128 @@ def check_caps(procs: list[ProcPlan]) -> None:
                 "process before forking", pid=p.hostpid, step="snapshot")
 
 
-_KCMP_FILES = 2  # include/uapi/linux/kcmp.h: the same descriptor table
+_KCMP_VM, _KCMP_FILES, _KCMP_FS, _KCMP_SIGHAND, _KCMP_SYSVSEM = 1, 2, 3, 4, 6  # include/uapi/linux/kcmp.h
 
 
-def check_fd_tables(procs: list[ProcPlan]) -> None:
-    """Refuse two processes that share one descriptor table (clone() with CLONE_FILES and
-    without CLONE_THREAD): a clone is made from inside its own process, so it gets a table of
-    its own, and no system call makes a process take another's table (unshare only leaves
-    one; pidfd_getfd copies a descriptor, not the table), so the sharing would be lost.
-    Processes sharing a table have the same descriptor numbers: only those are compared."""
+@dataclass(frozen=True)
+class Sharing:
+    """A kernel object two processes (not threads of one) share when one was made by clone()
+    with ``flag`` and without CLONE_THREAD. A clone of a fork is made from inside its own
+    process and gets an object of its own, and no system call makes a process take another's
+    (unshare only splits one), so the sharing would be lost: refused, naming both."""
+
+    kind: str
+    flag: str
+    kcmp_type: int
+    lost: str  # what the two would no longer have in common in a child
+    # equal for two processes sharing one object: only those are compared with kcmp; None for a
+    # process that has none (the kernel makes some lazily, and kcmp finds two NULLs equal)
+    key: Callable[[ProcPlan], Hashable]
+    excused: Callable[[ProcPlan, ProcPlan], bool] | None = None  # a pair another check judges
+
+
+_PF_KTHREAD = 0x00200000  # /proc/PID/stat's flags
+
+
+@functools.cache
+def without_undo_list() -> int:
+    """A task kcmp can compare with that has no SEM_UNDO list: kthreadd (a kernel thread never
+    makes one), else the trainer. Not a workspace's init: one CRIU restored has one."""
+    try:
+        with open("/proc/2/stat", "rb") as f:
+            raw = f.read()
+        if int(raw[raw.rindex(b")") + 2:].split()[6]) & _PF_KTHREAD:
+            return 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
+def has_undo_list(tid: int) -> bool:
+    """Whether task ``tid`` has a SEM_UNDO list: made at its first semop with SEM_UNDO, or
+    when it was cloned with CLONE_SYSVSEM, and kept. kcmp finds two tasks without one equal."""
     from .._core._syscalls import kcmp
 
-    by_fds: dict[tuple[int, ...], list[ProcPlan]] = {}
-    for p in procs:
-        by_fds.setdefault(tuple(f.fd for f in p.fds), []).append(p)
-    for same in by_fds.values():
-        for i, a in enumerate(same):
-            for b in same[i + 1:]:
-                try:
-                    shared = kcmp(a.hostpid, b.hostpid, _KCMP_FILES, 0, 0) == 0
-                except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
-                    continue
-                if shared:
-                    raise ForkError(
-                        f"processes {a.vpid} ({a.name}) and {b.vpid} ({b.name}) share one "
-                        "descriptor table (clone with CLONE_FILES): each clone of a fork gets a "
-                        "table of its own, as no system call makes a process take another's, so "
-                        "a descriptor one of them opens or closes would no longer be seen by the "
-                        "other; end one of them before forking", pid=b.hostpid, step="plan")
+    return kcmp(without_undo_list(), tid, _KCMP_SYSVSEM, 0, 0) != 0
+
+
+def _undo_list(p: ProcPlan) -> Hashable:
+    try:
+        return True if has_undo_list(p.hostpid) else None
+    except OSError:  # no kcmp (CONFIG_KCMP off), or it is gone
+        return None
+
+
+# CLONE_IO is carried without its sharing. The I/O context holds the I/O priority and the block
+# scheduler's bookkeeping: each clone gets the priority its process has (copy_io), so only a
+# later ioprio_set on one no longer shows in the other's ioprio_get, a scheduling hint. And the
+# kernel makes an I/O context lazily (ioprio_set, BFQ): CLONE_IO shares nothing when the parent
+# had none yet, so no program can count on the sharing in the first place.
+# A parent and its child sharing memory while the parent is in vfork are waited for
+# (VforkInFlight); any other pair is refused after it by SHARED_MEMORY.
+SHARINGS = (
+    Sharing("descriptor table", "CLONE_FILES", _KCMP_FILES,
+            "a descriptor one of them opens or closes would no longer be seen by the other",
+            lambda p: tuple(f.fd for f in p.fds)),
+    Sharing("file system context", "CLONE_FS", _KCMP_FS,
+            "a chdir, chroot or umask of one would no longer move the other",
+            lambda p: (p.cwd, p.umask)),
+    # CLONE_SIGHAND needs CLONE_VM: never a vfork, refused before one is waited for
+    Sharing("set of signal handlers", "CLONE_SIGHAND", _KCMP_SIGHAND,
+            "a sigaction of one would no longer change the other's, nor a write to memory of one "
+            "show in the other (CLONE_SIGHAND comes with CLONE_VM: one address space)",
+            lambda p: p.handled),
+    Sharing("SysV semaphore undo list", "CLONE_SYSVSEM", _KCMP_SYSVSEM,
+            "a SEM_UNDO adjustment of one would be undone when it exits rather than when the "
+            "last of them does (and the kernel shows no adjustments to copy)",
+            _undo_list),
+)
+
+SHARED_MEMORY = Sharing("address space", "CLONE_VM", _KCMP_VM,
+                        "a write to memory of one would no longer show in the other",
+                        lambda p: p.vm_size or None,
+                        excused=lambda a, b: (a.vpid == b.ppid and in_vfork(a)
+                                              or b.vpid == a.ppid and in_vfork(b)))  # vfork_pairs'
+
+
+def _sharing_runs(group: list[ProcPlan], kcmp_type: int) -> list[list[ProcPlan]]:
+    """The processes of ``group`` that share one object of ``kcmp_type`` with another, by
+    object: kcmp orders the objects, so sorted by it sharers are neighbours (CRIU's way)."""
+    from .._core._syscalls import kcmp
+
+    def cmp(a: ProcPlan, b: ProcPlan) -> int:
+        return (0, -1, 1)[kcmp(a.hostpid, b.hostpid, kcmp_type, 0, 0)]
+
+    try:
+        ranked = sorted(group, key=functools.cmp_to_key(cmp))
+        runs = [[ranked[0]]]
+        for a, b in zip(ranked, ranked[1:]):
+            if cmp(a, b) == 0:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+    except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
+        return []
+    return [run for run in runs if len(run) > 1]
+
+
+def check_sharing(procs: list[ProcPlan], sharings=SHARINGS) -> None:
+    """Refuse two processes that share a kernel object of ``sharings`` (see Sharing)."""
+    for s in sharings:
+        groups: dict[Hashable, list[ProcPlan]] = {}
+        for p in procs:
+            key = None if p.is_init else s.key(p)  # the init forks its processes: it shares none
+            if key is not None:
+                groups.setdefault(key, []).append(p)
+        for group in groups.values():
+            for run in _sharing_runs(group, s.kcmp_type) if len(group) > 1 else ():
+                for a, b in itertools.combinations(sorted(run, key=lambda p: p.vpid), 2):
+                    if s.excused is None or not s.excused(a, b):
+                        raise ForkError(
+                            f"processes {a.vpid} ({a.name}) and {b.vpid} ({b.name}) share one {s.kind} "
+                            f"(clone with {s.flag}): each clone of a fork gets its own, as a clone is "
+                            "made from inside its process and no system call joins another's, so "
+                            f"{s.lost}; end one of them before forking", pid=b.hostpid, step="plan")
 
 
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
@@ -259,11 +381,12 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     procs = sorted((read_proc(p) for p in hostpids), key=lambda p: p.vpid)
     if not procs or not procs[0].is_init:
         raise ForkError("the workspace has no init process; it cannot be forked")
+    check_sharing(procs)  # none of them is a vfork: refused before one is waited for
     pairs = vfork_pairs(procs)
     if pairs:
         raise VforkInFlight(pairs)
+    check_sharing(procs, (SHARED_MEMORY,))
     check_caps(procs)
-    check_fd_tables(procs)
     for p in procs:
         for i, f in enumerate(p.fds):
             # Descriptors dup()ed inside one process share one open file: keep that.

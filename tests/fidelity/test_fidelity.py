@@ -33,7 +33,6 @@ VERDICT_TIMEOUT = 10.0
 # expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
 _KNOWN = {
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
-    "pty_path": "a line typed towards a reader in canonical mode is not carried",
     "tree": "stock kernel: every process is a child of the child's init (no getppid, wait, "
             "zombies, PDEATHSIG, session)",
 }
@@ -42,6 +41,11 @@ if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlay
                               "overlayfs), and /proc names it so")
 KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
     (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
+
+# Children a fork refuses up front (ForkError naming this), as no system call could make the
+# state again: two processes sharing a kernel object through clone()'s flags (plan.SHARINGS).
+REFUSED_CHILDREN = {"clone_files": "CLONE_FILES", "clone_fs": "CLONE_FS", "clone_sighand": "CLONE_SIGHAND",
+                    "clone_sysvsem": "CLONE_SYSVSEM", "clone_vm": "CLONE_VM"}
 
 RESULTS: dict[str, dict] = {}
 
@@ -198,6 +202,8 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
     RESULTS.setdefault(victim, {})[path] = {"child": child, "source": source, "same_tasks": same}
     if path == "criu":
         return  # the reference: recorded, whatever it says
+    if victim in REFUSED_CHILDREN:
+        assert child["outcome"] == "REFUSED" and REFUSED_CHILDREN[victim] in child["detail"], child
     # The old engine re-clones the whole source (its init included) at every fork: what the
     # source then loses is that design's, not a silent mismatch of this class.
     recloned = not same and init not in after

@@ -10,19 +10,22 @@ TIOCSCTTY), the terminal's foreground group then being the leader's, as in the t
 (outside the child, without the module), whose terminal is the template's: it is dropped, so no
 child reaches the template's pty, nor another child's, through /dev/tty (the module's
 JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
-master is inside the workspace are carried, both ways, written again with the processing they
-had already had turned off, unless in packet mode (whose reads would take status bytes too) or,
-for those waiting for the slave's reader, in canonical mode (they would become one line). Those
-of a shell session's pty are not."""
+master is inside the workspace are carried, both ways, unless in packet mode (whose reads would
+take status bytes too): those for the master written again with the output processing off, those
+for the slave's reader stuffed into its input with the input processing and echo off, in
+canonical mode line by line and then the line being typed (_put_input). Those of a shell
+session's pty are not."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
 import struct
 import termios
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
@@ -201,29 +204,122 @@ def _take(end: int) -> bytes:
     return out
 
 
-def _take_input(slave: str) -> bytes:
-    """What the master wrote and the reader of ``slave`` (a template's) has not read, in
-    non-canonical mode; in canonical mode nothing is taken (see the module's docstring)."""
-    fd = os.open(slave, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+@dataclass
+class Input:
+    """What the master wrote and the slave's reader has not read. In canonical mode each read
+    returns one line (up to its end of line; one ended by the EOF character without it, an
+    empty one as 0 bytes), and the line being typed cannot be read at all; otherwise
+    ``lines`` is empty and ``typing`` holds every byte."""
+
+    lines: list[bytes]
+    typing: bytes
+    escaping: bool = False  # an LNEXT (^V) was typed last: the next byte typed is taken as is
+
+    def __bool__(self) -> bool:
+        return bool(self.lines or self.typing or self.escaping)
+
+
+def _canonical(attrs: list) -> bool:
+    """Whether reads of a tty with termios ``attrs`` return lines (EXTPROC: the ldisc leaves
+    the line editing to another side, and reads return bytes)."""
+    return bool(attrs[3] & termios.ICANON and not attrs[3] & _EXTPROC)
+
+
+def _take_lines(fd: int) -> list[bytes]:
+    """Every complete line waiting at canonical slave ``fd``, taken out of it. A read that
+    finds none waits for the bytes the kernel is still moving into the ldisc (n_tty_read)."""
+    lines = []
+    for _ in range(_N_TTY_BUF_SIZE):  # each line takes at least one byte of the ldisc's buffer
+        try:
+            lines.append(os.read(fd, _N_TTY_BUF_SIZE))
+        except BlockingIOError:
+            return lines
+    raise ForkError(f"{os.readlink(f'/proc/self/fd/{fd}')}: its reader's lines never end")
+
+
+@contextlib.contextmanager
+def _stuffing(fd: int, was: list):
+    """Tty ``fd`` (termios ``was``) set to take bytes stuffed into its input as they are: they
+    went through the input processing and echo once already. Every special character is off
+    but, in canonical mode, the newline, LNEXT (_LNEXT) and EOF (_EOF)."""
+    # IXON stays: turning it off would restart output stopped by ^S; with START and STOP off no
+    # byte stuffed acts on the flow (nor IXANY's any byte)
+    iflag = was[0] & (termios.IXON | termios.IXOFF)
+    lflag = was[3] & ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
+    cc = [b"\0"] * len(was[6])  # _POSIX_VDISABLE: byte 0 is never special (n_tty's char_map)
+    cc[termios.VMIN], cc[termios.VTIME] = was[6][termios.VMIN], was[6][termios.VTIME]
+    if _canonical(was):
+        lflag |= termios.IEXTEN
+        cc[termios.VEOF], cc[termios.VLNEXT] = _EOF, _LNEXT
+    termios.tcsetattr(fd, termios.TCSANOW, [iflag, was[1], was[2], lflag, *was[4:6], cc])
     try:
-        return b"" if termios.tcgetattr(fd)[3] & termios.ICANON else _take(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, was)  # ICANON as it was: the ldisc keeps its lines
+
+
+def _take_input(slave: str) -> Input:
+    """The input waiting for the reader of ``slave`` (a template's), taken out of it. In
+    canonical mode the line being typed is ended with a newline stuffed in, and read: a
+    newline that only makes a second one needed was escaped by an LNEXT typed last."""
+    fd = os.open(slave, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        was = termios.tcgetattr(fd)
+        if not _canonical(was):
+            return Input([], _take(fd))
+        lines = _take_lines(fd)
+        with _stuffing(fd, was):
+            _stuff(fd, b"\n")
+            try:
+                return Input(lines, os.read(fd, _N_TTY_BUF_SIZE)[:-1])
+            except BlockingIOError:
+                _stuff(fd, b"\n")
+                return Input(lines, os.read(fd, _N_TTY_BUF_SIZE)[:-2], escaping=True)
     finally:
         os.close(fd)
 
 
-def _put_input(master: int, data: bytes) -> None:
-    """``data`` into the slave's side of ``master``'s pty (non-canonical), as the slave had
-    received it: written with the input processing and echo off, since it went through them
-    once already (ICANON is left alone: switching it rearranges the buffered lines)."""
-    was = termios.tcgetattr(master)  # the slave's: a master's termios calls act on its slave
-    quiet = ~(termios.ECHO | termios.ECHONL | termios.ISIG | termios.IEXTEN)
-    termios.tcsetattr(master, termios.TCSANOW, [0, was[1], was[2], was[3] & quiet, *was[4:]])
+def _stuff(fd: int, data: bytes) -> None:
+    """``data`` into tty ``fd``'s input, one TIOCSTI a byte: the ldisc takes each at once, in
+    the caller's thread, so the termios in force is the one set for it (a write on the master
+    is taken later, by a kernel worker)."""
+    for byte in data:
+        fcntl.ioctl(fd, termios.TIOCSTI, bytes((byte,)))
+
+
+def _put_input(slave: str, waiting: Input) -> None:
+    """``waiting`` into the input of pty ``slave``, as its reader had it (_stuffing). In
+    canonical mode each byte that would end a line or escape the next is escaped with LNEXT,
+    and each complete line is ended with a newline (when it was read with one) or EOF (when
+    not): its reads return the same bytes."""
+    fd = os.open(slave, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
     try:
-        view = memoryview(data)
-        while view:  # cannot block: the bytes came out of a buffer as large, now empty
-            view = view[os.write(master, view):]
+        was = termios.tcgetattr(fd)
+        with _stuffing(fd, was):
+            if not _canonical(was):
+                _stuff(fd, waiting.typing)
+                return
+            for line in waiting.lines:
+                body, end = (line[:-1], b"\n") if line.endswith(b"\n") else (line, _EOF)
+                _stuff(fd, _escaped(body) + end)
+            _stuff(fd, _escaped(waiting.typing) + (_LNEXT if waiting.escaping else b""))
     finally:
-        termios.tcsetattr(master, termios.TCSANOW, was)
+        os.close(fd)
+
+
+_N_TTY_BUF_SIZE = 4096
+_EXTPROC = 0o200000  # asm-generic/termbits.h (Python's termios lacks it)
+_EOF, _LNEXT = b"\x04", b"\x16"  # ^D and ^V, while input is stuffed (_stuffing)
+
+
+def _escaped(data: bytes) -> bytes:
+    """``data`` with LNEXT before each byte that would end a line or escape the next."""
+    out = bytearray()
+    for byte in data:
+        if bytes((byte,)) in (b"\n", _EOF, _LNEXT):
+            out += _LNEXT
+        out.append(byte)
+    return bytes(out)
 
 
 def _put_output(slave: str, data: bytes) -> None:
@@ -283,8 +379,8 @@ def _inner_master(ctx, proc, r, index: int) -> tuple[int, int]:
                 _put_output(slave, pending)
             waiting = _take_input(_template_slave(ctx, index))
             if waiting:
-                _put_input(src, waiting)
-                _put_input(dst, waiting)
+                _put_input(_template_slave(ctx, index), waiting)  # the template's again
+                _put_input(slave, waiting)
     finally:
         os.close(src)
         os.close(dst)

@@ -15,11 +15,11 @@ from functools import partial
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import has_undo_list
 from .sysv_ipc import (IPC_CREAT, IPC_EXCL, IPC_SET, IPC_STAT, IpcPerm, Owner, check_creators, ids, in_ipc_ns,
                        libc, make_as, read_limits, write_limits)
 
 _GETPID, _GETALL, _SETVAL, _SETALL = 11, 13, 16, 17
-_SYS_KCMP, _KCMP_SYSVSEM = 312, 6
 _LIMITS = ("sem",)  # semmsl semmns semopm semmni
 
 
@@ -73,20 +73,16 @@ def sets(init_hostpid: int, procs) -> Sets:
         check_creators([s.owner for s in out.sets], "semaphores")
         for p in procs:
             if not p.is_init:
-                _check_undo(init_hostpid, p)
+                _check_undo(p)
                 p.sysv_sem_last = last.get(p.hostpid, [])
     return out
 
 
-def _check_undo(init_hostpid: int, proc) -> None:
-    """Refuse ``proc`` if it has an undo list: a task gets one at its first semop with
-    SEM_UNDO and keeps it, so kcmp (KCMP_SYSVSEM) against the init, which never has one,
-    tells. The adjustments themselves cannot be read."""
+def _check_undo(proc) -> None:
+    """Refuse ``proc`` if it has an undo list (plan.has_undo_list). The adjustments themselves
+    cannot be read."""
     for tid in proc.threads:
-        r = libc.syscall(_SYS_KCMP, init_hostpid, tid, _KCMP_SYSVSEM, 0, 0)
-        if r < 0:
-            raise OSError(ctypes.get_errno(), f"kcmp(KCMP_SYSVSEM) of {tid}")
-        if r != 0:
+        if has_undo_list(tid):
             raise ForkError(f"process {proc.vpid} ({proc.name}) has used SEM_UNDO on a SysV semaphore: the kernel "
                             "keeps its undo adjustments (applied when it exits) where no interface reads them, so "
                             "its clone could not get them; use semop without SEM_UNDO, or end that process "
