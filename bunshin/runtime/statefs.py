@@ -27,6 +27,13 @@ _lock = threading.Lock()
 _ready: set[str] = set()
 
 
+# nobarrier: the image holds live workspaces only, which a crash of the host ends anyway, and
+# a cache flush of a loop device is an fsync of its backing file on the host's file system:
+# without it the btrfs snapshot each ws.fork() takes costs ~0.3 ms instead of ~0.8-1.3 ms
+# (a snapshot commits a transaction; measured on a loop-mounted image here)
+MOUNT_OPTIONS = "loop,noatime,nobarrier"
+
+
 def _separate(path: Path) -> bool:
     return os.path.ismount(path) and os.stat(path).st_dev != os.stat("/").st_dev
 
@@ -60,7 +67,7 @@ def _mount_image(state: Path) -> None:
             subprocess.run(["truncate", "-s", size, str(tmp)], check=True, capture_output=True)
             subprocess.run(_mkfs(str(tmp)), check=True, capture_output=True)
             os.replace(tmp, img)
-        subprocess.run(["mount", "-o", "loop,noatime", str(img), str(state)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", MOUNT_OPTIONS, str(img), str(state)], check=True, capture_output=True)
     except FileNotFoundError as e:
         raise BunshinError(f"cannot set up the state file system: {e.filename} is missing "
                            "(apt-get install btrfs-progs util-linux), or mount a file system of your "
