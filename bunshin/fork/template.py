@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
+from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
 from .plan import VforkInFlight, plan_tree
 
@@ -636,32 +638,53 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     caller whose fork never started thaws it. On failure it is thawed and nothing is left."""
     cg = body.cgroup
     cg.freeze()
-    frozen = None
+    frozen = body.dir.frozen_path()
+    # the copy (a btrfs snapshot: a transaction commit, a wait on the disk without the GIL) is
+    # made while the plan reads /proc
+    copy = _copier.get().submit(layers.freeze, body.dir.layer, frozen)
+    ran: list[bool] = []
+
+    def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
+        if not ran:
+            ran.append(True)
+            _discard(copy, frozen)
+
     try:
-        plans = _plan_settled(cg)  # first: a vfork in flight lets the group run a little
-        frozen = body.dir.frozen_path()
+        plans = _plan_settled(cg, before_thaw)
+        if ran:  # frozen again since
+            copy = _copier.get().submit(layers.freeze, body.dir.layer, frozen)
         try:
-            # here, not beside the seizing in another thread: while a snapshot is made the
-            # fork's reads of /proc take ~4x longer, which cost more than it saved (measured)
-            layers.freeze(body.dir.layer, frozen)
+            copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
         core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
     except BaseException:
+        _discard(copy, frozen)  # the source stays frozen until the copy is over
         cg.thaw()
-        if frozen is not None:
-            layers.remove(frozen)
         raise
     body.hold()
     return core
 
 
+def _discard(copy: Future, frozen: Path) -> None:
+    try:
+        copy.result()
+    except BaseException:  # noqa: BLE001 - nothing made (layers.freeze leaves nothing on failure)
+        return
+    layers.remove(frozen)
+
+
+# the thread that copies sources' upper layers (freeze_source)
+_copier = PerProcess(lambda: ThreadPoolExecutor(1, thread_name_prefix="bunshin-layer-copy"))
+
+
 VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec
 
 
-def _plan_settled(cg) -> list:
+def _plan_settled(cg, before_thaw: Callable[[], None] | None = None) -> list:
     """The plan of a frozen group, thawed for short spells while a vfork is in flight: its
-    child usually execs within a millisecond, and until then the parent could not be seized."""
+    child usually execs within a millisecond, and until then the parent could not be seized.
+    ``before_thaw`` is called before each spell."""
     deadline = time.monotonic() + VFORK_WAIT_S
     spell = 0.0005
     while True:
@@ -673,6 +696,8 @@ def _plan_settled(cg) -> list:
                                 "in that state: fork once it has (a vfork child should exec at "
                                 "once)", pid=e.pid, step="snapshot") from None
             log.debug("%s: letting it run %.1f ms", e, spell * 1e3)
+            if before_thaw is not None:
+                before_thaw()
             cg.thaw()
             time.sleep(spell)
             cg.freeze()

@@ -12,8 +12,8 @@ any other file system (a tmpfs or ext4 the user mounted there) the upper directo
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import fcntl
 import os
 import shutil
 import struct
@@ -45,10 +45,19 @@ def _vol_args_v2(name: str, fd: int, flags: int) -> bytearray:
     return bytearray(struct.pack("=qQQ", fd, 0, flags) + bytes(32) + b + bytes(4040 - len(b)))
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+
+
 def _ioctl_in(parent: Path, req: int, arg: bytearray) -> None:
+    # through ctypes, which lets go of the GIL: fcntl.ioctl keeps it for a buffer over 1 KiB,
+    # and a snapshot waits for a transaction commit, which other threads (the plan of the same
+    # fork) would wait for too
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.ioctl(fd, req, arg)
+        if _libc.ioctl(fd, req, (ctypes.c_char * len(arg)).from_buffer(arg)) < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
     finally:
         os.close(fd)
 
