@@ -83,8 +83,8 @@ class TemplateCore(slots.Holder):
         # the upper layer as it was at the freeze (a frozen template never writes again), if
         # anything was written there: an empty layer is left out of the children's stack
         own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
-        self.own_upper: Path | None = None if _empty(own) else own
-        self.lowers = (*((own,) if self.own_upper else ()), *body.rootfs.lowers)
+        self.lowers = _child_lowers(own, body)
+        self.own_upper: Path | None = own if self.lowers[:1] == (own,) else None
         self.sysv_segments = sysv_shm.segments(body.init_pid)
         self.sysv_sets = sysv_sem.sets(body.init_pid, plans)
         self.sysv_queues = sysv_msg.queues(body.init_pid)
@@ -631,17 +631,25 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         raise
 
 
+def _child_lowers(own: Path, body: Body) -> tuple[Path, ...]:
+    """The lower layers of a child of ``body`` whose upper layer, frozen, is ``own``: an
+    empty one is left out."""
+    return (*(() if _empty(own) else (own,)), *body.rootfs.lowers)
+
+
 def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
-                  build: Build) -> TemplateCore:
+                  build: Build, spares: slots.Spares | None = None) -> TemplateCore:
     """Freeze a running workspace for one fork: plan it and copy its upper layer. The core
     holds ``body`` (Body.hold) and leaves it frozen: the fork thaws it as it lets it go, a
-    caller whose fork never started thaws it. On failure it is thawed and nothing is left."""
+    caller whose fork never started thaws it. On failure it is thawed and nothing is left.
+    With one of ``spares``, the first child's root is mounted beside the plan too (the core's
+    slot, which the caller closes after the fork: TemplateCore.close_slots)."""
     cg = body.cgroup
     cg.freeze()
     frozen = body.dir.frozen_path()
-    # the copy (a btrfs snapshot: a transaction commit, a wait on the disk without the GIL) is
-    # made while the plan reads /proc
-    copy = _copier.get().submit(layers.freeze, body.dir.layer, frozen)
+    # the copy (a btrfs snapshot: a transaction commit, which waits on the disk without the
+    # GIL) and the overlay mount on it are made while the plan reads /proc
+    copy = _copier.get().submit(_copy_upper, body, frozen, spares)
     ran: list[bool] = []
 
     def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
@@ -652,12 +660,19 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     try:
         plans = _plan_settled(cg, before_thaw)
         if ran:  # frozen again since
-            copy = _copier.get().submit(layers.freeze, body.dir.layer, frozen)
+            copy = _copier.get().submit(_copy_upper, body, frozen, spares)
         try:
-            copy.result()
+            slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
-        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+        try:
+            core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+        except BaseException:
+            if slot is not None:
+                slot.destroy()
+            raise
+        if slot is not None:
+            core.slots.append(slot)
     except BaseException:
         _discard(copy, frozen)  # the source stays frozen until the copy is over
         cg.thaw()
@@ -666,11 +681,29 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
-def _discard(copy: Future, frozen: Path) -> None:
+def _copy_upper(body: Body, frozen: Path, spares: slots.Spares | None) -> slots.Slot | None:
+    """``body``'s upper layer frozen at ``frozen``, and a slot for its first child, its root
+    mounted on it (from one of ``spares``; None if there is none ready)."""
+    layers.freeze(body.dir.layer, frozen)
+    sp = spares.take() if spares is not None else None
+    if sp is None:
+        return None
     try:
-        copy.result()
+        lowers = _child_lowers(frozen / "upper", body)
+        return slots.Slot(sp.dir, sp.cg, engine.overlay_fd(lowers, sp.dir.upper, sp.dir.work))
+    except BaseException:  # noqa: BLE001 - the fork mounts one itself, and says what fails
+        sp.destroy()
+        return None
+
+
+def _discard(copy: Future, frozen: Path) -> None:
+    """Once the copy is over, remove what it made."""
+    try:
+        slot = copy.result()
     except BaseException:  # noqa: BLE001 - nothing made (layers.freeze leaves nothing on failure)
         return
+    if slot is not None:
+        slot.destroy()
     layers.remove(frozen)
 
 
