@@ -649,32 +649,28 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     frozen = body.dir.frozen_path()
     # the copy (a btrfs snapshot: a transaction commit, which waits on the disk without the
     # GIL) and the overlay mount on it are made while the plan reads /proc
-    copy = _copier.get().submit(_copy_upper, body, frozen, spares)
-    ran: list[bool] = []
+    copy: Future | None = _copier.get().submit(_copy_upper, body, frozen, spares)
 
     def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
-        if not ran:
-            ran.append(True)
+        nonlocal copy
+        if copy is not None:
             _discard(copy, frozen)
+            copy = None
 
     try:
         plans = _plan_settled(cg, before_thaw)
-        if ran:  # frozen again since
+        if copy is None:  # frozen again since
             copy = _copier.get().submit(_copy_upper, body, frozen, spares)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
-        try:
-            core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
-        except BaseException:
-            if slot is not None:
-                slot.destroy()
-            raise
+        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
         if slot is not None:
             core.slots.append(slot)
     except BaseException:
-        _discard(copy, frozen)  # the source stays frozen until the copy is over
+        if copy is not None:
+            _discard(copy, frozen)  # the source stays frozen until the copy is over
         cg.thaw()
         raise
     body.hold()
