@@ -647,9 +647,7 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     cg = body.cgroup
     cg.freeze()
     frozen = body.dir.frozen_path()
-    # the copy (a btrfs snapshot: a transaction commit, which waits on the disk without the
-    # GIL) and the overlay mount on it are made while the plan reads /proc
-    copy: Future | None = _copier.get().submit(_copy_upper, body, frozen, spares)
+    copy: Future | None = None
 
     def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
         nonlocal copy
@@ -658,9 +656,12 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             copy = None
 
     try:
+        # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
+        # the overlay mount on it are made while the plan reads /proc
+        copy = _start_copy(body, frozen, spares)
         plans = _plan_settled(cg, before_thaw)
         if copy is None:  # frozen again since
-            copy = _copier.get().submit(_copy_upper, body, frozen, spares)
+            copy = _start_copy(body, frozen, spares)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
@@ -677,10 +678,25 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
-def _copy_upper(body: Body, frozen: Path, spares: slots.Spares | None) -> slots.Slot | None:
-    """``body``'s upper layer frozen at ``frozen``, and a slot for its first child, its root
-    mounted on it (from one of ``spares``; None if there is none ready)."""
-    layers.freeze(body.dir.layer, frozen)
+def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future:
+    """_copy_upper in the copy's thread, once that thread is in the copy's system call: a
+    thread waiting for the GIL while this one plans could wait for as long as the plan."""
+    try:
+        make = layers.prepare_freeze(body.dir.layer, frozen)
+    except OSError as e:
+        raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
+    started = threading.Event()
+    copy = _copier.get().submit(_copy_upper, make, started, body, frozen, spares)
+    started.wait()
+    return copy
+
+
+def _copy_upper(make: Callable[[], None], started: threading.Event, body: Body, frozen: Path,
+                spares: slots.Spares | None) -> slots.Slot | None:
+    """``body``'s upper layer frozen at ``frozen`` (by ``make``), and a slot for its first
+    child, its root mounted on it (from one of ``spares``; None if there is none ready)."""
+    started.set()
+    make()
     sp = spares.take() if spares is not None else None
     if sp is None:
         return None
