@@ -357,10 +357,11 @@ class TemplateCore(slots.Holder):
         for s in self.slots:  # intermediates made ahead live only while held
             if s.early is not None:
                 earlyinit.drop_mids(s.early.mids, held)
-        seize.release_all(self.body.cgroup, held)
-        self.awake = False
-        if self.source:  # the workspace runs on, the same tasks
+        # a source's workspace runs on, the same tasks: thawed above, they run once detached
+        seize.release_all(self.body.cgroup, held, frozen=not (self.source and self.awake))
+        if self.source and not self.awake:  # _wake() failed
             self.body.cgroup.thaw()
+        self.awake = False
 
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
                    done: list, unrun: bool = False) -> None:
