@@ -38,7 +38,7 @@ _NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
 
 def _vol_args(name: str, fd: int = 0) -> bytearray:
     b = os.fsencode(name)
-    # a mutable buffer: fcntl.ioctl copies immutable ones into 1 KiB only
+    # a mutable buffer: _ioctl hands its address to the kernel (ctypes from_buffer)
     return bytearray(struct.pack("=q", fd) + b + bytes(4088 - len(b)))
 
 
