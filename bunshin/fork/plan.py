@@ -86,8 +86,22 @@ class ProcPlan:
 
 def proc_status(pid: int | str) -> dict[str, str]:
     """/proc/PID/status as a dict (PID may be "self")."""
-    with open(f"/proc/{pid}/status") as f:
-        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    # read whole and split once: a fork reads several per process, and a text-mode file
+    # iterated line by line costs ~1.6x as much
+    text = read_text(f"/proc/{pid}/status")
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def read_text(path: str) -> str:
+    """A small /proc file whole, with no buffered file object around it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        parts = []
+        while part := os.read(fd, 16384):
+            parts.append(part)
+    finally:
+        os.close(fd)
+    return b"".join(parts).decode()
 
 
 def seccomp_filters(status: dict[str, str]) -> int:
@@ -100,8 +114,8 @@ def seccomp_filters(status: dict[str, str]) -> int:
 
 def _fdinfo(pid: int, fd: int) -> tuple[dict[str, str], list[Lock]]:
     """The fields of /proc/PID/fdinfo/FD, and its locks ("lock:" lines, one per lock)."""
-    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-        lines = [line.split(":", 1) for line in f if ":" in line]
+    lines = [line.split(":", 1) for line in read_text(f"/proc/{pid}/fdinfo/{fd}").splitlines(True)
+             if ":" in line]
     locks = []
     for key, value in lines:
         if key == "lock":  # "1: POSIX  ADVISORY  WRITE 29847 fe:00:2163341 3 EOF"

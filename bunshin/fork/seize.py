@@ -316,15 +316,17 @@ def _vtid(tid: int) -> int:
         return 0
 
 
-def release_all(cg, tracees: dict[int, Tracee]) -> None:
-    """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen.
-    Curing comes first: it may inject (re-queue held signals), which a frozen task cannot run."""
+def release_all(cg, tracees: dict[int, Tracee], frozen: bool = True) -> None:
+    """Freeze the group while its processes are ptrace-stopped, then detach: they stay frozen
+    (``frozen`` False: they run on as each is detached). Curing comes first: it may inject
+    (re-queue held signals), which a frozen task cannot run."""
     for t in tracees.values():
         try:
             t.cure()
         except BunshinError as e:
             log.warning("curing template process %d: %s", t.pid, e)
-    cg.freeze()
+    if frozen:
+        cg.freeze()
     for t in tracees.values():
         try:
             t.detach()

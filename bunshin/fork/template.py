@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
+from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
 from .plan import VforkInFlight, plan_tree
 
@@ -81,8 +83,8 @@ class TemplateCore(slots.Holder):
         # the upper layer as it was at the freeze (a frozen template never writes again), if
         # anything was written there: an empty layer is left out of the children's stack
         own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
-        self.own_upper: Path | None = None if _empty(own) else own
-        self.lowers = (*((own,) if self.own_upper else ()), *body.rootfs.lowers)
+        self.lowers = _child_lowers(own, body)
+        self.own_upper: Path | None = own if self.lowers[:1] == (own,) else None
         self.sysv_segments = sysv_shm.segments(body.init_pid)
         self.sysv_sets = sysv_sem.sets(body.init_pid, plans)
         self.sysv_queues = sysv_msg.queues(body.init_pid)
@@ -355,10 +357,11 @@ class TemplateCore(slots.Holder):
         for s in self.slots:  # intermediates made ahead live only while held
             if s.early is not None:
                 earlyinit.drop_mids(s.early.mids, held)
-        seize.release_all(self.body.cgroup, held)
-        self.awake = False
-        if self.source:  # the workspace runs on, the same tasks
+        # a source's workspace runs on, the same tasks: thawed above, they run once detached
+        seize.release_all(self.body.cgroup, held, frozen=not (self.source and self.awake))
+        if self.source and not self.awake:  # _wake() failed
             self.body.cgroup.thaw()
+        self.awake = False
 
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
                    done: list, unrun: bool = False) -> None:
@@ -629,39 +632,105 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         raise
 
 
+def _child_lowers(own: Path, body: Body) -> tuple[Path, ...]:
+    """The lower layers of a child of ``body`` whose upper layer, frozen, is ``own``: an
+    empty one is left out."""
+    return (*(() if _empty(own) else (own,)), *body.rootfs.lowers)
+
+
 def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
-                  build: Build) -> TemplateCore:
+                  build: Build, spares: slots.Spares | None = None) -> TemplateCore:
     """Freeze a running workspace for one fork: plan it and copy its upper layer. The core
     holds ``body`` (Body.hold) and leaves it frozen: the fork thaws it as it lets it go, a
-    caller whose fork never started thaws it. On failure it is thawed and nothing is left."""
+    caller whose fork never started thaws it. On failure it is thawed and nothing is left.
+    With one of ``spares``, the first child's root is mounted beside the plan too (the core's
+    slot, which the caller closes after the fork: TemplateCore.close_slots)."""
     cg = body.cgroup
     cg.freeze()
-    frozen = None
+    frozen = body.dir.frozen_path()
+    copy: Future | None = None
+
+    def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
+        nonlocal copy
+        if copy is not None:
+            _discard(copy, frozen)
+            copy = None
+
     try:
-        plans = _plan_settled(cg)  # first: a vfork in flight lets the group run a little
-        frozen = body.dir.frozen_path()
+        # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
+        # the overlay mount on it are made while the plan reads /proc
+        copy = _start_copy(body, frozen, spares)
+        plans = _plan_settled(cg, before_thaw)
+        if copy is None:  # frozen again since
+            copy = _start_copy(body, frozen, spares)
         try:
-            # here, not beside the seizing in another thread: while a snapshot is made the
-            # fork's reads of /proc take ~4x longer, which cost more than it saved (measured)
-            layers.freeze(body.dir.layer, frozen)
+            slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
         core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+        if slot is not None:
+            core.slots.append(slot)
     except BaseException:
+        if copy is not None:
+            _discard(copy, frozen)  # the source stays frozen until the copy is over
         cg.thaw()
-        if frozen is not None:
-            layers.remove(frozen)
         raise
     body.hold()
     return core
 
 
+def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future:
+    """_copy_upper in the copy's thread, once that thread is in the copy's system call: a
+    thread waiting for the GIL while this one plans could wait for as long as the plan."""
+    try:
+        make = layers.prepare_freeze(body.dir.layer, frozen)
+    except OSError as e:
+        raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
+    started = threading.Event()
+    copy = _copier.get().submit(_copy_upper, make, started, body, frozen, spares)
+    started.wait()
+    return copy
+
+
+def _copy_upper(make: Callable[[], None], started: threading.Event, body: Body, frozen: Path,
+                spares: slots.Spares | None) -> slots.Slot | None:
+    """``body``'s upper layer frozen at ``frozen`` (by ``make``), and a slot for its first
+    child, its root mounted on it (from one of ``spares``; None if there is none ready)."""
+    started.set()
+    make()
+    sp = spares.take() if spares is not None else None
+    if sp is None:
+        return None
+    try:
+        lowers = _child_lowers(frozen / "upper", body)
+        return slots.Slot(sp.dir, sp.cg, engine.overlay_fd(lowers, sp.dir.upper, sp.dir.work))
+    except BaseException:  # noqa: BLE001 - the fork mounts one itself, and says what fails
+        sp.destroy()
+        return None
+
+
+def _discard(copy: Future, frozen: Path) -> None:
+    """Once the copy is over, remove what it made."""
+    try:
+        slot = copy.result()
+    except BaseException:  # noqa: BLE001 - nothing made (layers.freeze leaves nothing on failure)
+        return
+    if slot is not None:
+        slot.destroy()
+    layers.remove(frozen)
+
+
+# the thread that copies sources' upper layers (freeze_source)
+_copier = PerProcess(lambda: ThreadPoolExecutor(1, thread_name_prefix="bunshin-layer-copy"))
+
+
 VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec
 
 
-def _plan_settled(cg) -> list:
+def _plan_settled(cg, before_thaw: Callable[[], None] | None = None) -> list:
     """The plan of a frozen group, thawed for short spells while a vfork is in flight: its
-    child usually execs within a millisecond, and until then the parent could not be seized."""
+    child usually execs within a millisecond, and until then the parent could not be seized.
+    ``before_thaw`` is called before each spell."""
     deadline = time.monotonic() + VFORK_WAIT_S
     spell = 0.0005
     while True:
@@ -673,6 +742,8 @@ def _plan_settled(cg) -> list:
                                 "in that state: fork once it has (a vfork child should exec at "
                                 "once)", pid=e.pid, step="snapshot") from None
             log.debug("%s: letting it run %.1f ms", e, spell * 1e3)
+            if before_thaw is not None:
+                before_thaw()
             cg.thaw()
             time.sleep(spell)
             cg.freeze()

@@ -12,17 +12,19 @@ any other file system (a tmpfs or ext4 the user mounted there) the upper directo
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import fcntl
+import functools
 import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BunshinError
 
-__all__ = ["freeze", "is_subvolume", "make", "remove"]
+__all__ = ["freeze", "is_subvolume", "make", "prepare_freeze", "remove"]
 
 # linux/btrfs.h: struct btrfs_ioctl_vol_args (fd, name[4088]) and _v2 (fd, transid, flags,
 # 4 x u64 of union, name[4040]), both 4096 bytes
@@ -36,7 +38,7 @@ _NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
 
 def _vol_args(name: str, fd: int = 0) -> bytearray:
     b = os.fsencode(name)
-    # a mutable buffer: fcntl.ioctl copies immutable ones into 1 KiB only
+    # a mutable buffer: _ioctl hands its address to the kernel (ctypes from_buffer)
     return bytearray(struct.pack("=q", fd) + b + bytes(4088 - len(b)))
 
 
@@ -45,12 +47,25 @@ def _vol_args_v2(name: str, fd: int, flags: int) -> bytearray:
     return bytearray(struct.pack("=qQQ", fd, 0, flags) + bytes(32) + b + bytes(4040 - len(b)))
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+
+
 def _ioctl_in(parent: Path, req: int, arg: bytearray) -> None:
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.ioctl(fd, req, arg)
+        _ioctl(fd, req, arg)
     finally:
         os.close(fd)
+
+
+def _ioctl(fd: int, req: int, arg: bytearray) -> None:
+    # through ctypes, which lets go of the GIL: fcntl.ioctl keeps it for a buffer over 1 KiB,
+    # and a snapshot waits for a transaction commit, which other threads (the plan of the same
+    # fork) would wait for too
+    if _libc.ioctl(fd, req, (ctypes.c_char * len(arg)).from_buffer(arg)) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
 
 
 def make(path: Path) -> None:
@@ -74,15 +89,36 @@ def is_subvolume(path: Path) -> bool:
 def freeze(src: Path, dst: Path, upper: str = "upper") -> None:
     """``dst``: a read-only copy of the layer ``src`` as it is now (its ``upper`` directory;
     the caller keeps its writers stopped meanwhile). Nothing is left at ``dst`` on failure."""
-    if is_subvolume(src):
-        fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    prepare_freeze(src, dst, upper)()
+
+
+def prepare_freeze(src: Path, dst: Path, upper: str = "upper") -> Callable[[], None]:
+    """:func:`freeze` in two steps: the call returned makes the copy, which must be made
+    (it closes what this opened). On btrfs that call is a single ioctl, made without the GIL:
+    in a thread of its own it runs beside the caller's Python code."""
+    if not is_subvolume(src):
+        return functools.partial(_copy_tree, src, dst, upper)
+    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+    try:
+        parent = os.open(dst.parent, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+    except BaseException:
+        os.close(fd)
+        raise
+    args = _vol_args_v2(dst.name, fd, _SUBVOL_RDONLY)
+
+    def snapshot() -> None:
         try:
-            _ioctl_in(dst.parent, _IOC_SNAP_CREATE_V2, _vol_args_v2(dst.name, fd, _SUBVOL_RDONLY))
+            _ioctl(parent, _IOC_SNAP_CREATE_V2, args)
         except OSError as e:
             raise BunshinError(f"cannot snapshot the workspace's upper layer {src}: {e}") from None
         finally:
             os.close(fd)
-        return
+            os.close(parent)
+
+    return snapshot
+
+
+def _copy_tree(src: Path, dst: Path, upper: str) -> None:
     try:
         dst.mkdir()
     except OSError as e:

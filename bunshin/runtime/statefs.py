@@ -27,6 +27,13 @@ _lock = threading.Lock()
 _ready: set[str] = set()
 
 
+# nobarrier: the image holds live workspaces only, which a crash of the host ends anyway, and
+# a cache flush of a loop device is an fsync of its backing file on the host's file system:
+# without it the btrfs snapshot each ws.fork() takes costs ~0.3 ms instead of ~0.8-1.3 ms
+# (a snapshot commits a transaction; measured on a loop-mounted image here)
+MOUNT_OPTIONS = "loop,noatime,nobarrier"
+
+
 def _separate(path: Path) -> bool:
     return os.path.ismount(path) and os.stat(path).st_dev != os.stat("/").st_dev
 
@@ -47,6 +54,8 @@ def ensure() -> Path:
             fcntl.flock(lk, fcntl.LOCK_EX)
             if not _separate(state):
                 _mount_image(state)
+            else:
+                _drop_barriers(state)
         _ready.add(key)
     return state
 
@@ -60,7 +69,7 @@ def _mount_image(state: Path) -> None:
             subprocess.run(["truncate", "-s", size, str(tmp)], check=True, capture_output=True)
             subprocess.run(_mkfs(str(tmp)), check=True, capture_output=True)
             os.replace(tmp, img)
-        subprocess.run(["mount", "-o", "loop,noatime", str(img), str(state)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", MOUNT_OPTIONS, str(img), str(state)], check=True, capture_output=True)
     except FileNotFoundError as e:
         raise BunshinError(f"cannot set up the state file system: {e.filename} is missing "
                            "(apt-get install btrfs-progs util-linux), or mount a file system of your "
@@ -70,6 +79,31 @@ def _mount_image(state: Path) -> None:
                            f"{e.stderr.decode(errors='replace').strip()}; mount a file system of your "
                            f"own there (tmpfs, xfs, ext4) or set BUNSHIN_STATE_DIR") from None
     log.info("state directory %s is a loop-mounted image %s (%s sparse)", state, img, size)
+
+
+def _drop_barriers(state: Path) -> None:
+    """Our image, mounted before MOUNT_OPTIONS had nobarrier, gets it now (a file system of
+    the user's own is left as it is)."""
+    mounted = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(state):  # the last one is on top
+            mounted = fields[fields.index("-") + 1:]  # type, source, options
+    if mounted is None or len(mounted) < 3 or "nobarrier" in mounted[2].split(","):
+        return
+    source = mounted[1]
+    if not source.startswith("/dev/loop"):
+        return
+    try:
+        backing = Path(f"/sys/block/{os.path.basename(source)}/loop/backing_file").read_text().strip()
+    except OSError:
+        return
+    if backing != str(image_path(state)):
+        return
+    r = subprocess.run(["mount", "-o", "remount,nobarrier", str(state)], capture_output=True)
+    if r.returncode:
+        log.info("cannot remount %s with nobarrier (each ws.fork() then costs ~0.5 ms more): %s",
+                 state, r.stderr.decode(errors="replace").strip())
 
 
 def _mkfs(img: str) -> list[str]:

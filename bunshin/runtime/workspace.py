@@ -705,7 +705,8 @@ class Workspace:
                 self._spares = None
             shells = [ident for ident, _master in self.terminals()]
             body = self._body
-            core = freeze_source(body, config, shells, type(self).from_body)  # raises with the body running
+            # raises with the body running
+            core = freeze_source(body, config, shells, type(self).from_body, self._spares)
             core.spares = self._spares
             try:
                 kids = core.fork(n, on_fork, unrun=unrun)
@@ -714,6 +715,7 @@ class Workspace:
                 raise
             finally:
                 core.spares = None
+                core.close_slots()  # one made at the freeze and not taken (a failed fork)
                 core.release()  # the children hold it (and its frozen layer) from here on
             if slots.enabled():  # the next ws.fork()/snapshot()'s directories and cgroups
                 if self._spares is None:
