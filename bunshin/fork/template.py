@@ -687,7 +687,9 @@ def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future
     except OSError as e:
         raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
     started = threading.Event()
-    copy = _copier.get().submit(_copy_upper, make, started, body, frozen, spares)
+    pool = _copier.get()
+    assert pool is not None  # its make() never turns it off
+    copy = pool.submit(_copy_upper, make, started, body, frozen, spares)
     started.wait()
     return copy
 
