@@ -10,8 +10,7 @@ import time
 import pytest
 
 import bunshin
-from conftest import wait_file
-from test_fork_vfork import VFORKER
+from conftest import build_vforker, wait_file
 
 
 def _spares_ready(ws: bunshin.Workspace, timeout: float = 10) -> None:
@@ -55,9 +54,7 @@ def test_a_vfork_that_runs_during_the_plan_is_in_the_copy(family):
     ws = bunshin.Workspace.create()
     family.append(ws)
     _first_fork(family, ws)
-    ws.write_file("/v.c", VFORKER)
-    assert ws.run("gcc -O1 -o /v /v.c").ok
-    ws.spawn(["/v", "300"])
+    ws.spawn([build_vforker(ws), "300"])
     wait_file(ws, "/tmp/vforking", 20)
     (kid,) = ws.fork(1)
     family.append(kid)
@@ -73,9 +70,7 @@ def test_a_refused_fork_leaves_no_copy_and_no_root(family):
     family.append(ws)
     _first_fork(family, ws)
     before = _copies(ws)
-    ws.write_file("/v.c", VFORKER)
-    assert ws.run("gcc -O1 -o /v /v.c").ok
-    pid = ws.spawn(["/v", "60000"])  # in vfork() for a minute: refused
+    pid = ws.spawn([build_vforker(ws), "60000"])  # in vfork() for a minute: refused
     wait_file(ws, "/tmp/vforking", 20)
     spares = len(ws._spares.slots)
     with pytest.raises(bunshin.ForkError, match=r"vfork\(\)"):
