@@ -24,6 +24,8 @@ os.chown('/run/u', 1001, 1001)
 with open('/run/root-only', 'w') as f:
     f.write('secret')
 os.chmod('/run/root-only', 0o600)
+log = open('/run/log', 'a', buffering=1)  # opened as root, kept after: a daemon's log
+os.chmod('/run/log', 0o600)
 blob = bytearray(os.urandom(4 << 20))
 digest = hashlib.sha256(blob).hexdigest()
 os.setgroups([2001, 2002])
@@ -50,6 +52,7 @@ def report(*_):
     blob[0] ^= 1
     with open('/run/u/mine', 'w') as f:
         f.write(str(os.getpid()))
+    log.write('report\n')
     got = {'uid': os.getresuid(), 'gid': os.getresgid(), 'groups': sorted(os.getgroups()),
            'eff': status('CapEff'), 'prm': status('CapPrm'),
            'memory': hashlib.sha256(blob).hexdigest() == digest,
@@ -120,6 +123,8 @@ def test_a_process_under_another_uid_keeps_its_ids_and_works_in_the_child(family
         _check(w, pid, mode, prm)
     for w in (kid, from_tpl):  # the files it wrote are the child's own
         assert w.read_file("/run/u/mine") == str(pid).encode()
+        assert w.read_file("/run/log") == b"report\n" * 2
+    assert ws.read_file("/run/log") == b"report\n" * 2
 
 
 @entering_by_itself

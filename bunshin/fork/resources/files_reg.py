@@ -94,12 +94,12 @@ def fixup(ctx, proc, r, f) -> None:
         made = ctx.shared.setdefault("deleted-files", {})
         if (f.dev, f.ino) in made:  # another open of the same file: of the same copy
             vpid, fd = made[f.dev, f.ino]
-            newfd = r.queue_openat(f"/proc/{vpid}/fd/{fd}", flags & ~os.O_NOFOLLOW)
+            newfd = sharing.queue_open(r, proc, f"/proc/{vpid}/fd/{fd}", flags & ~os.O_NOFOLLOW)
         else:
             newfd = _copy_deleted(proc, r, f, flags)
             made[f.dev, f.ino] = (proc.vpid, f.fd)
     else:
-        newfd = r.queue_openat(f.target, flags)
+        newfd = sharing.queue_open(r, proc, f.target, flags)
     if f.pos:  # a directory's is an opaque cookie: replayed as getdents would
         r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     r.install(newfd, f)
