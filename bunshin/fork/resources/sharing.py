@@ -30,7 +30,7 @@ _SYS_OPENAT2 = 437
 _SYS_RECVMSG = 47
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_IN_ROOT = 0x02, 0x10
 _MSG_CMSG_CLOEXEC = 0x40000000
-_PROC_FD = re.compile(r"/proc/(\d+)/fd/(\d+)")
+_PROC_FD = re.compile(r"/proc/(\d+|self)/fd/(\d+)")
 # what lets a process open, take or chown what is not its own: CAP_CHOWN, CAP_DAC_OVERRIDE,
 # CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SYS_PTRACE
 _BYPASS_CAPS = (0, 1, 2, 3, 19)
@@ -111,17 +111,14 @@ def number(fd) -> int:
 def open_for(r, path: str, flags: int) -> int:
     """``path`` opened with ``flags`` by the trainer, as the clone behind ``r`` would (in its
     root, symlinks resolved there: a workspace's own cannot lead out), and handed over to it.
-    /proc/VPID/fd/N, an earlier clone's descriptor, is that clone's as the trainer names it."""
+    /proc/VPID/fd/N, an earlier clone's descriptor (or /proc/self/fd/N, its own), is that
+    clone's as the trainer names it."""
     m = _PROC_FD.fullmatch(path)
-    if m:
-        pidfd = r.call("pidfd_open", int(m[1]), 0)
-        try:
-            host = _host_pid(r, pidfd)
-        finally:
-            r.call("close", pidfd)
-        where = f"/proc/{host}/fd/{m[2]}"
     try:
-        here = os.open(where, flags | os.O_CLOEXEC) if m else _open_in_root(r.t.pid, path, flags)
+        if m is None:
+            here = _open_in_root(r.t.pid, path, flags)
+        else:
+            here = os.open(f"/proc/{_on_host(r, m[1])}/fd/{m[2]}", flags | os.O_CLOEXEC)
     except OSError as e:
         raise ForkError(f"{r.what}: {path}, opened for it by the trainer: {e.strerror}",
                         pid=r.t.pid, step="open", errno=e.errno) from None
@@ -143,6 +140,17 @@ def _open_in_root(hostpid: int, path: str, flags: int) -> int:
         return got
     finally:
         os.close(root)
+
+
+def _on_host(r, vpid: str) -> int:
+    """The host pid of process ``vpid`` ("self": the clone) of the clone behind ``r``."""
+    if vpid == "self":
+        return r.t.pid
+    pidfd = r.call("pidfd_open", int(vpid), 0)
+    try:
+        return _host_pid(r, pidfd)
+    finally:
+        r.call("close", pidfd)
 
 
 def _host_pid(r, pidfd: int) -> int:
