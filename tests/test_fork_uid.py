@@ -18,7 +18,7 @@ from bunshin.fork.cloners import cloner
 # argv[1]: "dropped" gives up root for good (setuid: every uid 1001, no capabilities left);
 # "daemon" keeps saved uid 0, as a server that takes root back for a moment (seteuid).
 _SCRIPT = r"""
-import hashlib, signal
+import hashlib, signal, socket
 mode = sys.argv[1]
 os.makedirs('/run/u', exist_ok=True)
 os.chown('/run/u', 1001, 1001)
@@ -32,6 +32,14 @@ kept.write('kept by root')
 kept.flush()
 os.chmod('/run/kept', 0o600)
 os.unlink('/run/kept')
+# a root helper beside it, sharing a socket pair: the clone under another uid takes its end
+# after the helper's clone made the pair (the trainer hands it over)
+ours, theirs = socket.socketpair()
+if os.fork():
+    ours.close()
+    while True:
+        theirs.send(b'pong ' + theirs.recv(100))
+theirs.close()
 blob = bytearray(os.urandom(4 << 20))
 digest = hashlib.sha256(blob).hexdigest()
 os.setgroups([2001, 2002])
@@ -69,12 +77,14 @@ def report(*_):
     with open('/run/u/mine', 'w') as f:
         f.write(str(os.getpid()))
     log.write('report\n')
+    ours.send(b'ping')
     got = {'uid': os.getresuid(), 'gid': os.getresgid(), 'groups': sorted(os.getgroups()),
            'eff': status('CapEff'), 'prm': status('CapPrm'),
            'memory': hashlib.sha256(blob).hexdigest() == digest,
            'owner': os.stat('/run/u/mine').st_uid, 'root-only': readable('/run/root-only'),
            'kept': deleted(kept), 'scratch': deleted(scratch),
-           'scratch-name': os.readlink(f'/proc/self/fd/{scratch.fileno()}')}
+           'scratch-name': os.readlink(f'/proc/self/fd/{scratch.fileno()}'),
+           'helper': ours.recv(100).decode()}
     if mode == 'daemon':  # root again for a moment, from its saved uid
         os.seteuid(0)
         got['as-root'] = readable('/run/root-only')
@@ -82,7 +92,7 @@ def report(*_):
     out('/run/u/report', json.dumps(got))
 
 signal.signal(signal.SIGUSR1, report)
-out('/run/u/ready', 'ok')
+out('/run/u/ready', str(os.getpid()))
 while True:
     time.sleep(0.05)
 """
@@ -94,12 +104,12 @@ WANT = {
                 "eff": "0000000000000000", "prm": "0000000000000000", "memory": True,
                 "owner": 1001, "root-only": "EACCES", "kept": ["kept by root", 0, 0, "0o600", 0],
                 "scratch": ["own scratch", 1001, 1001, "0o640", 0],
-                "scratch-name": "/tmp/scratch (deleted)"},
+                "scratch-name": "/tmp/scratch (deleted)", "helper": "pong ping"},
     "daemon": {"uid": [1001, 1001, 0], "gid": [1001, 1001, 0], "groups": [2001, 2002],
                "eff": "0000000000000000", "prm": None, "memory": True, "owner": 1001,
                "root-only": "EACCES", "as-root": "secret", "kept": ["kept by root", 0, 0, "0o600", 0],
                "scratch": ["own scratch", 1001, 1001, "0o640", 0],
-               "scratch-name": "/tmp/scratch (deleted)"},
+               "scratch-name": "/tmp/scratch (deleted)", "helper": "pong ping"},
 }
 
 placed_by_kernel = pytest.mark.skipif(
@@ -112,8 +122,7 @@ entering_by_itself = pytest.mark.skipif(
 
 def _start(family, mode):
     ws = start_script(family, _SCRIPT, "/run/u/ready", mode)
-    (pid,) = [p.pid for p in ws.processes() if p.cmdline[:2] == ["python3", "/t.py"]]
-    return ws, pid
+    return ws, int(ws.read_file("/run/u/ready"))
 
 
 def _report(w, pid: int) -> dict:
