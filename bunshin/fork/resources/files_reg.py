@@ -212,7 +212,7 @@ def fixup_proc(ctx, proc, r) -> None:
     if st is None:
         return
     path = proc.cwd[: -len(_DELETED)]
-    helper = _remake_dir(r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
+    helper = _remake_dir(proc, r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
     r.queue("fchdir", helper)
     r.queue("close", helper)
 
