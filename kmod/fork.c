@@ -15,6 +15,7 @@
 #include <linux/bunshin.h>
 #include <linux/capability.h>
 #include <linux/cgroup.h>
+#include <linux/cred.h>
 #include <linux/fs_struct.h>
 #include <linux/nsproxy.h>
 #include <linux/pid_namespace.h>
@@ -137,6 +138,44 @@ static struct fs_struct *fs_of_parent(struct task_struct *parent)
 	return fs;
 }
 
+/*
+ * A task that dropped its privileges (a daemon under another uid) cannot take a chosen pid in
+ * the child's namespace itself: alloc_pid() checks CAP_CHECKPOINT_RESTORE of current, and
+ * current is the task.  The caller may (bunshin_fork() checked it), so the task is lent that
+ * capability for the copy alone; the copy's credentials, copied from the lent ones, are then
+ * replaced by the task's own before it ever runs.  NULL: nothing to lend.
+ */
+static const struct cred *lend_set_tid_cap(struct fork_child *k)
+{
+	struct cred *lent;
+	const struct cred *own;
+
+	if (!k->tid || checkpoint_restore_ns_capable_noaudit(k->ns->user_ns))
+		return NULL;
+#ifdef CONFIG_DEBUG_CREDENTIALS
+	return ERR_PTR(-EPERM); /* its subscriber counts cannot be kept from a module */
+#endif
+	lent = prepare_creds();
+	if (!lent)
+		return ERR_PTR(-ENOMEM);
+	cap_raise(lent->cap_effective, CAP_CHECKPOINT_RESTORE);
+	own = override_creds(lent);
+	put_cred(lent); /* current holds it until revert_creds() */
+	return own;
+}
+
+/* The copy @p, not yet woken, gets the task's own credentials (@own, current's again) instead
+ * of its copy of the lent ones: the same user and ucounts, so its process count stays right. */
+static void give_own_creds(struct task_struct *p, const struct cred *own)
+{
+	const struct cred *lent_copy = p->real_cred;
+
+	rcu_assign_pointer(p->real_cred, get_cred(own));
+	rcu_assign_pointer(p->cred, get_cred(own));
+	put_cred(lent_copy);
+	put_cred(lent_copy);
+}
+
 static int fork_one(struct fork_req *req, struct fork_child *k)
 {
 	struct kernel_clone_args args = {
@@ -149,6 +188,7 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 	bool in_parent = req->flags & BUNSHIN_FORK_IN_PARENT;
 	struct nsproxy *mine = current->nsproxy, *nsp;
 	struct fs_struct *my_fs = current->fs, *fs = NULL;
+	const struct cred *own;
 	struct task_struct *p;
 	int err;
 
@@ -162,6 +202,13 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 			return PTR_ERR(fs);
 		}
 	}
+	own = lend_set_tid_cap(k);
+	if (IS_ERR(own)) {
+		put_nsproxy_ks(nsp);
+		if (fs)
+			bunshin_ks.free_fs_struct(fs);
+		return PTR_ERR(own);
+	}
 	/* copy_process() copies current's: lend it the child's for the call.  The task's own
 	 * are shared by the whole workspace (and its fs by its threads) and stay as they are. */
 	task_lock(current);
@@ -171,6 +218,11 @@ static int fork_one(struct fork_req *req, struct fork_child *k)
 	task_unlock(current);
 	/* traced: the child starts with a PTRACE_EVENT_STOP for our caller (it seized us) */
 	p = bunshin_ks.copy_process(NULL, 1, NUMA_NO_NODE, &args);
+	if (own) {
+		revert_creds(own);
+		if (!IS_ERR(p))
+			give_own_creds(p, own);
+	}
 	task_lock(current);
 	current->nsproxy = mine;
 	current->fs = my_fs;

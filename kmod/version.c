@@ -7,7 +7,7 @@
 #include "verbs.h"
 
 #define BUNSHIN_MODULE_MAJOR 0
-#define BUNSHIN_MODULE_MINOR 5
+#define BUNSHIN_MODULE_MINOR 6
 #define BUNSHIN_MODULE_PATCH 0
 MODULE_VERSION(__stringify(BUNSHIN_MODULE_MAJOR) "."
 	       __stringify(BUNSHIN_MODULE_MINOR) "."

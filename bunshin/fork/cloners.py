@@ -45,6 +45,10 @@ from . import engine
 from .plan import ProcPlan
 from .remote import Remote, RunRemote
 
+# module version whose FORK lends a task without CAP_CHECKPOINT_RESTORE (one under another uid)
+# that capability for its copy's chosen pid
+_LENDS_SET_TID_SINCE = (0, 6, 0)
+
 __all__ = ["Cloner", "Injection", "KernelFork", "KernelForkRun", "Reparent", "cloner"]
 
 
@@ -60,6 +64,12 @@ class Cloner:
     such a clone is born in the child's cgroup."""
     fixups_in_kernel = False
     """A clone's fixups run in the kernel, and give it back its CPUs with them."""
+    clone_enters_child = True
+    """A clone gets into the child by its own system calls (clone3 with set_tid into the
+    child's pid namespace, setns into the others), which need the capabilities of
+    plan.CLONE_CAPS in the process cloned; False where the kernel places it there (FORK
+    IN_PARENT, of a module that lends the pid's capability: its checks are the trainer's), so that a process which dropped them
+    (one running under another uid) can be forked too."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
@@ -268,6 +278,7 @@ class KernelFork(Reparent):
     def __init__(self, k: Kmod, sessions: Kmod | None, in_parent: bool) -> None:
         super().__init__(k, sessions)
         self.in_child = in_parent
+        self.clone_enters_child = not (in_parent and k.module_version >= _LENDS_SET_TID_SINCE)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}{' IN_PARENT' if self.in_child else ''}>"

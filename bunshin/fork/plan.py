@@ -249,17 +249,27 @@ CLONE_CAPS = (("CAP_SYS_ADMIN", 21), ("CAP_SYS_CHROOT", 18))
 def check_caps(procs: list[ProcPlan]) -> None:
     """Refuse, before anything is made, a process that could not clone itself into a child:
     one that dropped the capabilities of CLONE_CAPS (a program that switched to another user,
-    a capability bounding set)."""
+    a capability bounding set), where the fork's clones enter the child by their own system
+    calls (Cloner.clone_enters_child). Where the kernel places them (the module's FORK) such a
+    process is forked as any other."""
+    from .cloners import cloner
+
     for p in procs:
         missing = [name for name, bit in CLONE_CAPS if not p.cap_eff >> bit & 1]
-        if missing:
-            raise ForkError(
-                f"process {p.vpid} ({p.name}) runs as uid {p.uid} without {' and '.join(missing)}: "
-                "a fork clones each process from inside it, and the clone enters the child's "
-                "namespaces and takes its pid there with system calls that need them (setns, "
-                "clone3 set_tid), so this workspace cannot be forked. Keep those capabilities in "
-                "the workspace's programs (they run as root with them by default), or end that "
-                "process before forking", pid=p.hostpid, step="snapshot")
+        if not missing:
+            continue
+        cl = cloner()
+        if not cl.clone_enters_child:
+            return
+        raise ForkError(
+            f"process {p.vpid} ({p.name}) runs as uid {p.uid} without {' and '.join(missing)}: "
+            f"this fork ({cl.name}) clones each process from inside it, and the clone enters "
+            "the child's namespaces and takes its pid there with system calls that need them "
+            "(clone3 set_tid, setns), so this workspace cannot be forked here. The kernel module's "
+            "FORK (bunshin.ko 0.5.0 or later, kmod/) places each clone in the child itself and "
+            "forks such a process; without it, keep those capabilities in the workspace's programs "
+            "(they run as root with them by default), or end that process before forking",
+            pid=p.hostpid, step="snapshot")
 
 
 _KCMP_VM, _KCMP_FILES, _KCMP_FS, _KCMP_SIGHAND, _KCMP_SYSVSEM = 1, 2, 3, 4, 6  # include/uapi/linux/kcmp.h

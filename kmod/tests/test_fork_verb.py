@@ -197,6 +197,46 @@ def test_fork_makes_children_in_a_namespace_with_chosen_pids(dev, ns, looper):
         kill_all(kids)
 
 
+# A daemon that dropped root for good: every uid and gid 1001, no capability left.
+DROPPED = r"""
+import os, time
+os.setgroups([2001])
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+print(os.getpid(), flush=True)
+while True:
+    time.sleep(0.02)
+"""
+
+
+def test_fork_of_a_task_under_another_uid_keeps_its_credentials(dev, ns):
+    """A task without CAP_CHECKPOINT_RESTORE cannot take a chosen pid itself (clone3's
+    set_tid): the module lends it that for the copy alone, and the copy runs with the task's
+    own credentials, not the lent ones."""
+    p = subprocess.Popen([sys.executable, "-c", DROPPED], stdout=subprocess.PIPE, text=True)
+    pid = int(p.stdout.readline())
+    kids = []
+    try:
+        seize(pid)
+        keys = ("Uid", "Gid", "Groups", "CapEff", "CapPrm", "CapBnd")
+        before = {k: status(pid)[k] for k in keys}
+        assert before["Uid"] == ["1001"] * 4 and before["CapEff"] == ["0000000000000000"]
+        req, kids = dev.fork(pid, [(ns, 60, 0)])
+        event_stop(pid)
+        event_stop(kids[0])
+        assert status(kids[0])["NSpid"][-1] == "60"
+        for t in (pid, kids[0]):
+            assert {k: status(t)[k] for k in keys} == before
+        for t in (pid, *kids):
+            _ptrace(PTRACE_DETACH, t)
+        time.sleep(0.1)
+        assert status(kids[0])["State"][0] in "SR"  # runs on (sleeps in its loop)
+    finally:
+        kill_all(kids)
+        p.kill()
+        p.wait()
+
+
 def test_fork_restarts_the_interrupted_system_call(dev, ns, tmp_path):
     r = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE)

@@ -86,38 +86,45 @@ def check_tree(procs) -> None:
 def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
-        newfd = _remake_dir(r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),
-                            f.way)
+        newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags,
+                            os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"), f.way)
     elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
         newfd = _remake_symlink(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
         made = ctx.shared.setdefault("deleted-files", {})
         if (f.dev, f.ino) in made:  # another open of the same file: of the same copy
             vpid, fd = made[f.dev, f.ino]
-            newfd = r.queue_openat(f"/proc/{vpid}/fd/{fd}", flags & ~os.O_NOFOLLOW)
+            newfd = sharing.queue_open(r, proc, f"/proc/{vpid}/fd/{fd}", flags & ~os.O_NOFOLLOW)
         else:
             newfd = _copy_deleted(proc, r, f, flags)
             made[f.dev, f.ino] = (proc.vpid, f.fd)
     else:
-        newfd = r.queue_openat(f.target, flags)
+        newfd = sharing.queue_open(r, proc, f.target, flags)
     if f.pos:  # a directory's is an opaque cookie: replayed as getdents would
         r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     r.install(newfd, f)
 
 
-def _owner(r, fd, st: os.stat_result) -> None:
+def _owner(proc, r, fd, st: os.stat_result) -> None:
+    """``fd``'s file gets ``st``'s owner and mode: by the clone, or by the trainer where the
+    clone may not give a file away (sharing.by_trainer)."""
+    if sharing.by_trainer(proc):
+        held = f"/proc/{r.t.pid}/fd/{sharing.number(fd)}"
+        os.chown(held, st.st_uid, st.st_gid)
+        os.chmod(held, stat.S_IMODE(st.st_mode))
+        return
     r.queue("fchown", fd, st.st_uid, st.st_gid)  # first: it drops set-user-ID
     r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
 
 
-def _remake_dir(r, path: str, flags: int, st: os.stat_result, way: list[str]):
+def _remake_dir(proc, r, path: str, flags: int, st: os.stat_result, way: list[str]):
     """A directory made at ``path`` (after ``way``), opened with ``flags`` and removed: the
     process sees it deleted, with its mode and owner."""
     make_way(r, way)
     r.queue("mkdirat", _AT_FDCWD, r.queue_path(path), 0o700)
     helper = r.queue_openat(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    _owner(r, helper, st)
-    newfd = r.queue_openat(path, flags)
+    _owner(proc, r, helper, st)
+    newfd = sharing.queue_open(r, proc, path, flags)
     r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), _AT_REMOVEDIR)
     drop_way(r, way)
     r.queue("close", helper)
@@ -163,17 +170,23 @@ def _copy_deleted(proc, r, f, flags: int):
             open(f"/proc/{r.t.pid}/fd/{tmp}", "r+b") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
         st = os.fstat(src.fileno())
-    _owner(r, tmp, st)
+    # the trainer gives the copy away only once linked and opened: a clone that lacks
+    # CAP_FOWNER may not link a file it does not own (fs.protected_hardlinks)
+    by_trainer = sharing.by_trainer(proc)
+    if not by_trainer:
+        _owner(proc, r, tmp, st)
     if d == parent and way is not None:
         r.queue("linkat", _AT_FDCWD, r.queue_path(f"/proc/self/fd/{tmp}"), _AT_FDCWD, r.queue_path(path),
                 _AT_SYMLINK_FOLLOW)
-        newfd = r.queue_openat(path, flags)
+        newfd = sharing.queue_open(r, proc, path, flags)
         r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
         drop_way(r, way)
     else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
-        newfd = r.queue_openat(f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
+        newfd = sharing.queue_open(r, proc, f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
         if way is not None:  # the copy went elsewhere: the directories made for it go
             drop_way(r, way)
+    if by_trainer:
+        _owner(proc, r, tmp, st)
     r.queue("close", tmp)
     return newfd
 
@@ -199,7 +212,7 @@ def fixup_proc(ctx, proc, r) -> None:
     if st is None:
         return
     path = proc.cwd[: -len(_DELETED)]
-    helper = _remake_dir(r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
+    helper = _remake_dir(proc, r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
     r.queue("fchdir", helper)
     r.queue("close", helper)
 

@@ -24,6 +24,7 @@ import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from . import sharing
 from .files_reg import drop_way, make_way, way_to
 
 _DELETED = " (deleted)"
@@ -90,8 +91,8 @@ def fixup(ctx, proc, r, f) -> None:
     key = (f.dev, f.ino)
     if key in made:
         vpid, fd = made[key]
-        newfd = _open_fifo(r, f"/proc/{vpid}/fd/{fd}", f) if stat.S_ISFIFO(f.mode) else \
-            r.queue_openat(f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
+        newfd = _open_fifo(r, proc, f"/proc/{vpid}/fd/{fd}", f) if stat.S_ISFIFO(f.mode) else \
+            sharing.queue_open(r, proc, f"/proc/{vpid}/fd/{fd}", _access(f) | os.O_NONBLOCK)
     elif f.target.startswith("pipe:"):
         rd, wr = r.pipe()
         _copy_buffer(proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
@@ -107,8 +108,8 @@ def fixup(ctx, proc, r, f) -> None:
             r.queue("mknodat", _AT_FDCWD, r.queue_path(path), stat.S_IFIFO | 0o600, 0)
             r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
             r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
-        newfd = _open_fifo(r, path, f, lambda helper: _copy_buffer(
-            proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{helper.value}"))
+        newfd = _open_fifo(r, proc, path, f, lambda helper: _copy_buffer(
+            proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{sharing.number(helper)}"))
         if f.target.endswith(_DELETED):
             r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
             drop_way(r, f.way)
@@ -117,12 +118,12 @@ def fixup(ctx, proc, r, f) -> None:
     r.install(newfd, f)
 
 
-def _open_fifo(r, path: str, f, fill=None):
+def _open_fifo(r, proc, path: str, f, fill=None):
     """``path`` opened as ``f`` was, while a read-write helper is its peer (given to ``fill``)."""
-    helper = r.queue_openat(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    helper = sharing.queue_open(r, proc, path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
     if fill is not None:
         fill(helper)
-    newfd = r.queue_openat(path, _access(f) | os.O_NONBLOCK)
+    newfd = sharing.queue_open(r, proc, path, _access(f) | os.O_NONBLOCK)
     r.queue("close", helper)
     return newfd
 

@@ -3,19 +3,37 @@ the first clone that holds one creates the child's copy; later clones take that 
 earlier clone with pidfd_getfd(2). Clones of one child share its pid namespace and stay stopped
 until the child is whole, so the earlier clone's pid there (its vpid) names it.
 
+A clone without the privileges its template process dropped (one under another uid: the
+module's FORK forks it) may not take or reopen another process's descriptors, nor reopen what
+it opened while it had them: the trainer does that for it and hands the descriptor over
+(:func:`open_for`, :func:`grab`).
+
 Used by the resource modules, not an ops table itself.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import re
+import socket
+import struct
 
 from ..._core._syscalls import KCMP_FILE, kcmp
+from ...errors import ForkError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _SYS_PIDFD_GETFD = 438
+_SYS_OPENAT2 = 437
+_SYS_RECVMSG = 47
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_IN_ROOT = 0x02, 0x10
+_MSG_CMSG_CLOEXEC = 0x40000000
+_PROC_FD = re.compile(r"/proc/(\d+|self)/fd/(\d+)")
+# what lets a process open, take or chown what is not its own: CAP_CHOWN, CAP_DAC_OVERRIDE,
+# CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SYS_PTRACE
+_BYPASS_CAPS = (0, 1, 2, 3, 19)
 
 
 def _made(ctx, kind: str) -> list:
@@ -49,13 +67,126 @@ def remember(ctx, kind: str, proc, f, fd: int) -> None:
 
 
 def grab(r, where: tuple[int, int]) -> int:
-    """A descriptor, in the clone behind ``r``, for descriptor ``where`` of an earlier clone."""
+    """A descriptor, in the clone behind ``r``, for descriptor ``where`` of an earlier clone;
+    taken by the trainer and handed over where the clone may not (EPERM: it runs under
+    another uid, or the earlier clone does)."""
     vpid, fd = where
     pidfd = r.call("pidfd_open", vpid, 0)
     try:
-        return r.call("pidfd_getfd", pidfd, fd, 0)
+        got = r.call("pidfd_getfd", pidfd, fd, 0, ok_errnos=(errno.EPERM,))
+        if got >= 0:
+            return got
+        try:
+            here = getfd_here(_host_pid(r, pidfd), fd)
+        except OSError as e:
+            raise ForkError(f"{r.what}: descriptor {fd} of process {vpid}, taken for it by the "
+                            f"trainer: {e.strerror}", pid=r.t.pid, step="pidfd_getfd",
+                            errno=e.errno) from None
     finally:
         r.call("close", pidfd)
+    try:
+        return hand_over(r, here)
+    finally:
+        os.close(here)
+
+
+def by_trainer(proc) -> bool:
+    """Whether the clone of ``proc`` lacks a capability that reopening its descriptors may
+    need (it runs under another uid, or dropped them): the trainer opens them then
+    (:func:`open_for`)."""
+    return any(not proc.cap_eff >> bit & 1 for bit in _BYPASS_CAPS)
+
+
+def queue_open(r, proc, path: str, flags: int):
+    """``path`` opened with ``flags`` for the clone of ``proc`` behind ``r``: queued in it, or
+    by the trainer where the clone may not (:func:`by_trainer`). A number or a Ref."""
+    return open_for(r, path, flags) if by_trainer(proc) else r.queue_openat(path, flags)
+
+
+def number(fd) -> int:
+    """The descriptor a queue_open gave, run if still queued."""
+    return fd if isinstance(fd, int) else fd.value
+
+
+def open_for(r, path: str, flags: int) -> int:
+    """``path`` opened with ``flags`` by the trainer, as the clone behind ``r`` would (in its
+    root, symlinks resolved there: a workspace's own cannot lead out), and handed over to it.
+    /proc/VPID/fd/N, an earlier clone's descriptor (or /proc/self/fd/N, its own), is that
+    clone's as the trainer names it."""
+    m = _PROC_FD.fullmatch(path)
+    try:
+        if m is None:
+            here = _open_in_root(r.t.pid, path, flags)
+        else:
+            here = os.open(f"/proc/{_on_host(r, m[1])}/fd/{m[2]}", flags | os.O_CLOEXEC)
+    except OSError as e:
+        raise ForkError(f"{r.what}: {path}, opened for it by the trainer: {e.strerror}",
+                        pid=r.t.pid, step="open", errno=e.errno) from None
+    try:
+        return hand_over(r, here)
+    finally:
+        os.close(here)
+
+
+def _open_in_root(hostpid: int, path: str, flags: int) -> int:
+    root = os.open(f"/proc/{hostpid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        got = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_long(root), os.fsencode(path),
+                            how, ctypes.c_long(len(how)))
+        if got < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"{path}: {os.strerror(e)}")
+        return got
+    finally:
+        os.close(root)
+
+
+def _on_host(r, vpid: str) -> int:
+    """The host pid of process ``vpid`` ("self": the clone) of the clone behind ``r``."""
+    if vpid == "self":
+        return r.t.pid
+    pidfd = r.call("pidfd_open", int(vpid), 0)
+    try:
+        return _host_pid(r, pidfd)
+    finally:
+        r.call("close", pidfd)
+
+
+def _host_pid(r, pidfd: int) -> int:
+    """The host pid of the process behind ``pidfd``, a pidfd of the clone behind ``r``
+    (its fdinfo, read in the trainer's pid namespace)."""
+    with open(f"/proc/{r.t.pid}/fdinfo/{pidfd}") as fh:
+        for line in fh:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    raise OSError(errno.ESRCH, f"pidfd {pidfd} of {r.t.pid} names no process")
+
+
+def hand_over(r, fd: int) -> int:
+    """Descriptor ``fd`` of the trainer installed in the clone behind ``r`` (close-on-exec;
+    returns its number there): sent over a socket pair the clone makes, whose one end the
+    trainer takes (it may: it traces the clone)."""
+    base = r.put(bytes(8))
+    r.call("socketpair", socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0, base)
+    theirs, ours = struct.unpack("ii", r.t.read(base, 8))
+    try:
+        with socket.socket(fileno=getfd_here(r.t.pid, ours)) as s:
+            socket.send_fds(s, [b"\0"], [fd])
+        space = socket.CMSG_SPACE(4)
+        iov, cmsg, msg = base + 8, base + 24, base + 24 + space
+        r.put(struct.pack("QQ", base, 1) + bytes(space)
+              + struct.pack("QI4xQQQQi4x", 0, 0, iov, 1, cmsg, space, 0), 8)
+        got = r.t.syscall(_SYS_RECVMSG, theirs, msg, _MSG_CMSG_CLOEXEC)
+        level, kind, newfd = struct.unpack("iii", r.t.read(cmsg + 8, 12))
+        if got != 1 or (level, kind) != (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            why = os.strerror(-got) if got < 0 else "no descriptor came"
+            raise ForkError(f"{r.what}: a descriptor handed over by the trainer: recvmsg: {why}",
+                            pid=r.t.pid, step="recvmsg", errno=-got if got < 0 else errno.EIO)
+        return newfd
+    finally:
+        r.call("close", theirs)
+        r.call("close", ours)
 
 
 def getfd_here(hostpid: int, fd: int) -> int:
