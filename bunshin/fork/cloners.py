@@ -68,8 +68,8 @@ class Cloner:
     """A clone gets into the child by its own system calls (clone3 with set_tid into the
     child's pid namespace, setns into the others), which need the capabilities of
     plan.CLONE_CAPS in the process cloned; False where the kernel places it there (FORK
-    IN_PARENT, of a module that lends the pid's capability: its checks are the trainer's), so that a process which dropped them
-    (one running under another uid) can be forked too."""
+    IN_PARENT, of a module that lends the pid's capability: its checks are the trainer's), so
+    that a process which dropped them (one running under another uid) can be forked too."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
