@@ -186,7 +186,7 @@ ws.close()
 """
 
 
-def test_a_full_state_file_system_is_a_clear_error(tmp_path):
+def test_a_full_state_file_system_is_a_clear_error(tmp_path, monkeypatch):
     script = tmp_path / "t.py"
     script.write_text(FULL_STATE_TRAINER)
     env = dict(os.environ, BUNSHIN_STATE_DIR=str(tmp_path / "state"), BUNSHIN_STATE_SIZE="384M")
@@ -195,7 +195,10 @@ def test_a_full_state_file_system_is_a_clear_error(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("refused: the state file system"), out.stdout + out.stderr
     assert "is full (" in out.stdout and "first: ok" in out.stdout, out.stdout
-    deadline = time.monotonic() + 10  # its owner watcher unmounts the state file system
-    while os.path.ismount(tmp_path / "state") and time.monotonic() < deadline:
+    from bunshin.runtime import statefs
+
+    monkeypatch.setenv("BUNSHIN_STATE_DIR", str(tmp_path / "state"))
+    deadline = time.monotonic() + 10  # its workspace was closed; then the state image goes
+    while not statefs.release() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.ismount(tmp_path / "state")

@@ -63,7 +63,10 @@ def collect(*, dry_run: bool = False, owner: tuple[int, int] | None = None) -> l
     # the frozen empty group is every Bunshin's on the machine: only a gc by hand removes it
     if not dry_run and owner is None and not backend.list() and backend.remove_freezer_on():
         removed.append("cgroup:freezer-on")
-    if not dry_run and not live_cgroups:
+    # the state file system is every trainer's of this state directory: one may be making a
+    # workspace in it right now, between its mount check and its mkdir, so only a gc by hand
+    # unmounts it
+    if not dry_run and owner is None and not live_cgroups:
         from . import statefs
 
         try:
