@@ -162,11 +162,13 @@ def _ptrace(req: int, tid: int, addr, data, what: str) -> None:
 
 
 def _make_all(ctx, proc, clone) -> None:
-    """Every zombie of ``proc`` made again under its clone (stopped, traced); the SIGCHLD their
-    deaths queue there is blocked meanwhile, so that nothing takes it before the clone drops it."""
+    """Every zombie of ``proc`` made again under its clone (stopped, traced). Every signal is
+    blocked there meanwhile: the SIGCHLD their deaths queue must stay queued until the clone
+    drops it, and the signals already queued again (signals.py) where they are, in their order
+    (one taken during an injection would be held back and queued again after it)."""
     mask = ctypes.c_uint64()
     _ptrace(_PTRACE_GETSIGMASK, clone.pid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_GETSIGMASK")
-    blocked = ctypes.c_uint64(mask.value | _SIGCHLD_BIT)
+    blocked = ctypes.c_uint64((1 << 64) - 1)
     _ptrace(_PTRACE_SETSIGMASK, clone.pid, ctypes.c_void_p(8), ctypes.byref(blocked), "PTRACE_SETSIGMASK")
     try:
         for z in proc.zombies:
