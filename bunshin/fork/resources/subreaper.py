@@ -28,17 +28,18 @@ def ask(proc, src) -> None:
         addr = page[0]
         got = src.calls([(_SYS_PRCTL, (_PR_GET_CHILD_SUBREAPER, addr), Tracee.BATCH_OK_ERR),
                          (_SYS_PRCTL, (_PR_GET_PDEATHSIG, addr + 4), Tracee.BATCH_OK_ERR)])
+        values = src.read(addr, 8)
     else:
         addr = src.mmap(4096)
         try:
             got = [src.syscall(_SYS_PRCTL, _PR_GET_CHILD_SUBREAPER, addr),
                    src.syscall(_SYS_PRCTL, _PR_GET_PDEATHSIG, addr + 4)]
+            values = src.read(addr, 8)
         finally:
             src.munmap(addr, 4096)
     if any(g != 0 for g in got):
         raise ForkError(f"process {proc.vpid} ({proc.name}): prctl(PR_GET_CHILD_SUBREAPER, "
                         f"PR_GET_PDEATHSIG) failed ({got})", pid=proc.hostpid, step="subreaper")
-    values = src.read(addr, 8)
     proc.subreaper = values[:4] != bytes(4)
     proc.pdeath_signal = int.from_bytes(values[4:], "little")
 
