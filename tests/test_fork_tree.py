@@ -22,6 +22,9 @@ import ctypes, os, signal, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 mode = sys.argv[1]
 calls = []
+if mode == "no-wx-memory":  # PR_SET_MDWE: the engine's calls use memory mapped for them
+    libc.prctl(65, 1, 0, 0, 0)
+    mode = "handler"
 if mode == "handler":
     signal.signal(signal.SIGCHLD, lambda *a: calls.append(1))
 else:
@@ -93,10 +96,15 @@ while True:
     time.sleep(1)
 """
 
-MODES = ["handler", "pending", "taken"]
+MODES = ["handler", "pending", "taken", "no-wx-memory"]
 
 
 def _start(family, mode: str):
+    if mode == "no-wx-memory":
+        probe = bunshin.Workspace.create()
+        family.append(probe)
+        if probe.run("python3 -c 'import ctypes, sys; sys.exit(ctypes.CDLL(None).prctl(65, 1, 0, 0, 0) != 0)'").exit_code:
+            pytest.skip("this kernel has no PR_SET_MDWE")
     ws = start_script(family, _PARENT, "/tmp/ready", mode)
     return ws, int(ws.read_file("/tmp/ready"))
 
