@@ -103,7 +103,8 @@ def _start(family, mode: str):
     if mode == "no-wx-memory":
         probe = bunshin.Workspace.create()
         family.append(probe)
-        if probe.run("python3 -c 'import ctypes, sys; sys.exit(ctypes.CDLL(None).prctl(65, 1, 0, 0, 0) != 0)'").exit_code:
+        mdwe = "import ctypes, sys; sys.exit(ctypes.CDLL(None).prctl(65, 1, 0, 0, 0) != 0)"
+        if probe.run(f"python3 -c '{mdwe}'").exit_code:
             pytest.skip("this kernel has no PR_SET_MDWE")
     ws = start_script(family, _PARENT, "/tmp/ready", mode)
     return ws, int(ws.read_file("/tmp/ready"))

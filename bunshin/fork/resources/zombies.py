@@ -290,8 +290,6 @@ def _die_of(t, sig: int, what: str) -> int:
 def _discard(t) -> None:
     """A half-made zombie of a failed fork: killed, reaped as its tracer (the fork's abort
     kills its parent's clone, which takes the rest)."""
-    if t._ctl is None:
-        return
     try:
         os.kill(t.pid, signal.SIGKILL)
         os.waitpid(t.pid, _WALL)
