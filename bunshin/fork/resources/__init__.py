@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ...errors import ForkError
 from ..plan import FdInfo, ProcPlan, kind_of
-from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, memlock, namespaces, pipes, ptys, shmem,
-               signalfd, signals, sk_inet, sk_unix, subreaper, sysv_sem, sysv_shm, threads, timerfd, timers,
-               unsupported)
+from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, memlock, namespaces, parent_death, pipes,
+               ptys, shmem, signalfd, signals, sk_inet, sk_unix, subreaper, sysv_sem, sysv_shm, threads, timerfd,
+               timers, unsupported, zombies)
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
 REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
@@ -25,9 +25,12 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 # memlock once every mapping is in place (one made again over a locked range is not locked).
 # Locks once every descriptor is in place (terminals included): a close of the file before them
 # would drop its POSIX locks. threads before timers and signals, which may target a thread;
-# signals last: a pending one may be delivered as soon as the clone runs an instruction of its own.
+# signals last of the fixups: a pending one may be delivered as soon as the clone runs an
+# instruction of its own. zombies after them: made in finish, once the child's process tree and
+# sessions are (their fixup only takes the parent's clone, flushing what is queued).
 PROC_REGISTRY = [files_reg.CWD, epoll.PROC, inotify.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, memlock.OPS,
-                 subreaper.OPS, ptys.CTTY, locks.OPS, threads.OPS, timers.OPS, signals.OPS]
+                 subreaper.OPS, parent_death.OPS, ptys.CTTY, locks.OPS, threads.OPS, timers.OPS, signals.OPS,
+                 zombies.OPS]
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

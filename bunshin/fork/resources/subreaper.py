@@ -1,38 +1,52 @@
 """PR_SET_CHILD_SUBREAPER: a fork(2) child is not a subreaper, whatever its parent is, so a
 clone of a template process that is one becomes one again. /proc does not show it: it is
-asked of the template (prctl(PR_GET_CHILD_SUBREAPER), injected) on the first fork."""
+asked of the template (prctl(PR_GET_CHILD_SUBREAPER), injected) on the first fork, in the same
+stop as its parent-death signal (parent_death.py), which /proc does not show either."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from ...compel import Tracee
 from ...errors import ForkError
 
 _SYS_PRCTL = 157
+_PR_GET_PDEATHSIG = 2
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 
 
 def plan_proc(proc) -> None:
-    proc.subreaper = None  # asked of the template on the first fork
+    proc.subreaper = None  # asked of the template on the first fork (ask)
+    proc.pdeath_signal = None
 
 
-def _is_subreaper(proc, src) -> bool:
+def ask(proc, src) -> None:
+    """``proc.subreaper`` and ``proc.pdeath_signal``, asked of the template process ``src``
+    (its main thread's: the parent-death signal is a thread's) in one stop."""
     page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
-    addr = page[0] if page is not None else src.mmap(4096)
-    try:
-        got = src.syscall(_SYS_PRCTL, _PR_GET_CHILD_SUBREAPER, addr)
-        if got != 0:
-            raise ForkError(f"process {proc.vpid} ({proc.name}): prctl(PR_GET_CHILD_SUBREAPER) "
-                            f"failed ({got})", pid=proc.hostpid, step="subreaper")
-        return src.read(addr, 4) != bytes(4)
-    finally:
-        if page is None:
+    if page is not None:
+        addr = page[0]
+        got = src.calls([(_SYS_PRCTL, (_PR_GET_CHILD_SUBREAPER, addr), Tracee.BATCH_OK_ERR),
+                         (_SYS_PRCTL, (_PR_GET_PDEATHSIG, addr + 4), Tracee.BATCH_OK_ERR)])
+        values = src.read(addr, 8)
+    else:
+        addr = src.mmap(4096)
+        try:
+            got = [src.syscall(_SYS_PRCTL, _PR_GET_CHILD_SUBREAPER, addr),
+                   src.syscall(_SYS_PRCTL, _PR_GET_PDEATHSIG, addr + 4)]
+            values = src.read(addr, 8)
+        finally:
             src.munmap(addr, 4096)
+    if any(g != 0 for g in got):
+        raise ForkError(f"process {proc.vpid} ({proc.name}): prctl(PR_GET_CHILD_SUBREAPER, "
+                        f"PR_GET_PDEATHSIG) failed ({got})", pid=proc.hostpid, step="subreaper")
+    proc.subreaper = values[:4] != bytes(4)
+    proc.pdeath_signal = int.from_bytes(values[4:], "little")
 
 
 def fixup_proc(ctx, proc, r) -> None:
     if proc.subreaper is None:
-        proc.subreaper = _is_subreaper(proc, ctx.shared["tracees"][proc.hostpid])
+        ask(proc, ctx.shared["tracees"][proc.hostpid])
     if proc.subreaper:
         r.queue("prctl", _PR_SET_CHILD_SUBREAPER, 1)
 

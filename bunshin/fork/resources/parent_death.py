@@ -1,0 +1,30 @@
+"""PR_SET_PDEATHSIG: the signal a process gets when its parent ends. fork(2) clears it, so a
+clone of a template process that set one sets it again. /proc does not show it: subreaper.ask
+reads it from the template on the first fork, with the subreaper flag.
+
+It is a thread's, and so is the parent it watches (the thread that forked it): the main
+thread's is carried. Without the kernel module a clone's parent is the child's init, so the
+signal comes when that init ends, with the child workspace; with REPARENT it is the clone of
+the template process's parent, as in the template."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from . import subreaper
+
+_PR_SET_PDEATHSIG = 1
+
+
+def plan_proc(proc) -> None:
+    """subreaper.plan_proc leaves it to be asked."""
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    if proc.pdeath_signal is None:
+        subreaper.ask(proc, ctx.shared["tracees"][proc.hostpid])
+    if proc.pdeath_signal:
+        r.queue("prctl", _PR_SET_PDEATHSIG, proc.pdeath_signal)
+
+
+OPS = SimpleNamespace(kind="parent-death-signal", plan_proc=plan_proc, fixup_proc=fixup_proc)

@@ -1,0 +1,185 @@
+"""Parent links a fork carries on every kernel: a process's zombies (children it has not waited
+for) are made again under its clone with their pids, groups and exit statuses, and its
+parent-death signal (PR_SET_PDEATHSIG) is set again. The process checks them itself, in each
+child and in the source, after ws.fork() and after snapshot() + tpl.fork()."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import bunshin
+from bunshin.errors import ForkError
+from conftest import signal_and_read, start_script
+
+# Zombies of each kind (an exit code, a signal's default action, SIGKILL, one that left its
+# parent's process group), PDEATHSIG on the parent. Its SIGCHLD: counted by a handler (the
+# zombies' deaths must not queue another in a clone), or blocked and left pending, or blocked
+# and taken (a clone must have none pending then).
+_PARENT = r"""
+import ctypes, os, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+mode = sys.argv[1]
+calls = []
+if mode == "no-wx-memory":  # PR_SET_MDWE: the engine's calls use memory mapped for them
+    libc.prctl(65, 1, 0, 0, 0)
+    mode = "handler"
+if mode == "handler":
+    signal.signal(signal.SIGCHLD, lambda *a: calls.append(1))
+else:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+libc.prctl(1, signal.SIGUSR2)  # PR_SET_PDEATHSIG
+
+def child(run):
+    pid = os.fork()
+    if pid == 0:
+        run()
+        os._exit(99)
+    return pid
+
+def leave_group():
+    os.setpgid(0, 0)
+    os._exit(6)
+
+zombies = {"exit": child(lambda: os._exit(5)),
+           "term": child(lambda: os.kill(os.getpid(), signal.SIGTERM)),
+           "kill": child(signal.pause),
+           "group": child(leave_group)}
+os.kill(zombies["kill"], signal.SIGKILL)
+for pid in zombies.values():
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+if mode == "taken":
+    signal.sigtimedwait({signal.SIGCHLD}, 1)
+time.sleep(0.1)  # the handler runs for the deaths so far
+calls.clear()
+want = {"exit": (5, None), "term": (None, signal.SIGTERM), "kill": (None, signal.SIGKILL),
+        "group": (6, None)}
+
+def state(pid):
+    st = open(f"/proc/{pid}/stat").read()
+    return st[st.rindex(")") + 2:].split()
+
+def check(*_):
+    bad = []
+    sig = ctypes.c_int(-1)
+    libc.prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    if sig.value != signal.SIGUSR2:
+        bad.append(f"pdeathsig {sig.value}")
+    pending = signal.sigpending()
+    if pending != ({signal.SIGCHLD} if mode == "pending" else set()):
+        bad.append(f"pending {pending}")
+    if calls:
+        bad.append(f"SIGCHLD handled {len(calls)} times")
+    for name, pid in zombies.items():
+        fields = state(pid)
+        if fields[0] != "Z":
+            bad.append(f"{name}: state {fields[0]}")
+        group = int(fields[2])
+        if group != (pid if name == "group" else os.getpgid(0)):
+            bad.append(f"{name}: group {group}")
+        got, status = os.waitpid(pid, os.WNOHANG)
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        killed = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        if got != pid or (code, killed) != want[name]:
+            bad.append(f"{name}: waitpid {got} {status:#x}")
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG)
+        bad.append("a child more")
+    except ChildProcessError:
+        pass
+    out("/tmp/verdict", "PASS" if not bad else "; ".join(bad))
+
+signal.signal(signal.SIGUSR1, check)
+out("/tmp/ready", str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+MODES = ["handler", "pending", "taken", "no-wx-memory"]
+
+
+def _start(family, mode: str):
+    if mode == "no-wx-memory":
+        probe = bunshin.Workspace.create()
+        family.append(probe)
+        mdwe = "import ctypes, sys; sys.exit(ctypes.CDLL(None).prctl(65, 1, 0, 0, 0) != 0)"
+        if probe.run(f"python3 -c '{mdwe}'").exit_code:
+            pytest.skip("this kernel has no PR_SET_MDWE")
+    ws = start_script(family, _PARENT, "/tmp/ready", mode)
+    return ws, int(ws.read_file("/tmp/ready"))
+
+
+def _verdict(w, pid: int) -> str:
+    return signal_and_read(w, pid, signal.SIGUSR1, "/tmp/verdict").decode()
+
+
+def _zombies(w) -> int:
+    return w.run("ps -o stat= -e").stdout.count(b"Z")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zombies_and_pdeathsig_are_carried_by_a_fork(family, mode):
+    ws, pid = _start(family, mode)
+    before = ws.host_pids()
+    kids = ws.fork(2)
+    family.extend(kids)
+    assert ws.host_pids() == before
+    for k in kids:
+        assert _zombies(k) == 4
+        assert _verdict(k, pid) == "PASS"
+    assert _verdict(ws, pid) == "PASS"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zombies_and_pdeathsig_are_carried_by_a_template(family, mode):
+    ws, pid = _start(family, mode)
+    tpl = ws.snapshot()
+    try:
+        kids = tpl.fork(2)
+        family.extend(kids)
+        more = tpl.fork(1)  # a held template's second fork
+        family.extend(more)
+    finally:
+        tpl.close()
+    for k in kids + more:
+        assert _zombies(k) == 4
+        assert _verdict(k, pid) == "PASS"
+    assert _verdict(ws, pid) == "PASS"
+
+
+# A zombie a clone cannot have: one made by clone() with another exit signal, and one whose
+# parent has since set SIGCHLD to SIG_IGN (the kernel would reap its clone's at once).
+_REFUSED = r"""
+import ctypes, os, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+if sys.argv[1] == "exit-signal":
+    pid = libc.syscall(56, int(signal.SIGUSR1), 0, 0, 0, 0)  # clone(exit signal SIGUSR1)
+    if pid == 0:
+        os._exit(3)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | 0x40000000)  # __WALL
+else:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+out("/tmp/ready", str(pid))
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("why, says", [("exit-signal", "exit signal 10"), ("ignored", "ignores SIGCHLD")])
+def test_a_zombie_a_clone_cannot_have_is_refused(family, why, says):
+    ws = start_script(family, _REFUSED, "/tmp/ready", why)
+    zombie = int(ws.read_file("/tmp/ready"))
+    before = ws.host_pids()
+    with pytest.raises(ForkError, match=rf"zombie child {zombie}\b.*{says}"):
+        ws.fork(1)
+    with pytest.raises(ForkError, match=f"zombie child {zombie}"):
+        ws.snapshot()
+    assert ws.host_pids() == before
+    assert "Z" in ws.run(f"ps -o stat= -p {zombie}").stdout.decode()
+    assert ws.run("echo on").stdout == b"on\n"
