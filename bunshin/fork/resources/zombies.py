@@ -214,7 +214,7 @@ def _make(ctx, proc, clone, z: Zombie) -> None:
         if sig:
             status = _die_of(t, sig, what)
         else:
-            status = _exit(t, z.status >> 8)
+            status = _exit_with(t, z.status >> 8)
     except BaseException:
         _discard(t)
         raise
@@ -247,7 +247,7 @@ def _join_group(t, proc, z: Zombie, what: str) -> None:
         raise ForkError(f"{what}: its session or group: {os.strerror(-got)}", pid=t.pid, step="zombies")
 
 
-def _exit(t, code: int) -> int:
+def _exit_with(t, code: int) -> int:
     """exit_group(code) injected; compel reaps the dead task as its tracer (ESRCH)."""
     try:
         t.syscall(_SYS_EXIT_GROUP, code)
