@@ -588,7 +588,7 @@ class Workspace:
 
     def _oom_kills(self) -> int:
         try:
-            return self._body.cgroup.stats().oom_kills or 0  # None: no memory controller
+            return self._body.cgroup.oom_kills() or 0  # None: no memory controller
         except Exception:  # noqa: BLE001 - accounting must not break a tool call
             return 0
 

@@ -98,6 +98,10 @@ class Cgroup(ABC):
         """Current accounting figures."""
 
     @abstractmethod
+    def oom_kills(self) -> int | None:
+        """``stats().oom_kills`` alone: one file read, as every tool call asks it twice."""
+
+    @abstractmethod
     def _apply(self, memory: int | None | EllipsisType, pids: int | None | EllipsisType,
                cpu: float | None | EllipsisType) -> None:
         """Write parsed limits; ``...`` leaves one unchanged, ``None`` removes it."""

@@ -213,6 +213,11 @@ class V1Cgroup(Cgroup):
         for path in order:
             _fs.write(path, value, limit="memory_limit")
 
+    def oom_kills(self) -> int | None:
+        if "memory" not in self._by:
+            return None
+        return _fs.read_keyed(os.path.join(self._by["memory"], "memory.oom_control")).get("oom_kill")
+
     def stats(self) -> CgroupStats:
         def get(c: str, f: str) -> int | None:
             return int(_fs.read(os.path.join(self._by[c], f))) if c in self._by else None

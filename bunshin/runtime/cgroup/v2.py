@@ -169,6 +169,12 @@ class V2Cgroup(Cgroup):
             quota = "max" if cpu is None else str(cpu_quota_us(cpu))
             _fs.write(self._f("cpu.max"), f"{quota} {CPU_PERIOD_US}", limit="cpu_limit")
 
+    def oom_kills(self) -> int | None:
+        try:
+            return _fs.read_keyed(self._f("memory.events")).get("oom_kill")
+        except FileNotFoundError:  # no memory controller in the group
+            return None
+
     def stats(self) -> CgroupStats:
         def get(f: str) -> int | None:
             p = self._f(f)
