@@ -140,6 +140,15 @@ def wait_file(w, path: str, timeout: float = 15) -> str:
     raise AssertionError(f"{path} never appeared in {w.id}")
 
 
+def fork_by(w, path: str):
+    """One child of workspace ``w`` by ``path``: "ws_fork" (ws.fork) or "tpl_fork" (a
+    snapshot's fork, the template closed at once)."""
+    if path == "ws_fork":
+        return w.fork(1)[0]
+    with w.snapshot() as tpl:
+        return tpl.fork(1)[0]
+
+
 def build_vforker(w) -> str:
     """tests/victims/vforker.c built in workspace ``w``; its path there."""
     w.write_file("/v.c", (Path(__file__).parent / "victims" / "vforker.c").read_text())

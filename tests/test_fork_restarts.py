@@ -12,7 +12,7 @@ import pytest
 
 import bunshin
 
-from conftest import wait_file
+from conftest import fork_by, wait_file
 
 WAIT = 4.0
 
@@ -141,14 +141,7 @@ def _check(w, forked_by: float, exact_in_source: bool) -> None:
 @pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
 def test_a_call_blocked_at_the_fork_is_made_again_in_the_child(family, path):
     ws, started = _start(family)
-    if path == "ws_fork":
-        (kid,) = ws.fork(1)
-    else:
-        tpl = ws.snapshot()
-        try:
-            (kid,) = tpl.fork(1)
-        finally:
-            tpl.close()
+    kid = fork_by(ws, path)
     family.append(kid)
     forked_by = time.monotonic() - started
     _check(kid, forked_by, exact_in_source=False)

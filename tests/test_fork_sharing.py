@@ -13,7 +13,7 @@ import pytest
 import bunshin
 from bunshin.errors import ForkError
 
-from conftest import wait_file
+from conftest import fork_by, wait_file
 
 C_SHARERS = r"""
 #define _GNU_SOURCE
@@ -109,14 +109,7 @@ def test_processes_sharing_a_kernel_object_are_refused_naming_both(family, case,
 @pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
 def test_processes_sharing_an_io_context_fork_with_their_io_priority(family, path):
     ws, main, sharer = _start(family, CLONE_IO)
-    if path == "ws_fork":
-        (kid,) = ws.fork(1)
-    else:
-        tpl = ws.snapshot()
-        try:
-            (kid,) = tpl.fork(1)
-        finally:
-            tpl.close()
+    kid = fork_by(ws, path)
     family.append(kid)
     best_effort_4 = (2 << 13) | 4
     for w in (kid, ws):
