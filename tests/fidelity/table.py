@@ -65,7 +65,8 @@ def section(host: dict, guest: dict | None) -> str:
     rows = []
     for name, v in sorted(host["victims"].items()):
         g = (guest or {}).get("victims", {}).get(name)
-        rows.append(f"| {v['title']} (`{name}.c`) | {_paths(v, 'source', notes)} "
+        title = v["title"].replace("|", "\\|")  # a table cell's pipe ends the cell
+        rows.append(f"| {title} (`{name}.c`) | {_paths(v, 'source', notes)} "
                     f"| {_paths(v, 'child', notes)} | {_paths(g, 'child', notes) if g else 'not run'} "
                     f"| {_one((v.get('criu') or {}).get('child'), notes)} |")
     lines = [
