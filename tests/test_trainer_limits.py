@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,27 @@ def test_a_full_state_file_system_is_a_clear_error(tmp_path, monkeypatch):
     while not statefs.release() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.ismount(tmp_path / "state")
+
+
+def test_a_memory_limit_on_all_workspaces_reached_is_a_clear_error(ws):
+    """An administrator's cap on every workspace together (the cgroup prefix's memory limit):
+    with less than a workspace's start left, creating or forking says so; the rest runs on."""
+    from bunshin.runtime import cgroup
+
+    be = cgroup.backend()
+    if be.name != "v1" or "memory" not in be.mounts:
+        pytest.skip("the prefix's limit is set through cgroup v1's memory controller")
+    top = Path(be.mounts["memory"]) / be.prefix()
+    usage = int((top / "memory.usage_in_bytes").read_text())
+    (top / "memory.limit_in_bytes").write_text(str(usage + (16 << 20)))
+    try:
+        full = r"the workspaces' cgroup .* uses \d+ MiB of its memory limit of \d+ MiB"
+        with pytest.raises(bunshin.OutOfResources, match=full):
+            bunshin.Workspace.create()
+        with pytest.raises(bunshin.OutOfResources, match=full):
+            ws.fork(1)
+        assert ws.run("echo ok").stdout == b"ok\n"
+    finally:
+        (top / "memory.limit_in_bytes").write_text("-1")
+    (kid,) = ws.fork(1)  # room again
+    kid.close()

@@ -1,7 +1,8 @@
-"""Room for one more workspace, checked before any part of it is made: a clear
-:class:`~bunshin.errors.OutOfResources` up front, instead of a failure half-way through a
-create or a fork (whose clean-up would itself need the descriptors that ran out), and a reserve
-left so that the workspaces already there can still run calls and be closed."""
+"""Room for one more workspace (descriptors, memory, the state file system's space), checked
+before any part of it is made: a clear :class:`~bunshin.errors.OutOfResources` up front,
+instead of a failure half-way through a create or a fork (whose clean-up would itself need the
+descriptors that ran out), and a reserve left so that the workspaces already there can still
+run calls and be closed."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ FDS_PER_WORKSPACE = 12
 FDS_RESERVE = 64
 # Free space a workspace needs to start (its directory, meta and log; a fork's snapshot).
 MIN_FREE_BYTES = 64 << 20
+# Memory a workspace needs to start: an init, a few page tables, a shell; a fork's first writes.
+MIN_FREE_MEMORY = 64 << 20
 
 
 def check(state_dir: Path, image: Path | None = None) -> None:
-    """Raise OutOfResources when the trainer's descriptors or the state file system (and the
-    file system holding its image) leave no room for one more workspace."""
+    """Raise OutOfResources when the trainer's descriptors, the memory (the machine's, or the
+    workspaces' cgroup's limit) or the state file system (and the file system holding its
+    image) leave no room for one more workspace."""
     _descriptors()
+    _memory()
     _space(state_dir, "the state file system")
     if image is not None:
         _space(image.parent, f"the file system holding {image.name}")
@@ -48,6 +53,24 @@ def _descriptors() -> None:
         f"the trainer holds {used} descriptors of its limit of {soft} (RLIMIT_NOFILE), and a new "
         f"workspace needs {FDS_PER_WORKSPACE} with {FDS_RESERVE} kept for the workspaces already "
         "there: close workspaces or descriptors, or raise the hard limit (ulimit -Hn)")
+
+
+def _memory() -> None:
+    from . import cgroup
+
+    room = cgroup.backend().memory_room()
+    if room is not None and room[1] - room[2] < MIN_FREE_MEMORY:
+        group, limit, usage = room
+        raise OutOfResources(
+            f"the workspaces' cgroup {group} uses {usage >> 20} MiB of its memory limit of "
+            f"{limit >> 20} MiB, and a workspace needs {MIN_FREE_MEMORY >> 20} MiB to start: close "
+            "workspaces, or raise that limit")
+    with open("/proc/meminfo") as f:
+        avail = next((int(ln.split()[1]) << 10 for ln in f if ln.startswith("MemAvailable:")), None)
+    if avail is not None and avail < MIN_FREE_MEMORY:
+        raise OutOfResources(
+            f"the machine has {avail >> 20} MiB of memory available (MemAvailable), and a "
+            f"workspace needs {MIN_FREE_MEMORY >> 20} MiB to start: close workspaces or free memory")
 
 
 def no_process(what: str) -> OutOfResources:

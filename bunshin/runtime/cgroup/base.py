@@ -189,6 +189,11 @@ class CgroupBackend(ABC):
     def controllers(self) -> dict[str, bool]:
         """Which of memory, pids, freezer and cpu work here (for ``bunshin doctor``)."""
 
+    @abstractmethod
+    def memory_room(self) -> tuple[str, int, int] | None:
+        """(group, limit, usage) in bytes of the prefix group's memory limit, where one is set
+        (an administrator's cap on every workspace together); None otherwise."""
+
     def prefix(self) -> str:
         """The validated top directory name, :func:`bunshin.config.cgroup_prefix`."""
         return _fs.check_name(config.cgroup_prefix(), "BUNSHIN_CGROUP_PREFIX")

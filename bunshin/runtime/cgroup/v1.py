@@ -80,6 +80,17 @@ class V1Backend(CgroupBackend):
         except (OSError, CgroupError) as e:
             log.info("cannot keep %s frozen (each freeze and thaw costs ~90 us more): %s", d, e)
 
+    def memory_room(self) -> tuple[str, int, int] | None:
+        if "memory" not in self.mounts:
+            return None
+        top = os.path.join(self.mounts["memory"], self.prefix())
+        try:
+            limit = int(_fs.read(os.path.join(top, "memory.limit_in_bytes")))
+            usage = int(_fs.read(os.path.join(top, "memory.usage_in_bytes")))
+        except (OSError, ValueError, CgroupError):  # not made yet
+            return None
+        return None if limit >= 1 << 62 else (top, limit, usage)  # "no limit" is ~2**63
+
     def remove_freezer_on(self) -> bool:
         """Remove the empty frozen group (``bunshin gc``, when no Bunshin group is left)."""
         try:

@@ -44,6 +44,15 @@ class V2Backend(CgroupBackend):
     def _tops(self) -> list[str]:
         return [os.path.join(self.root, self.prefix())]
 
+    def memory_room(self) -> tuple[str, int, int] | None:
+        top = os.path.join(self.root, self.prefix())
+        try:
+            limit = _fs.read(os.path.join(top, "memory.max")).strip()
+            usage = int(_fs.read(os.path.join(top, "memory.current")))
+        except (OSError, ValueError, CgroupError):  # not made yet, or no memory controller there
+            return None
+        return None if limit == "max" else (top, int(limit), usage)
+
     def _enable(self, d: str) -> None:
         offered = set(_fs.read(os.path.join(d, "cgroup.controllers")).split())
         enabled = set(_fs.read(os.path.join(d, "cgroup.subtree_control")).split())
