@@ -6,6 +6,7 @@ Every test checks the victim's own observable behaviour afterwards (its output, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -68,7 +69,15 @@ class Procs:
         for p in self.popens:
             if p.poll() is None:
                 p.kill()
-            p.wait()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                # a failed test left threads traced by us: as zombies they wait for their
+                # tracer, and the process for them
+                for tid in os.listdir(f"/proc/{p.pid}/task"):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(int(tid), os.WNOHANG | 0x40000000)  # __WALL
+                p.wait(10)
             if p.stdout:
                 p.stdout.close()
             if p.stdin:

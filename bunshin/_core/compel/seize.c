@@ -372,11 +372,17 @@ static int seize_thread(struct bx_ctl *c, pid_t tid)
 {
 	/* No PTRACE_O_EXITKILL: if the tracer dies, the kernel detaches and the victim lives. */
 	if (seize_once(tid)) {
-		/* a thread made by one we seized is attached to us already (TRACECLONE) */
+		int e = errno;
+		if (e != EPERM)
+			return -e;
+		/* EPERM: a thread made by one we seized is attached to us already (TRACECLONE), or
+		 * the thread is exiting, and then its status is gone or cut short */
 		char tracer[32];
-		if (errno != EPERM || bx_status_field(tid, "TracerPid", tracer, sizeof tracer) ||
-		    atoi(tracer) != getpid())
-			return errno == EPERM ? -EPERM : -errno;
+		int ret = bx_status_field(tid, "TracerPid", tracer, sizeof tracer);
+		if (ret == -ESRCH || ret == -ENOENT)
+			return -ESRCH;
+		if (ret || atoi(tracer) != getpid())
+			return -EPERM;
 	}
 	if (ptrace(PTRACE_INTERRUPT, tid, 0, 0))
 		return -errno;
