@@ -14,22 +14,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from ..fork.perprocess import PerProcess
 from .capture import Capture
 from .channel import Channel
 
 T = TypeVar("T")
 
-_pool: ThreadPoolExecutor | None = None
+_pool = PerProcess(lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="bunshin-aio"))
 _reaping: set[asyncio.Task] = set()  # exits still to be collected after a cancelled call
 
 
 async def in_thread(fn: Callable[[], T]) -> T:
     """``fn()`` in Bunshin's own threads (not the loop's default executor, which the trainer
     may size for its own work)."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="bunshin-aio")
-    return await asyncio.get_running_loop().run_in_executor(_pool, fn)
+    return await asyncio.get_running_loop().run_in_executor(_pool.get(), fn)
 
 
 async def collect(chan: Channel, pid: int, fds: dict[int, Capture], timeout: float | None,

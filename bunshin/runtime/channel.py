@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from .._core import PROTO
 from ..errors import ProtocolError, SpawnError, WorkspaceDied
+from ..fork.perprocess import PerProcess
 
 log = logging.getLogger("bunshin.channel")
 
@@ -48,21 +49,17 @@ _STEPS = {
 
 
 class _Reader:
-    """The thread that reads every started channel's socket when it turns readable."""
+    """The thread that reads every started channel's socket when it turns readable (one per
+    trainer process: a trainer forked since starts its own)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._chans: dict[int, Channel] = {}
-        self._ep: select.epoll | None = None
-        self._pid = 0  # a trainer forked since has no thread: it starts its own
+        self._ep = select.epoll()
+        threading.Thread(target=self._loop, name="bunshin-channels", daemon=True).start()
 
     def add(self, chan: Channel) -> None:
         with self._lock:
-            if self._pid != os.getpid():
-                self._pid, self._chans, self._ep = os.getpid(), {}, select.epoll()
-                threading.Thread(target=self._loop, args=(self._ep,), name="bunshin-channels",
-                                 daemon=True).start()
-            assert self._ep is not None
             fd = chan.sock.fileno()
             self._chans[fd] = chan
             self._ep.register(fd, select.EPOLLIN)
@@ -71,22 +68,27 @@ class _Reader:
         """After this no read of ``chan`` starts (one under way may finish)."""
         with self._lock:
             fd = chan.sock.fileno()
-            if self._pid == os.getpid() and self._chans.get(fd) is chan:
+            if self._chans.get(fd) is chan:
                 del self._chans[fd]
-                assert self._ep is not None
                 self._ep.unregister(fd)
 
-    def _loop(self, ep: select.epoll) -> None:
+    def _loop(self) -> None:
         while True:
             # unbounded on purpose: this thread waits for the inits' reports while they live
-            for fd, _ev in ep.poll():
+            for fd, _ev in self._ep.poll():
                 with self._lock:
                     chan = self._chans.get(fd)
                 if chan is not None:
                     chan._read()
 
 
-_reader = _Reader()
+_readers = PerProcess(_Reader)
+
+
+def _reader() -> _Reader:
+    r = _readers.get()
+    assert r is not None  # _Reader() is never None
+    return r
 
 
 @dataclass
@@ -180,7 +182,7 @@ class Channel:
         """Start reading the init's reports (``wait_ready`` does; a CRIU-restored init sends no
         READY)."""
         self._started = True
-        _reader.add(self)
+        _reader().add(self)
 
     # -- reader -----------------------------------------------------------------------
     def _read(self) -> None:
@@ -219,7 +221,7 @@ class Channel:
         p.done()
 
     def _die(self, why: str) -> None:
-        _reader.remove(self)
+        _reader().remove(self)
         with self._lock:
             if self._dead is None:
                 self._dead = why

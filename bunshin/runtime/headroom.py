@@ -11,6 +11,7 @@ import resource
 from pathlib import Path
 
 from ..errors import OutOfResources
+from . import cgroup
 
 # Descriptors a workspace keeps in the trainer (~3: its control socket, pidfd, a pty master)
 # plus what making one opens for a moment (pipes, cgroup files, namespace files).
@@ -56,8 +57,6 @@ def _descriptors() -> None:
 
 
 def _memory() -> None:
-    from . import cgroup
-
     room = cgroup.backend().memory_room()
     if room is not None and room[1] - room[2] < MIN_FREE_MEMORY:
         group, limit, usage = room

@@ -15,7 +15,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 
 from .. import config
@@ -24,30 +23,26 @@ from . import gc, statedir
 
 log = logging.getLogger("bunshin.owner_watch")
 
-_lock = threading.Lock()
-_watcher: tuple[int, subprocess.Popen | None] = (0, None)  # (the trainer's pid, its watcher)
+# kept so that it is never collected (and waited for) while the trainer lives
+_watcher: subprocess.Popen | None = None
 
 
-def ensure() -> None:
-    """Start this process's watcher unless it runs (a forked trainer gets its own)."""
+def start() -> None:
+    """Start this trainer process's watcher (trainer.prepare calls it once per process: a
+    forked trainer gets its own)."""
     global _watcher
-    pid = os.getpid()
-    if _watcher[0] == pid or not config.owner_watch():
+    if not config.owner_watch():
         return
-    with _lock:
-        if _watcher[0] == pid:
-            return
-        env = dict(os.environ, BUNSHIN_STATE_DIR=str(config.state_dir()))
-        try:
-            # the Popen is kept so that it is never collected (and waited for) while the trainer lives
-            _watcher = (pid, subprocess.Popen(
-                [sys.executable, "-m", "bunshin.runtime.owner_watch", str(pid),
-                 str(statedir.own_start_time())],
-                env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True))
-        except OSError as e:  # out of processes or memory: the workspace can do without
-            log.warning("no owner watcher (%s): if this trainer is killed, `bunshin gc` removes "
-                        "its workspaces", e)
+    pid = os.getpid()
+    env = dict(os.environ, BUNSHIN_STATE_DIR=str(config.state_dir()))
+    try:
+        _watcher = subprocess.Popen(
+            [sys.executable, "-m", "bunshin.runtime.owner_watch", str(pid), str(statedir.own_start_time())],
+            env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:  # out of processes or memory: the workspace can do without
+        log.warning("no owner watcher (%s): if this trainer is killed, `bunshin gc` removes "
+                    "its workspaces", e)
 
 
 def _wait_for_end(pid: int, start: int) -> None:

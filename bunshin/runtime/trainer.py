@@ -26,7 +26,7 @@ def prepare() -> None:
     with _lock:
         if _prepared != os.getpid():
             raise_nofile()
-            owner_watch.ensure()
+            owner_watch.start()
             _prepared = os.getpid()
 
 
