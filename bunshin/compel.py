@@ -17,6 +17,7 @@ thread). Failures raise :class:`bunshin.errors.ForkError` with ``.pid``, ``.step
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap as _mmap
 import os
@@ -246,6 +247,20 @@ class Tracee:
         """``(addr, size)``: memory in the victim for the arguments of :meth:`calls`, valid
         until :meth:`cure`; None if the process refuses writable+executable memory."""
         return self._call("page")
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[int]:
+        """A page of the victim's memory for a call's data while inside: the batch page (no
+        mapping of ours), or a page mapped for the while where it refuses W+X memory."""
+        page = self.page()
+        if page is not None:
+            yield page[0]
+            return
+        addr = self.mmap(_mmap.PAGESIZE)
+        try:
+            yield addr
+        finally:
+            self.munmap(addr, _mmap.PAGESIZE)
 
     def mmap(self, length: int, prot: int = _mmap.PROT_READ | _mmap.PROT_WRITE,
              flags: int = _mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS, addr: int = 0, fd: int = -1,

@@ -62,9 +62,7 @@ def plan_proc(proc) -> None:
 
 def _future(proc, src) -> int:
     """The template's mlockall(MCL_FUTURE) flags (0: none), by the probe (see the top)."""
-    page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
-    vec = page[0] if page is not None else src.mmap(_PAGE)
-    try:
+    with src.scratch() as vec:
         got = src.calls([
             (_SYS_MMAP, (0, _PAGE, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, _NO_FD, 0), 0),
             (_SYS_MADVISE, (0, _PAGE, mmap.MADV_DONTNEED), src.batch_ref(0) | src.BATCH_OK_ERR),
@@ -78,9 +76,6 @@ def _future(proc, src) -> int:
             return 0
         populated = src.read(vec, 1)[0] & 1
         return _MCL_FUTURE | (0 if populated else _MCL_ONFAULT)
-    finally:
-        if page is None:
-            src.munmap(vec, _PAGE)
 
 
 def fixup_proc(ctx, proc, r) -> None:

@@ -26,8 +26,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.restype = ctypes.c_long
 _libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
 
-_PTRACE_CONT, _PTRACE_SETSIGINFO, _PTRACE_INTERRUPT = 7, 0x4203, 0x4207
-_PTRACE_PEEKSIGINFO, _PTRACE_GETSIGMASK, _PTRACE_SETSIGMASK = 0x4209, 0x420A, 0x420B
+PTRACE_CONT, _PTRACE_SETSIGINFO, _PTRACE_INTERRUPT = 7, 0x4203, 0x4207
+_PTRACE_PEEKSIGINFO, PTRACE_GETSIGMASK, PTRACE_SETSIGMASK = 0x4209, 0x420A, 0x420B
 _PEEKSIGINFO_SHARED = 1
 _PTRACE_EVENT_STOP = 128
 _WALL = 0x40000000
@@ -47,12 +47,29 @@ class _PeekArgs(ctypes.Structure):
     _fields_ = [("off", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("nr", ctypes.c_int32)]
 
 
-def _ptrace(req: int, tid: int, addr, data, what: str) -> int:
+def ptrace(req: int, tid: int, addr, data, what: str, step: str = "signals") -> int:
+    """ptrace(2) on a thread this thread traces; ForkError (``what``, ``step``) if it fails."""
     r = _libc.ptrace(req, tid, addr, data)
     if r < 0:
         e = ctypes.get_errno()
-        raise ForkError(f"thread {tid}: {what}: {os.strerror(e)}", pid=tid, step="signals", errno=e)
+        raise ForkError(f"thread {tid}: {what}: {os.strerror(e)}", pid=tid, step=step, errno=e)
     return r
+
+
+def sigmask(tid: int, step: str = "signals") -> int:
+    """The blocked-signal mask of a ptrace-stopped thread."""
+    mask = ctypes.c_uint64()
+    ptrace(PTRACE_GETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_GETSIGMASK", step)
+    return mask.value
+
+
+def set_sigmask(tid: int, mask: int, step: str = "signals", *, check: bool = True) -> None:
+    """Set a ptrace-stopped thread's blocked-signal mask (``check``: raise if it fails)."""
+    m = ctypes.c_uint64(mask)
+    if check:
+        ptrace(PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(m), "PTRACE_SETSIGMASK", step)
+    else:
+        _libc.ptrace(PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(m))
 
 
 def _queue(tid: int, flags: int) -> list[bytes]:
@@ -62,7 +79,7 @@ def _queue(tid: int, flags: int) -> list[bytes]:
     buf = ctypes.create_string_buffer(_SIGINFO * _PEEK_BATCH)
     while True:
         args = _PeekArgs(len(out), flags, _PEEK_BATCH)
-        n = _ptrace(_PTRACE_PEEKSIGINFO, tid, ctypes.byref(args), buf, "PTRACE_PEEKSIGINFO")
+        n = ptrace(_PTRACE_PEEKSIGINFO, tid, ctypes.byref(args), buf, "PTRACE_PEEKSIGINFO")
         out += [buf.raw[i * _SIGINFO:(i + 1) * _SIGINFO] for i in range(n)]
         if n < _PEEK_BATCH:
             return out
@@ -170,8 +187,7 @@ def _queue_in_thread(who: str, pid: int, tid: int, infos: list[bytes], timers) -
     through; there we swap in the siginfo to queue, block everything and let it go with that
     signal, which the kernel queues on the thread again, untouched; an interrupt asked for
     beforehand stops the thread again before it could return to its code."""
-    mask = ctypes.c_uint64()
-    _ptrace(_PTRACE_GETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_GETSIGMASK")
+    mask = sigmask(tid)
     own, shared = _masks(pid, tid)
     busy = own | shared
     for sig in [_signo(info) for info in infos] + [t.signo for t in timers]:
@@ -182,26 +198,24 @@ def _queue_in_thread(who: str, pid: int, tid: int, infos: list[bytes], timers) -
                         pid=pid, step="signals")
     try:
         for info in infos:
-            only = ctypes.c_uint64(_ALL & ~(1 << (trigger - 1)))
-            _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(only), "PTRACE_SETSIGMASK")
+            set_sigmask(tid, _ALL & ~(1 << (trigger - 1)))
             if _libc.syscall(234, pid, tid, trigger) != 0:  # tgkill
                 raise ForkError(f"thread {tid}: tgkill: {os.strerror(ctypes.get_errno())}", pid=pid,
                                 step="signals")
-            _ptrace(_PTRACE_CONT, tid, None, None, "PTRACE_CONT")
+            ptrace(PTRACE_CONT, tid, None, None, "PTRACE_CONT")
             _expect(who, pid, tid, lambda st: os.WSTOPSIG(st) == trigger and st >> 16 == 0,
                     f"signal {trigger}")
             data = ctypes.create_string_buffer(info, _SIGINFO)
-            _ptrace(_PTRACE_SETSIGINFO, tid, None, data, "PTRACE_SETSIGINFO")
-            block = ctypes.c_uint64(_ALL)
-            _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(block), "PTRACE_SETSIGMASK")
-            _ptrace(_PTRACE_INTERRUPT, tid, None, None, "PTRACE_INTERRUPT")
-            _ptrace(_PTRACE_CONT, tid, None, ctypes.c_void_p(_signo(info)), "PTRACE_CONT")
+            ptrace(_PTRACE_SETSIGINFO, tid, None, data, "PTRACE_SETSIGINFO")
+            set_sigmask(tid, _ALL)
+            ptrace(_PTRACE_INTERRUPT, tid, None, None, "PTRACE_INTERRUPT")
+            ptrace(PTRACE_CONT, tid, None, ctypes.c_void_p(_signo(info)), "PTRACE_CONT")
             _expect(who, pid, tid, lambda st: st >> 16 == _PTRACE_EVENT_STOP, "the interrupt")
     except BaseException:
         # a thread that did not stop cannot have its mask set; its clone is discarded anyway
-        _libc.ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask))
+        set_sigmask(tid, mask, check=False)
         raise
-    _ptrace(_PTRACE_SETSIGMASK, tid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_SETSIGMASK")
+    set_sigmask(tid, mask)
     # ptrace_signal() drops a signal it cannot queue (RLIMIT_SIGPENDING) without a word
     # (a timer of the clone's may have queued one of its own meanwhile)
     got = iter(_queue(tid, 0))

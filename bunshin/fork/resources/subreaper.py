@@ -23,20 +23,10 @@ def plan_proc(proc) -> None:
 def ask(proc, src) -> None:
     """``proc.subreaper`` and ``proc.pdeath_signal``, asked of the template process ``src``
     (its main thread's: the parent-death signal is a thread's) in one stop."""
-    page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
-    if page is not None:
-        addr = page[0]
+    with src.scratch() as addr:
         got = src.calls([(_SYS_PRCTL, (_PR_GET_CHILD_SUBREAPER, addr), Tracee.BATCH_OK_ERR),
                          (_SYS_PRCTL, (_PR_GET_PDEATHSIG, addr + 4), Tracee.BATCH_OK_ERR)])
         values = src.read(addr, 8)
-    else:
-        addr = src.mmap(4096)
-        try:
-            got = [src.syscall(_SYS_PRCTL, _PR_GET_CHILD_SUBREAPER, addr),
-                   src.syscall(_SYS_PRCTL, _PR_GET_PDEATHSIG, addr + 4)]
-            values = src.read(addr, 8)
-        finally:
-            src.munmap(addr, 4096)
     if any(g != 0 for g in got):
         raise ForkError(f"process {proc.vpid} ({proc.name}): prctl(PR_GET_CHILD_SUBREAPER, "
                         f"PR_GET_PDEATHSIG) failed ({got})", pid=proc.hostpid, step="subreaper")

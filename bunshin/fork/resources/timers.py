@@ -76,10 +76,7 @@ def fixup_proc(ctx, proc, r) -> None:
     if proc.itimers_idle and not proc.posix_timers:
         return
     src = ctx.shared["tracees"][proc.hostpid]
-    page = src.page()  # the template's batch page (its clone mapped it): no mapping of ours
-    # W+X refused: calls() runs one at a time, and the data needs memory of its own
-    addr = page[0] if page is not None else src.mmap(4096)
-    try:
+    with src.scratch() as addr:
         # the three getitimers in the template, in one stop; one that fails is left unset
         bufs = [addr + i * _ITV.size for i in range(len(_ITIMERS))]
         got = src.calls([(36, (which, buf), src.BATCH_OK_ERR) for which, buf in zip(_ITIMERS, bufs)])
@@ -91,9 +88,6 @@ def fixup_proc(ctx, proc, r) -> None:
                 r.call("setitimer", which, r.put(raw[i * _ITV.size:(i + 1) * _ITV.size]), 0)
         proc.itimers_idle = not armed and all(g == 0 for g in got)
         _posix_timers(proc, r, src, addr + len(_ITIMERS) * _ITV.size)
-    finally:
-        if page is None:
-            src.munmap(addr, 4096)
 
 
 def _posix_timers(proc, r, src, scratch: int) -> None:

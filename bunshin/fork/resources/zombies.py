@@ -23,6 +23,7 @@ Zombies of the init (a tool call that has just ended) are its own to reap: not c
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from .signals import PTRACE_CONT, ptrace, set_sigmask, sigmask
 
 _SYS_RT_SIGACTION, _SYS_SETPGID, _SYS_SETSID, _SYS_RT_SIGTIMEDWAIT = 13, 109, 112, 128
 _SYS_PRCTL, _SYS_EXIT_GROUP = 157, 231
@@ -39,11 +41,7 @@ _PR_SET_DUMPABLE = 4
 _CLONE_VM = 0x00000100
 _WALL = 0x40000000
 _SIGCHLD_BIT = 1 << (signal.SIGCHLD - 1)
-_PTRACE_CONT, _PTRACE_GETSIGMASK, _PTRACE_SETSIGMASK = 7, 0x420A, 0x420B
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.ptrace.restype = ctypes.c_long
-_libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
 
 
 @dataclass
@@ -155,44 +153,26 @@ def finish(ctx) -> None:
         _make_all(ctx, proc, clone)
 
 
-def _ptrace(req: int, tid: int, addr, data, what: str) -> None:
-    if _libc.ptrace(req, tid, addr, data) < 0:
-        e = ctypes.get_errno()
-        raise ForkError(f"{what}: {os.strerror(e)}", pid=tid, step="zombies", errno=e)
-
-
 def _make_all(ctx, proc, clone) -> None:
     """Every zombie of ``proc`` made again under its clone (stopped, traced). Every signal is
     blocked there meanwhile: the SIGCHLD their deaths queue must stay queued until the clone
     drops it, and the signals already queued again (signals.py) where they are, in their order
     (one taken during an injection would be held back and queued again after it)."""
-    mask = ctypes.c_uint64()
-    _ptrace(_PTRACE_GETSIGMASK, clone.pid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_GETSIGMASK")
-    blocked = ctypes.c_uint64((1 << 64) - 1)
-    _ptrace(_PTRACE_SETSIGMASK, clone.pid, ctypes.c_void_p(8), ctypes.byref(blocked), "PTRACE_SETSIGMASK")
+    mask = sigmask(clone.pid, "zombies")
+    set_sigmask(clone.pid, (1 << 64) - 1, "zombies")
     try:
         for z in proc.zombies:
             _make(ctx, proc, clone, z)
         if not proc.sigchld_pending:
             _drop_sigchld(proc, clone)
     finally:
-        _ptrace(_PTRACE_SETSIGMASK, clone.pid, ctypes.c_void_p(8), ctypes.byref(mask), "PTRACE_SETSIGMASK")
-
-
-def _scratch(t, n: int) -> tuple[int, bool]:
-    """``n`` bytes of memory in a traced process, and whether we mapped it (to unmap)."""
-    page = t.page()
-    return (page[0], False) if page is not None else (t.mmap(4096), True)
+        set_sigmask(clone.pid, mask, "zombies")
 
 
 def _drop_sigchld(proc, clone) -> None:
-    addr, mapped = _scratch(clone, 24)
-    try:
+    with clone.scratch() as addr:
         clone.write(addr, _SIGCHLD_BIT.to_bytes(8, "little") + bytes(16))  # the set, a zero timeout
         got = clone.syscall(_SYS_RT_SIGTIMEDWAIT, addr, 0, addr + 8, 8)
-    finally:
-        if mapped:
-            clone.munmap(addr, 4096)
     if got != signal.SIGCHLD:
         raise ForkError(f"process {proc.vpid} ({proc.name}): its clone did not get the SIGCHLD of its "
                         f"zombies ({got})", pid=clone.pid, step="zombies")
@@ -262,24 +242,24 @@ def _die_of(t, sig: int, what: str) -> int:
     """The task killed by ``sig`` before it runs an instruction, reaped as its tracer; returns
     its wait status."""
     if sig != signal.SIGKILL:
-        addr, _ = _scratch(t, 32)  # its own memory: it goes with it
-        t.write(addr, bytes(32))  # SIG_DFL, no flags, no mask
-        for nr, args in ((_SYS_RT_SIGACTION, (sig, addr, 0, 8)), (_SYS_PRCTL, (_PR_SET_DUMPABLE, 0))):
-            got = t.syscall(nr, *args)
-            if got < 0:
-                raise ForkError(f"{what}: syscall {nr}: {os.strerror(-got)}", pid=t.pid, step="zombies")
-        none = ctypes.c_uint64(0)
-        _ptrace(_PTRACE_SETSIGMASK, t.pid, ctypes.c_void_p(8), ctypes.byref(none), "PTRACE_SETSIGMASK")
+        with t.scratch() as addr:
+            t.write(addr, bytes(32))  # SIG_DFL, no flags, no mask
+            for nr, args in ((_SYS_RT_SIGACTION, (sig, addr, 0, 8)), (_SYS_PRCTL, (_PR_SET_DUMPABLE, 0))):
+                got = t.syscall(nr, *args)
+                if got < 0:
+                    raise ForkError(f"{what}: syscall {nr}: {os.strerror(-got)}", pid=t.pid, step="zombies")
+        set_sigmask(t.pid, 0, "zombies")
     os.kill(t.pid, sig)
     deadline = time.monotonic() + 5
     while True:
         if sig != signal.SIGKILL:  # SIGKILL ends a stopped task at once; the others on delivery
-            _libc.ptrace(_PTRACE_CONT, t.pid, None, None)
+            with contextlib.suppress(ForkError):  # gone already: the wait says how
+                ptrace(PTRACE_CONT, t.pid, None, None, "PTRACE_CONT", "zombies")
         done, st = os.waitpid(t.pid, _WALL)
         if not os.WIFSTOPPED(st):
             return st
         if os.WSTOPSIG(st) == sig:  # its delivery stop: let it go with the signal
-            _ptrace(_PTRACE_CONT, t.pid, None, ctypes.c_void_p(sig), "PTRACE_CONT")
+            ptrace(PTRACE_CONT, t.pid, None, ctypes.c_void_p(sig), "PTRACE_CONT", "zombies")
             _, st = os.waitpid(t.pid, _WALL)
             return st
         if time.monotonic() > deadline:
