@@ -22,6 +22,8 @@ import errno
 import mmap as _mmap
 import os
 import signal
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -36,6 +38,8 @@ __all__ = ["Tracee", "ThreadState", "SYS_getpid", "SYS_exit_group"]
 SYS_getpid = 39
 SYS_exit_group = 231
 _SYS_set_tid_address = 218
+_SYS_recvmsg = 47
+MSG_CMSG_CLOEXEC = 0x40000000  # the received descriptors are close-on-exec
 
 # x86_64: the kernel's code for "the call's remaining work is in current->restart_block"
 # (include/linux/errno.h), and the calls whose time left user space can see
@@ -278,6 +282,31 @@ class Tracee:
     def write(self, addr: int, data: bytes) -> None:
         """Write into the victim's memory (writable mappings only)."""
         self._call("write", addr, bytes(data))
+
+    def recv_fds(self, sockfd: int, n: int, at: int | None = None,
+                 flags: int = MSG_CMSG_CLOEXEC) -> tuple[bytes, list[int]]:
+        """An injected ``recvmsg(sockfd)`` of one message carrying up to ``n`` descriptors:
+        its bytes (64 at most) and the descriptors, installed in the victim. ``at``: where
+        in the victim's writable memory the call's data may go (160 + 4n bytes), else a
+        scratch page. Raises OSError with recvmsg's errno."""
+        if at is not None:
+            return self._recv_fds(sockfd, n, at, flags)
+        with self.scratch() as page:
+            return self._recv_fds(sockfd, n, page, flags)
+
+    def _recv_fds(self, sockfd: int, n: int, at: int, flags: int) -> tuple[bytes, list[int]]:
+        space = 16 + ((4 * n + 7) & ~7)  # CMSG_SPACE(4n)
+        msg, iov, data, ctl = at, at + 64, at + 80, at + 144
+        hdr = struct.pack("QI4xQQQQi4x", 0, 0, iov, 1, ctl, space, 0)
+        self.write(msg, hdr.ljust(64, b"\0") + struct.pack("QQ", data, 64) + bytes(64 + space))
+        got = self.syscall(_SYS_recvmsg, sockfd, msg, flags)
+        if got < 0:
+            raise OSError(-got, os.strerror(-got))
+        body = self.read(data, got) if got else b""
+        clen, level, kind = struct.unpack("QII", self.read(ctl, 16))
+        if (level, kind) != (socket.SOL_SOCKET, socket.SCM_RIGHTS) or clen <= 16:
+            return body, []
+        return body, list(struct.unpack(f"{(clen - 16) // 4}i", self.read(ctl + 16, clen - 16)))
 
     def held_signals(self) -> list[int]:
         """Signals that arrived during injection and will be delivered after cure."""

@@ -85,6 +85,29 @@ def test_cancelling_a_call_kills_its_process_group(ws):
     _run(main())
 
 
+def test_cancelling_at_any_point_leaves_no_process_and_no_exit_report(ws):
+    """A call cancelled before the init has answered its start (the process starts all the
+    same), while it runs, or as its exit report arrives: the process ends, and the channel
+    keeps nothing for it."""
+    async def main():
+        for delay in [None, 0, 0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05]:
+            call = asyncio.ensure_future(ws.arun("sleep 100 & sleep 100"))
+            if delay is not None:
+                await asyncio.sleep(delay)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        for _ in range(100):
+            chan = ws.live_channel()
+            if not _sleeps(ws) and not chan._exits and not chan._exit_futures:
+                break
+            await asyncio.sleep(0.05)
+        assert not _sleeps(ws)
+        assert not chan._exits and not chan._exit_futures
+        assert (await ws.arun("echo ok")).stdout == b"ok\n"
+    _run(main())
+
+
 def test_shell_calls_keep_their_session_and_cancel_cleanly(ws):
     async def main():
         sh = ws.shell()

@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import threading
 from dataclasses import dataclass, field
 
-from ..compel import Tracee
+from ..compel import MSG_CMSG_CLOEXEC, Tracee
 from ..errors import CheckpointError
 from ..fork.resources.sharing import getfd_here
 
-_SYS_close, _SYS_recvmsg, _SYS_setsid, _SYS_prctl, _SYS_dup3 = 3, 47, 112, 157, 292
-_MSG_CMSG_CLOEXEC = 0x40000000
+_SYS_close, _SYS_setsid, _SYS_prctl, _SYS_dup3 = 3, 112, 157, 292
 _PR_SET_MEMORY_MERGE = 67
 _MAGIC = b"bunshin-criu-fds"
 CTL_FD = 3
@@ -75,27 +73,16 @@ def _setns(fd: int, nstype: int) -> None:
 
 def _recv_fds(t: Tracee, sockfd: int, n: int) -> list[int]:
     """Inject ``recvmsg(sockfd)`` into the stopped ``t`` for one message carrying ``n`` fds."""
-    page = t.mmap(4096)
     try:
-        iov, data, ctl = page + 64, page + 128, page + 256
-        ctl_len = 16 + ((4 * n + 7) & ~7)
-        msghdr = struct.pack("QI4xQQQQi4x", 0, 0, iov, 1, ctl, ctl_len, 0)
-        t.write(page, msghdr + b"\0" * (64 - len(msghdr)) + struct.pack("QQ", data, 64))
-        got = t.syscall(_SYS_recvmsg, sockfd, page, _MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
-        if got < 0:
-            raise CheckpointError(f"init pid {t.pid}: recvmsg of the handed-over fds: {os.strerror(-got)}")
-        body = t.read(data, got)
-        clen, level, typ = struct.unpack("QII", t.read(ctl, 16))
-        fds = list(struct.unpack(f"{(clen - 16) // 4}i", t.read(ctl + 16, clen - 16))) \
-            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS and clen > 16 else []
-        if body != _MAGIC or len(fds) != n:
-            for fd in fds:
-                t.syscall(_SYS_close, fd)
-            raise CheckpointError(f"init pid {t.pid}: the workspace's control socket carried a request "
-                                  "of a concurrent tool call; do not use a workspace while it is dumped")
-        return fds
-    finally:
-        t.munmap(page, 4096)
+        body, fds = t.recv_fds(sockfd, n, flags=MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+    except OSError as e:
+        raise CheckpointError(f"init pid {t.pid}: recvmsg of the handed-over fds: {e.strerror}") from None
+    if body != _MAGIC or len(fds) != n:
+        for fd in fds:
+            t.syscall(_SYS_close, fd)
+        raise CheckpointError(f"init pid {t.pid}: the workspace's control socket carried a request "
+                              "of a concurrent tool call; do not use a workspace while it is dumped")
+    return fds
 
 
 def _install(t: Tracee, fd: int, at: int) -> None:

@@ -86,13 +86,6 @@ def _kill_and_reap(chan: Channel, pid: int) -> None:
         chan.kill(pid, signal.SIGKILL, "pgrp")
     except Exception:  # noqa: BLE001 - a dead workspace has nothing left to kill
         return
-
-    async def reap() -> None:
-        try:
-            await asyncio.wait_for(chan.await_exit(pid), 10)
-        except Exception:  # noqa: BLE001 - gone with its workspace
-            pass
-
-    task = asyncio.get_running_loop().create_task(reap())
+    task = asyncio.get_running_loop().create_task(chan.aend(pid))
     _reaping.add(task)
     task.add_done_callback(_reaping.discard)

@@ -13,11 +13,12 @@ import itertools
 import logging
 import os
 import select
+import signal
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._core import PROTO
@@ -83,6 +84,7 @@ class _Reader:
 
 
 _readers = PerProcess(_Reader)
+_ending: set[asyncio.Task] = set()  # unwanted processes being ended (Channel.aend)
 
 
 def _reader() -> _Reader:
@@ -107,15 +109,20 @@ class _Pending:
             _complete(self.future, self.reply)
 
 
-def _complete(fut: asyncio.Future, value: object) -> None:
-    """Give ``fut`` its result from any thread (a cancelled one takes none)."""
+def _complete(fut: asyncio.Future, value: object,
+              unclaimed: Callable[[], None] | None = None) -> None:
+    """Give ``fut`` its result from any thread. A future cancelled before the result reaches
+    it takes none: ``unclaimed()`` then keeps the result elsewhere."""
     def put() -> None:
         if not fut.done():
             fut.set_result(value)
+        elif unclaimed is not None:
+            unclaimed()
     try:
         fut.get_loop().call_soon_threadsafe(put)
     except RuntimeError:  # its loop is closed: no one waits any more
-        pass
+        if unclaimed is not None:
+            unclaimed()
 
 
 def _spawn_request(argv: Sequence[str], env: Sequence[str], cwd: str, setsid: bool, ctty: bool,
@@ -210,7 +217,8 @@ class Channel:
                     self._exits[pid] = status
                     self._exit_cond.notify_all()
             if fut is not None:
-                _complete(fut, status)
+                # a waiter cancelled meanwhile leaves it to a later wait (its reaper)
+                _complete(fut, status, lambda: self._keep_exit(pid, status))
             return
         with self._lock:
             p = self._pending.pop(rid, None)
@@ -232,6 +240,15 @@ class Channel:
             p.done()
         for fut in futures.values():
             _complete(fut, None)
+
+    def _keep_exit(self, pid: int, status: int) -> None:
+        with self._lock:
+            fut = self._exit_futures.pop(pid, None)
+            if fut is None or fut.done():
+                self._exits[pid] = status
+                self._exit_cond.notify_all()
+        if fut is not None and not fut.done():
+            _complete(fut, status, lambda: self._keep_exit(pid, status))
 
     # -- requests ---------------------------------------------------------------------
     @property
@@ -255,8 +272,15 @@ class Channel:
     async def arequest(self, typ: int, payload: bytes = b"", fds: Sequence[int] = (), flags: int = 0,
                        timeout: float | None = 30.0) -> tuple[int, bytes]:
         """:meth:`request` for a coroutine: its event loop runs on while the init answers."""
+        return await self._answer(*self._asend(typ, payload, fds, flags), typ, timeout)
+
+    def _asend(self, typ: int, payload: bytes, fds: Sequence[int], flags: int) -> tuple[_Pending, int]:
+        """The request sent now (its descriptors are the message's from here on): what
+        :meth:`_answer` awaits."""
         pend = _Pending(future=asyncio.get_running_loop().create_future())
-        rid = self._send(pend, typ, payload, fds, flags)
+        return pend, self._send(pend, typ, payload, fds, flags)
+
+    async def _answer(self, pend: _Pending, rid: int, typ: int, timeout: float | None) -> tuple[int, bytes]:
         assert pend.future is not None
         try:
             reply = await asyncio.wait_for(pend.future, timeout)
@@ -313,8 +337,45 @@ class Channel:
     async def aspawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int]) -> int:
         """:meth:`spawn` (a tracked process in a session of its own) for a coroutine."""
         flags, payload = _spawn_request(argv, env, cwd, True, False, True, 0o022)
-        typ, rep = await self.arequest(PROTO["REQ_SPAWN"], payload, fds, flags)
+        answer = asyncio.ensure_future(self._answer(*self._asend(PROTO["REQ_SPAWN"], payload, fds, flags),
+                                                    PROTO["REQ_SPAWN"], 30.0))
+        try:
+            typ, rep = await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            # the init starts it all the same: once it says which pid, that process is ended
+            answer.add_done_callback(self._end_unwanted)
+            raise
         return self._spawned(argv, cwd, typ, rep)
+
+    def _end_unwanted(self, answer: asyncio.Future) -> None:
+        """A process whose spawn was cancelled while the init started it: killed with its
+        group, and its exit collected (the channel would keep it otherwise)."""
+        if answer.cancelled() or answer.exception() is not None:
+            return
+        typ, rep = answer.result()
+        if typ != PROTO["REP_SPAWNED"]:
+            return
+        pid, err, _step, _ = _SPAWNED.unpack_from(rep)
+        if err or pid <= 0:
+            return
+        task = asyncio.get_running_loop().create_task(self.aend(pid))
+        _ending.add(task)
+        task.add_done_callback(_ending.discard)
+
+    async def akill(self, pid: int, sig: int, scope: str = "pid") -> int:
+        """:meth:`kill` for a coroutine."""
+        code = {"pid": PROTO["KILL_PID"], "pgrp": PROTO["KILL_PGRP"], "all": PROTO["KILL_ALL"]}[scope]
+        _typ, rep = await self.arequest(PROTO["REQ_KILL"], _KILL.pack(pid, sig, code, 0))
+        return _ACK.unpack_from(rep)[0]
+
+    async def aend(self, pid: int, within: float = 10.0) -> None:
+        """Kill a tracked process with its group and collect its exit (``within`` seconds at
+        most); a workspace gone meanwhile has nothing left to end."""
+        try:
+            await self.akill(pid, signal.SIGKILL, "pgrp")
+            await asyncio.wait_for(self.await_exit(pid), within)
+        except (WorkspaceDied, ProtocolError, TimeoutError):
+            pass
 
     def _spawned(self, argv: Sequence[str], cwd: str, typ: int, rep: bytes) -> int:
         if typ != PROTO["REP_SPAWNED"]:

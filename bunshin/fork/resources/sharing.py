@@ -27,9 +27,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _SYS_PIDFD_GETFD = 438
 _SYS_OPENAT2 = 437
-_SYS_RECVMSG = 47
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_IN_ROOT = 0x02, 0x10
-_MSG_CMSG_CLOEXEC = 0x40000000
 _PROC_FD = re.compile(r"/proc/(\d+|self)/fd/(\d+)")
 # what lets a process open, take or chown what is not its own: CAP_CHOWN, CAP_DAC_OVERRIDE,
 # CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SYS_PTRACE
@@ -173,17 +171,17 @@ def hand_over(r, fd: int) -> int:
     try:
         with socket.socket(fileno=getfd_here(r.t.pid, ours)) as s:
             socket.send_fds(s, [b"\0"], [fd])
-        space = socket.CMSG_SPACE(4)
-        iov, cmsg, msg = base + 8, base + 24, base + 24 + space
-        r.put(struct.pack("QQ", base, 1) + bytes(space)
-              + struct.pack("QI4xQQQQi4x", 0, 0, iov, 1, cmsg, space, 0), 8)
-        got = r.t.syscall(_SYS_RECVMSG, theirs, msg, _MSG_CMSG_CLOEXEC)
-        level, kind, newfd = struct.unpack("iii", r.t.read(cmsg + 8, 12))
-        if got != 1 or (level, kind) != (socket.SOL_SOCKET, socket.SCM_RIGHTS):
-            why = os.strerror(-got) if got < 0 else "no descriptor came"
-            raise ForkError(f"{r.what}: a descriptor handed over by the trainer: recvmsg: {why}",
-                            pid=r.t.pid, step="recvmsg", errno=-got if got < 0 else errno.EIO)
-        return newfd
+        try:
+            _body, fds = r.t.recv_fds(theirs, 1, at=base + 8)
+        except OSError as e:
+            raise ForkError(f"{r.what}: a descriptor handed over by the trainer: recvmsg: {e.strerror}",
+                            pid=r.t.pid, step="recvmsg", errno=e.errno) from None
+        if len(fds) != 1:
+            for extra in fds:
+                r.call("close", extra)
+            raise ForkError(f"{r.what}: a descriptor handed over by the trainer: none came",
+                            pid=r.t.pid, step="recvmsg", errno=errno.EIO)
+        return fds[0]
     finally:
         r.call("close", theirs)
         r.call("close", ours)
