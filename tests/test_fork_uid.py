@@ -144,7 +144,6 @@ def _check(w, pid: int, mode: str, prm: str, child: bool = False) -> None:
     assert ws_status(w, pid, "Uid").split()[:3] == [str(u) for u in want["uid"]]
 
 
-@placed_by_kernel
 @pytest.mark.parametrize("mode", ["dropped", "daemon"])
 def test_a_process_under_another_uid_keeps_its_ids_and_works_in_the_child(family, mode):
     ws, pid = _start(family, mode)

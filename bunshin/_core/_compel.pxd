@@ -74,6 +74,7 @@ cdef extern from "compel.h" nogil:
     int bx_clone_ext_end(bx_ctl *c)
     bx_ctl *bx_clone_ext_adopt(bx_ctl *c, pid_t child, pid_t vtid, int *err)
     int bx_cure_seized(bx_ctl *c)
+    int bx_replace_seized(bx_ctl *c, const user_regs_struct *regs, const void *xstate, size_t len)
 
     struct bx_batch_entry:
         uint64_t ctl

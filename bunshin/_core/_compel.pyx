@@ -388,6 +388,15 @@ cdef class Ctl:
         self._check(err)
         return tid
 
+    def replace(self, dict regs, const unsigned char[::1] xstate=None):
+        """The task's memory was replaced from outside: forget compel's bytes in the old one,
+        resume with ``regs`` (and ``xstate``, the FPU state, when given)."""
+        cdef bx_ctl *c = self._live()
+        cdef user_regs_struct r
+        _regs_in(regs, &r)
+        self._check(bx_replace_seized(c, &r, &xstate[0] if xstate is not None else NULL,
+                                      len(xstate) if xstate is not None else 0))
+
     def cure(self):
         cdef bx_ctl *c = self._live()
         cdef int err

@@ -41,8 +41,8 @@ from .._core.kmod import FORK_MAX_CHILDREN, Backend, Kmod, backend
 from .._core.kmod import why as kmod_why
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
-from . import engine
-from .plan import ProcPlan
+from . import engine, transplant
+from .plan import CLONE_CAPS, ProcPlan
 from .remote import Remote, RunRemote
 
 # module version whose FORK lends a task without CAP_CHECKPOINT_RESTORE (one under another uid)
@@ -73,6 +73,19 @@ class Cloner:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+    def cannot_enter(self, proc: ProcPlan) -> str | None:
+        """Why ``proc``, which lacks the capabilities of plan.CLONE_CAPS, cannot be forked by
+        this backend (None: it can); asked only where clones enter the child by their own
+        system calls."""
+        return "this fork clones each process from inside it"
+
+    def transplants(self, proc: ProcPlan) -> bool:
+        """Whether ``proc``'s clones are transplants (transplant.py) rather than clones."""
+        return False
+
+    def after_fixups(self, proc: ProcPlan, child: Tracee, r: Remote) -> None:
+        """The last of a clone's fixups, after every resource's."""
 
     def clone(self, source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
               tmp_pid: int, ahead: list[Tracee | None] | None = None,
@@ -144,15 +157,50 @@ def _end_unused(ahead: list[Tracee | None], mids: list[int]) -> None:
 
 
 class Injection(Cloner):
-    """Without the module: injected clone3 through an intermediate."""
+    """Without the module: injected clone3 through an intermediate; a process that lacks the
+    capabilities for that (one under another uid) is transplanted instead (transplant.py): a
+    blank made by the child's init becomes it, its memory copied."""
 
     name = "injection"
     through_intermediates = True
 
+    def cannot_enter(self, proc: ProcPlan) -> str | None:
+        why = transplant.refusal(proc)
+        return None if why is None else (
+            "this fork clones each process from inside it, or transplants one that cannot "
+            f"(a blank made by the child's init becomes it, its memory copied), but it {why}")
+
+    def transplants(self, proc: ProcPlan) -> bool:
+        return any(not proc.cap_eff >> bit & 1 for _, bit in CLONE_CAPS)
+
     def _clone(self, source, proc, child_inits, tmp_pid, ahead, mids, sibling, out) -> None:
+        if self.transplants(proc):
+            tp = source()
+            read = transplant.read_source(tp, proc)
+            for ci in child_inits:
+                out.append(self._transplant(tp, read, proc, ci))
+            return
         for i, ci in enumerate(child_inits):
             mid, ahead[i] = ahead[i], None
             out.append(self._through(source, proc, ci, tmp_pid, mids, mid, sibling))
+
+    @staticmethod
+    def _transplant(tp: Tracee, read: transplant.Source, proc: ProcPlan,
+                    child_init: int) -> Tracee:
+        donor = Tracee.seize(child_init)
+        try:
+            blank = transplant.make(donor, tp, read, proc)
+        finally:
+            donor.detach()
+        blank.transplanted = read  # type: ignore[attr-defined]  # its credentials: after_fixups
+        return blank
+
+    def after_fixups(self, proc, child, r) -> None:
+        read = getattr(child, "transplanted", None)
+        if read is not None:
+            r.flush()
+            transplant.set_credentials(r, read, getattr(proc, "pdeath_signal", None))
+            child.transplanted = None
 
     @staticmethod
     def _through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
@@ -176,6 +224,8 @@ class Injection(Cloner):
         """Each in the child's cgroup ``cg``, so the clone made from it is born there; a
         ForkError (EAGAIN: a pids limit) leaves those made so far in ``into``."""
         for pl in core.plans[1:]:
+            if self.transplants(pl):  # made by the child's init, at the fork
+                continue
             mid = engine.make_mid(tracees[pl.hostpid], child_init, core.tmp_pids[pl.hostpid],
                                   core.mids_reap_themselves(pl))
             into[pl.hostpid] = mid

@@ -249,6 +249,7 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
 
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
+        ctx.cloner.after_fixups(proc, child, r)
         r.flush()
     finally:
         r.release()

@@ -187,6 +187,11 @@ struct bx_ctl *bx_clone_ext_adopt(struct bx_ctl *c, pid_t child, pid_t vtid, int
 
 /* cure.c */
 int bx_cure_seized(struct bx_ctl *c);
+/* The task's memory was replaced from outside (a transplant): forget what compel put in the old
+ * one without touching it, set the FPU state (xstate: NULL keeps it) and make regs what the
+ * injection thread resumes with at cure; the syscall instruction is looked for again. */
+int bx_replace_seized(struct bx_ctl *c, const struct user_regs_struct *regs, const void *xstate,
+		      size_t len);
 
 /* threads.c: fork copies only the calling thread; these recreate the others in the child. */
 struct bx_altstack {
