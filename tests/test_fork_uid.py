@@ -1,7 +1,8 @@
-"""A process running under another uid (a daemon that dropped root, `sudo -u`): forked with
-its ids, groups and capabilities where the fork's clones are placed in the child by the
-kernel (the module's FORK), refused up front, naming it, where each clone must enter the
-child by its own system calls (a stock kernel)."""
+"""A process running under another uid (a daemon that dropped root, `sudo -u`, a `setpriv`
+shell): forked with its ids, groups, capabilities, memory and descriptors. Where the fork's
+clones enter the child by their own system calls (a stock kernel), such a process, which may
+not, is transplanted (fork/transplant.py): a blank the child's init makes with its pid becomes
+it, its memory copied. What a transplant cannot carry is refused up front, naming it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import platform
 import signal
 
 import pytest
-from conftest import fork_one, signal_and_read, start_script, ws_status
+from conftest import fork_one, signal_and_read, start_script, wait_file, wait_for_bytes, ws_status
 
 from bunshin.errors import ForkError
 from bunshin.fork.cloners import cloner
@@ -112,12 +113,8 @@ WANT = {
                "scratch-name": "/tmp/scratch (deleted)", "helper": "pong ping"},
 }
 
-placed_by_kernel = pytest.mark.skipif(
-    cloner().clone_enters_child,
-    reason=f"clones enter the child by their own system calls here ({cloner().name}): the "
-           "module's FORK (kmod/tests/run.sh) places them")
 entering_by_itself = pytest.mark.skipif(
-    not cloner().clone_enters_child, reason="the module's FORK forks such a process")
+    not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
 
 
 def _start(family, mode):
@@ -165,17 +162,135 @@ def test_a_process_under_another_uid_keeps_its_ids_and_works_in_the_child(family
     assert ws.read_file("/run/log") == b"report\n" * 2
 
 
+# A uid-1001 process holding 64 MiB of a known pattern and a dict, answering on a pipe: its
+# memory, ids and layout in every child, and in the source after.
+_BIG = r"""
+import hashlib, mmap
+os.setgroups([2001])
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+blob = bytearray(64 << 20)
+for at in range(0, len(blob), 4096):
+    blob[at:at + 8] = at.to_bytes(8, 'little')
+table = {str(i): i * i for i in range(10000)}
+digest = hashlib.sha256(blob).hexdigest()
+os.mkfifo('/tmp/ask', 0o666) if not os.path.exists('/tmp/ask') else None
+out('/tmp/ready', str(os.getpid()))
+while True:
+    with open('/tmp/ask') as f:
+        asked = f.read().strip()
+    if not asked:
+        continue
+    got = {'asked': asked, 'pid': os.getpid(), 'uid': os.getresuid(), 'gid': os.getresgid(),
+           'groups': os.getgroups(),
+           'memory': hashlib.sha256(blob).hexdigest() == digest and table['99'] == 9801,
+           'caps': [l.split()[1] for l in open('/proc/self/status') if l.startswith('Cap')]}
+    blob[0] ^= 1  # written: copy-on-write, its own
+    table[asked] = len(table)
+    out('/tmp/answer-' + asked, json.dumps(got))
+"""
+
+
+def _ask(w, word: str) -> dict:
+    w.run(f"echo {word} > /tmp/ask")
+    return json.loads(wait_file(w, f"/tmp/answer-{word}"))
+
+
+def _maps(w, pid: int) -> list[str]:
+    """/proc/PID/maps without the inode's device (each btrfs snapshot has its own)."""
+    out = []
+    for line in w.read_file(f"/proc/{pid}/maps").decode().splitlines():
+        f = line.split()
+        out.append(" ".join(f[:3] + f[5:]))
+    return out
+
+
+def test_a_large_process_under_another_uid_has_its_memory_layout_and_ids_in_each_child(family):
+    ws = start_script(family, _BIG, "/tmp/ready")
+    pid = int(ws.read_file("/tmp/ready"))
+    maps = _maps(ws, pid)
+    kid = fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        from_tpl = tpl.fork(2)
+        family.extend(from_tpl)
+    finally:
+        tpl.close()
+    want = {"pid": pid, "uid": [1001] * 3, "gid": [1001] * 3, "groups": [2001], "memory": True,
+            "caps": ["0000000000000000"] * 3 + [ws_status(ws, pid, "CapBnd"), "0000000000000000"]}
+    for i, w in enumerate([kid, *from_tpl, ws]):
+        assert _maps(w, pid) == maps, w.id
+        got = _ask(w, f"w{i}")
+        assert got == dict(want, asked=f"w{i}"), w.id
+        assert ws_status(w, pid, "Uid").split() == ["1001"] * 4
+
+
+# a shell started by setpriv (as `su`/`sudo -u` would), its loop forking `sleep` under uid 1001
+_SHELL = ("setpriv --reuid=1001 --regid=1001 --clear-groups bash -c "
+          "'n=0; while :; do n=$((n+1)); echo $n > /tmp/u/tick; sleep 0.05; done'")
+
+
+def test_a_shell_started_under_another_uid_keeps_looping_in_each_child(family):
+    import bunshin
+
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.run("mkdir -p /tmp/u && chown 1001 /tmp/u")
+    ws.spawn(["sh", "-c", _SHELL])
+    wait_file(ws, "/tmp/u/tick")
+    kid = fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        (from_tpl,) = tpl.fork(1)
+        family.append(from_tpl)
+    finally:
+        tpl.close()
+    for w in (kid, from_tpl, ws):
+        first = int(wait_file(w, "/tmp/u/tick"))
+        assert int(wait_for_bytes(w, "/tmp/u/tick", str(first + 3).encode())) >= first + 3, w.id
+        assert w.run("stat -c %u /tmp/u/tick").stdout.strip() == b"1001"
+        bash = w.run("pgrep -x bash").stdout.split()
+        assert bash and all(ws_status(w, int(p), "Uid").split()[0] == "1001" for p in bash)
+
+
+_THREADED = r"""
+import threading
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+out('/tmp/ready', str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+_FILTERED = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+allow = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0x7fff0000))  # RET ALLOW
+prog = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", 1, ctypes.addressof(allow)))
+assert libc.prctl(22, 2, prog, 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+out('/tmp/ready', str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
 @entering_by_itself
-@pytest.mark.parametrize("mode", ["dropped", "daemon"])
-def test_a_process_under_another_uid_is_refused_up_front_naming_it(family, mode):
-    ws, pid = _start(family, mode)
-    prm = ws_status(ws, pid, "CapPrm")
+@pytest.mark.parametrize("script, why", [(_THREADED, "has 2 threads: a transplant carries a "
+                                          "single-threaded process only"),
+                                         (_FILTERED, "runs under seccomp filters")],
+                         ids=["threads", "seccomp"])
+def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family, script, why):
+    ws = start_script(family, script, "/tmp/ready")
+    pid = int(ws.read_file("/tmp/ready"))
     n_dirs = len(list(ws.state_path.parent.iterdir()))
-    with pytest.raises(ForkError, match=rf"process {pid} \(python3\) runs as uid 1001 without "
-                                        r"CAP_SYS_ADMIN and CAP_SYS_CHROOT.*module's FORK"):
-        ws.fork(1)
-    with pytest.raises(ForkError, match=rf"process {pid} \(python3\) runs as uid 1001"):
-        ws.snapshot()
+    for make in (lambda: ws.fork(1), ws.snapshot):
+        with pytest.raises(ForkError, match=rf"process {pid} \(python3\) runs as uid 1001 without "
+                                            rf"CAP_SYS_ADMIN and CAP_SYS_CHROOT: .*{why}"):
+            make()
     assert len(list(ws.state_path.parent.iterdir())) == n_dirs
     assert not ws.cgroup.frozen()
-    _check(ws, pid, mode, prm)
+    assert ws_status(ws, pid, "Uid").split()[0] == "1001"
