@@ -263,7 +263,9 @@ def check_caps(procs: list[ProcPlan]) -> None:
         if not cl.clone_enters_child:
             return
         why = cl.cannot_enter(p)
-        if why is None:  # transplanted
+        if why is None:
+            # transplanted: its clones run their fixups as root, their credentials set last
+            p.transplanted = True
             continue
         raise ForkError(
             f"process {p.vpid} ({p.name}) runs as uid {p.uid} without {' and '.join(missing)}: "

@@ -45,7 +45,7 @@ _NR = {
     "umask": 95, "sigaltstack": 131, "personality": 135, "prctl": 157, "mremap": 25,
     "set_tid_address": 218, "set_robust_list": 273, "rseq": 334, "close_range": 436,
     "brk": 12, "setgroups": 116, "setresuid": 117, "setresgid": 119, "setfsuid": 122,
-    "setfsgid": 123, "capset": 126,
+    "setfsgid": 123, "capset": 126, "mseal": 462,
 }
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_GROWSDOWN = 0x01, 0x02, 0x10, 0x20, 0x0100
 _MAP_FIXED_NOREPLACE = 0x100000
@@ -65,7 +65,8 @@ _PR_SET_MM_MAP = 14
 _PR_CAP_AMBIENT_RAISE, _PR_CAP_AMBIENT_CLEAR_ALL = 2, 4
 _SECURE_NO_SETUID_FIXUP = 1 << 2
 _CAP_VERSION_3 = 0x20080522
-_MADV = {"dd": 16, "wf": 18, "hg": 14, "nh": 15, "mg": 12}  # VmFlags -> madvise advice
+# VmFlags -> madvise advice
+_MADV = {"rr": 1, "sr": 2, "dd": 16, "wf": 18, "hg": 14, "nh": 15, "mg": 12}
 # the kernel's own mappings, moved rather than made: same kernel, same sizes
 _SPECIAL = ("[vdso]", "[vvar]", "[vvar_vclock]")
 _SIGNALS = [s for s in range(1, 65) if s not in (9, 19)]
@@ -408,6 +409,8 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
             if flag in v.flags:
                 calls.append(("madvise", (v.start, v.end - v.start, advice)))
     calls += [("close", (fd,)) for fd in there.values()]
+    # sealed last: a sealed mapping can no longer be changed
+    calls += [("mseal", (v.start, v.end - v.start, 0)) for v in s.vmas if _kept(v) and "sl" in v.flags]
     b.batch(calls)
 
 
