@@ -73,6 +73,8 @@ class ProcPlan:
     umask: int = 0o022
     handled: tuple[str, str] = ("", "")  # SigIgn and SigCgt of /proc/PID/status: its handlers' state
     vm_size: str = ""  # VmSize of /proc/PID/status ("" without an address space)
+    # its clones are transplants (fork/transplant.py, check_caps): root until their last fixup
+    transplanted: bool = False
 
     @functools.cached_property
     def name(self) -> str:

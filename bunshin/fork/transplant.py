@@ -29,6 +29,7 @@ import re
 import resource
 import struct
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..compel import Tracee
@@ -278,7 +279,7 @@ class _Blank:
                             pid=self.t.pid, step="transplant", errno=-got)
         return got
 
-    def batch(self, calls: list[tuple[str, tuple[int, ...]]], ok: bool = False) -> list[int]:
+    def batch(self, calls: Sequence[tuple[str, tuple[int, ...]]], ok: bool = False) -> list[int]:
         """``calls`` run in the region, in as few stops as it takes; any failure raises (but
         with ``ok``)."""
         reg = self.region
@@ -393,7 +394,7 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
     finally:
         for fd in files.values():
             os.close(fd)
-    calls = []
+    calls: list[tuple[str, tuple[int, ...]]] = []
     for v in s.vmas:
         if not _kept(v):
             continue
@@ -470,9 +471,9 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
                             f"of the child's init: {e.strerror}", pid=t.pid, step="transplant",
                             errno=e.errno) from None
     auxv = reg.put(t, s.auxv)
-    c, ec, d, ed, sb, ss, a, ea, e, ee = s.mm
-    mm = reg.put(t, struct.pack("11QQII", c, ec, d, ed, sb, s.brk, ss, a, ea, e, ee, auxv,
-                                len(s.auxv), exe))
+    code, end_code, data, end_data, start_brk, stack, arg, end_arg, env, end_env = s.mm
+    mm = reg.put(t, struct.pack("11QQII", code, end_code, data, end_data, start_brk, s.brk, stack,
+                                arg, end_arg, env, end_env, auxv, len(s.auxv), exe))
     calls: list[tuple[str, tuple[int, ...]]] = [
         ("prctl", (_PR_SET_MM, _PR_SET_MM_MAP, mm, 104, 0)), ("close", (exe,))]
     for sig, act in s.actions.items():

@@ -95,7 +95,7 @@ def by_trainer(proc) -> bool:
     need (it runs under another uid, or dropped them): the trainer opens them then
     (:func:`open_for`). Not for a transplant (fork/transplant.py): it is root until its last
     fixup."""
-    if getattr(proc, "transplanted", False):
+    if proc.transplanted:
         return False
     return any(not proc.cap_eff >> bit & 1 for bit in _BYPASS_CAPS)
 
