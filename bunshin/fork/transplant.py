@@ -53,7 +53,7 @@ _MAP_FIXED_NOREPLACE = 0x100000
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _PROT = {"r": 1, "w": 2, "x": 4}
 _RWX = 7
-_SS_DISABLE = 2
+_SS_ONSTACK, _SS_DISABLE = 1, 2
 _RSEQ_UNREGISTER = 1
 _MSG_CMSG_CLOEXEC = 0x40000000
 _O_CLOEXEC = 0o2000000
@@ -72,6 +72,8 @@ _MADV = {"rr": 1, "sr": 2, "dd": 16, "wf": 18, "hg": 14, "nh": 15, "mg": 12}
 _SPECIAL = ("[vdso]", "[vvar]", "[vvar_vclock]")
 _SIGNALS = [s for s in range(1, 65) if s not in (9, 19)]
 _PM_PRESENT, _PM_SWAP, _PM_FILE = 1 << 63, 1 << 62, 1 << 61
+_SYS_IOPRIO_SET, _SYS_IOPRIO_GET = 251, 252
+_PR_SET_VMA, _PR_SET_VMA_ANON_NAME = 0x53564D41, 0
 _COPY_CHUNK = 8 << 20
 _FDS_PER_ROUND = 64
 
@@ -126,7 +128,7 @@ def refusal(proc: ProcPlan) -> str | None:
         if v.perms[3] == "s" and v.path.startswith("/SYSV"):
             return (f"has SysV shared memory attached at {v.start:#x}-{v.end:#x}: a transplant "
                     "does not attach it again")
-        if v.path.startswith("[") and v.path not in ("[heap]", "[stack]"):
+        if v.path.startswith("[") and v.path not in ("[heap]", "[stack]") and not _anon_name(v):
             return f"has a mapping of a kind a transplant does not make: {v.path}"
         if "lo" in v.flags and "gd" in v.flags:
             return "has its stack locked in memory"
@@ -374,6 +376,13 @@ def _kept(v: Vma) -> bool:
     return v.path not in _SPECIAL and v.path != "[vsyscall]" and "dc" not in v.flags
 
 
+def _anon_name(v: Vma) -> str | None:
+    """The name PR_SET_VMA_ANON_NAME gave a private anonymous mapping, if any."""
+    if v.ino == 0 and v.path.startswith("[anon:") and v.path.endswith("]"):
+        return v.path[6:-1]
+    return None
+
+
 def _file_key(v: Vma) -> tuple[str, int, bool]:
     """A mapped file, and whether it must be opened for writing (a writable shared mapping)."""
     return v.dev, v.ino, v.perms[3] == "s" and "w" in v.perms
@@ -406,6 +415,10 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
             # memory fixups (resources/shmem.py) give the child its copy
             calls.append(("mmap", (v.start, v.end - v.start, v.prot, flags,
                                    there[_file_key(v)], v.offset)))
+        name = _anon_name(v)
+        if name is not None and b.region is not None:
+            calls.append(("prctl", (_PR_SET_VMA, _PR_SET_VMA_ANON_NAME, v.start, v.end - v.start,
+                                    b.region.put(b.t, os.fsencode(name) + b"\0"))))
         for flag, advice in _MADV.items():
             if flag in v.flags:
                 calls.append(("madvise", (v.start, v.end - v.start, advice)))
@@ -480,8 +493,9 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
         calls.append(("rt_sigaction", (sig, reg.put(t, act), 0, 8)))
     calls.append(("rt_sigprocmask", (2, reg.put(t, struct.pack("Q", s.sigmask)), 0, 8)))
     sp, flags, size = s.altstack
-    alt = struct.pack("QiiQ", sp if not flags & _SS_DISABLE else 0, flags & _SS_DISABLE,
-                      0, size if not flags & _SS_DISABLE else 0)
+    if flags & _SS_DISABLE:
+        sp = size = 0
+    alt = struct.pack("Qi4xQ", sp, flags & ~_SS_ONSTACK, size)
     calls.append(("sigaltstack", (reg.put(t, alt), 0)))
     calls.append(("set_tid_address", (s.clear_tid,)))
     if s.robust[0]:
@@ -498,6 +512,32 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     os.setpriority(os.PRIO_PROCESS, t.pid, s.nice)
     policy, prio = s.sched
     os.sched_setscheduler(t.pid, policy, os.sched_param(prio))
+    _ioprio(src.pid, t.pid)
+    for name in ("oom_score_adj", "coredump_filter"):  # what fork copies and /proc shows
+        want = read_text(f"/proc/{src.pid}/{name}")
+        if read_text(f"/proc/{t.pid}/{name}") != want:
+            try:
+                with open(f"/proc/{t.pid}/{name}", "w") as fh:
+                    fh.write(want)
+            except OSError as e:
+                raise ForkError(f"{b.what}: transplant: its {name} {want.strip()} cannot be set: "
+                                f"{e.strerror}", pid=t.pid, step="transplant",
+                                errno=e.errno) from None
+
+
+def _ioprio(frm: int, to: int) -> None:
+    """The I/O priority (fork copies it), asked and set by the trainer."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    who_process = 1
+    prio = libc.syscall(ctypes.c_long(_SYS_IOPRIO_GET), ctypes.c_long(who_process), ctypes.c_long(frm))
+    if prio < 0 or libc.syscall(ctypes.c_long(_SYS_IOPRIO_SET), ctypes.c_long(who_process),
+                                ctypes.c_long(to), ctypes.c_long(prio)) < 0:
+        e = ctypes.get_errno()
+        raise ForkError(f"pid {frm}: transplant: its I/O priority: {os.strerror(e)}", pid=frm,
+                        step="transplant", errno=e)
 
 
 def _hand_over(b: _Blank, fds: list[int]) -> list[int]:
