@@ -430,15 +430,19 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
 
 def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
     """The process's private pages (present or swapped, not the file's own) written into the
-    blank through /proc/PID/mem, which writes read-only mappings too; returns bytes copied."""
+    blank; returns bytes copied. process_vm_readv/writev copy once; a mapping they may not
+    touch (not readable, or not writable in the blank) goes through /proc/PID/mem, which
+    writes read-only mappings too (FOLL_FORCE) but one page at a time, through a bounce page."""
+    import ctypes
+
     import numpy as np
 
     copied = 0
     pm = os.open(f"/proc/{frm}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
     src = os.open(f"/proc/{frm}/mem", os.O_RDONLY | os.O_CLOEXEC)
     dst = os.open(f"/proc/{to}/mem", os.O_WRONLY | os.O_CLOEXEC)
-    buf = bytearray(_COPY_CHUNK)
-    view = memoryview(buf)
+    buf = (ctypes.c_char * _COPY_CHUNK)()
+    view = memoryview(buf).cast("B")
     try:
         for v in vmas:
             if not _kept(v) or "wf" in v.flags:
@@ -454,17 +458,46 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
                 at, end = v.start + int(first) * PAGE, v.start + int(last) * PAGE
                 while at < end:
                     size = min(end - at, _COPY_CHUNK)
-                    got = os.preadv(src, [view[:size]], at)
-                    if got != size:
-                        raise ForkError(f"pid {frm}: reading its memory at {at:#x}: short read",
-                                        pid=frm, step="transplant")
-                    os.pwrite(dst, view[:size], at)
+                    if "r" in v.perms:
+                        got = _vm_rw(_process_vm_readv, frm, buf, at, size)
+                    else:
+                        got = os.preadv(src, [view[:size]], at)
+                    if got == size and "w" in v.perms:
+                        put = _vm_rw(_process_vm_writev, to, buf, at, size)
+                    elif got == size:
+                        put = os.pwrite(dst, view[:size], at)
+                    if got != size or put != size:
+                        raise ForkError(f"pid {frm}: copying its memory at {at:#x} into {to}: "
+                                        "short", pid=frm, step="transplant")
                     copied += size
                     at += size
     finally:
         for fd in (pm, src, dst):
             os.close(fd)
     return copied
+
+
+def _vm_call(name: str):
+    import ctypes
+
+    fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    fn.restype = ctypes.c_ssize_t
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                   ctypes.c_ulong]
+    return fn
+
+
+_process_vm_readv = _vm_call("process_vm_readv")
+_process_vm_writev = _vm_call("process_vm_writev")
+
+
+def _vm_rw(fn, pid: int, buf, at: int, size: int) -> int:
+    """``size`` bytes between our ``buf`` and ``pid``'s memory at ``at``; bytes moved, or -1."""
+    import ctypes
+
+    local = struct.pack("QQ", ctypes.addressof(buf), size)
+    remote = struct.pack("QQ", at, size)
+    return fn(pid, local, 1, remote, 1, 0)
 
 
 def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
