@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import platform
 import signal
+import time
 
 import pytest
 from conftest import fork_one, signal_and_read, start_script, wait_file, wait_for_bytes, ws_status
@@ -253,15 +254,55 @@ def test_a_shell_started_under_another_uid_keeps_looping_in_each_child(family):
         assert bash and all(ws_status(w, int(p), "Uid").split()[0] == "1001" for p in bash)
 
 
+# a uid-1001 process whose threads each keep a counter going
 _THREADED = r"""
 import threading
 os.setresgid(1001, 1001, 1001)
 os.setresuid(1001, 1001, 1001)
-threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+counts = [0, 0, 0]
+lock = threading.Lock()
+
+def count(i):
+    while True:
+        with lock:
+            counts[i] += 1
+        time.sleep(0.01)
+
+for i in range(3):
+    threading.Thread(target=count, args=(i,), daemon=True).start()
 out('/tmp/ready', str(os.getpid()))
 while True:
     time.sleep(0.05)
+    ids = [l.split()[1:] for l in open('/proc/self/status') if l[:4] in ('Uid:', 'Gid:')]
+    tids = sorted(os.listdir('/proc/self/task'))
+    each = {t: [l.split()[1] for l in open(f'/proc/self/task/{t}/status') if l.startswith('Uid:')]
+            for t in tids}
+    with lock:
+        out('/tmp/state', json.dumps({'counts': counts, 'ids': ids, 'tids': tids, 'each': each}))
 """
+
+
+def test_a_multithreaded_process_under_another_uid_keeps_its_threads_in_each_child(family):
+    ws = start_script(family, _THREADED, "/tmp/ready")
+    pid = int(ws.read_file("/tmp/ready"))
+    tids = json.loads(wait_file(ws, "/tmp/state"))["tids"]
+    kid = fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        (from_tpl,) = tpl.fork(1)
+        family.append(from_tpl)
+    finally:
+        tpl.close()
+    for w in (kid, from_tpl, ws):
+        first = json.loads(wait_file(w, "/tmp/state"))
+        time.sleep(0.3)
+        now = json.loads(w.read_file("/tmp/state"))
+        assert now["tids"] == tids, w.id  # each thread with its tid
+        assert all(b > a for a, b in zip(first["counts"], now["counts"])), (w.id, first, now)
+        assert now["ids"] == [["1001"] * 4] * 2
+        assert all(uid == ["1001"] for uid in now["each"].values()), now["each"]
+        assert ws_status(w, pid, "Threads") == "4"
+
 
 _FILTERED = r"""
 import ctypes
@@ -279,10 +320,8 @@ while True:
 
 
 @entering_by_itself
-@pytest.mark.parametrize("script, why", [(_THREADED, "has 2 threads: a transplant carries a "
-                                          "single-threaded process only"),
-                                         (_FILTERED, "runs under seccomp filters")],
-                         ids=["threads", "seccomp"])
+@pytest.mark.parametrize("script, why", [(_FILTERED, "runs under seccomp filters")],
+                         ids=["seccomp"])
 def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family, script, why):
     ws = start_script(family, script, "/tmp/ready")
     pid = int(ws.read_file("/tmp/ready"))

@@ -17,8 +17,10 @@ While its old mappings go, the blank runs the injected calls from a region of ou
 (:class:`_Region`: a syscall instruction, compel's batch program and its table, data and a
 stack), placed where neither layout has anything, and unmapped at the end.
 
-What is not carried is refused at plan time (:func:`refusal`): more than one thread, seccomp
-filters, MAP_SHARED mappings, mappings of kinds not handled here.
+Its other threads are made by the fork's fixups as a clone's are (Tracee.clone_threads, as
+root: each takes its tid), and the credentials are set in each. What is not carried is refused
+at plan time (:func:`refusal`): seccomp filters, SysV shared memory, mappings of kinds not
+handled here.
 """
 
 from __future__ import annotations
@@ -116,9 +118,6 @@ def read_vmas(pid: int, smaps: bool = True) -> list[Vma]:
 
 def refusal(proc: ProcPlan) -> str | None:
     """Why ``proc`` cannot be transplanted (None: it can)."""
-    if len(proc.threads) > 1:
-        return (f"has {len(proc.threads)} threads: a transplant carries a single-threaded "
-                "process only")
     if proc.seccomp_filters:
         return ("runs under seccomp filters: a transplant cannot install them again once "
                 "its credentials are dropped")
@@ -656,11 +655,16 @@ def set_credentials(r, s: Source, pdeath_signal: int | None) -> None:
     gids = [int(x) for x in st["Gid"].split()]
     groups = [int(x) for x in st.get("Groups", "").split()]
 
-    def call(nr: str, *args: int) -> None:
-        got = t.syscall(_NR[nr], *args)
-        if -4096 < got < 0:
-            raise ForkError(f"{r.what}: transplant: {nr}{args}: {os.strerror(-got)}",
-                            pid=t.pid, step="credentials", errno=-got)
+    tids = t.threads()
+
+    def call(nr: str, *args: int, everywhere: bool = True) -> None:
+        """In every thread: credentials are a thread's own (its threads are made as root)."""
+        for tid in tids if everywhere else tids[:1]:
+            got = (t.syscall(_NR[nr], *args) if tid == t.pid
+                   else t.thread_syscall(tid, _NR[nr], *args[:4]))  # (the rest are 0)
+            if -4096 < got < 0:
+                raise ForkError(f"{r.what}: transplant: {nr}{args} in thread {tid}: "
+                                f"{os.strerror(-got)}", pid=t.pid, step="credentials", errno=-got)
 
     with t.scratch() as data:
         call("prctl", _PR_SET_SECUREBITS, _SECURE_NO_SETUID_FIXUP)
@@ -687,9 +691,9 @@ def set_credentials(r, s: Source, pdeath_signal: int | None) -> None:
                 call("prctl", _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, cap, 0, 0)
         call("prctl", _PR_SET_SECUREBITS, s.securebits)
         _capset(t, data, _caps(st, "CapEff"), _caps(st, "CapPrm"), inh, call)
-    call("prctl", _PR_SET_DUMPABLE, s.dumpable)
+    call("prctl", _PR_SET_DUMPABLE, s.dumpable, everywhere=False)  # the process's
     if pdeath_signal:
-        call("prctl", _PR_SET_PDEATHSIG, pdeath_signal)
+        call("prctl", _PR_SET_PDEATHSIG, pdeath_signal, everywhere=False)
 
 
 def _capset(t: Tracee, data: int, eff: int, prm: int, inh: int, call) -> None:

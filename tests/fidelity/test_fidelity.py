@@ -48,8 +48,7 @@ KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
 CARRIED = {"setuid"}
 
 # Victims run under another uid from their start (setpriv, as a daemon that dropped root): on a
-# stock kernel each is transplanted, so their classes show what a transplant carries; a
-# multithreaded one is refused there, naming why.
+# stock kernel each is transplanted, so their classes show what a transplant carries.
 UNDER_ANOTHER_UID = ["epoll_closed", "eventfds", "fifo", "itimer", "locks", "madvise", "memfd",
                      "opath", "pipe", "procattrs", "ptimer", "shmem", "sighandlers", "sockopts",
                      "stopped", "tcp", "udp", "unix_stream", "altstack", "robust", "rseq",
@@ -240,16 +239,13 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
 @pytest.mark.parametrize("victim", UNDER_ANOTHER_UID)
 def test_fidelity_under_another_uid(victim, path, binaries, family, tmp_path):
     """Not recorded in the table: its rows are the victims as root."""
-    from bunshin.fork.cloners import cloner
-
     ws, pid = _start(family, binaries[victim], RUN_AS_1001)
     assert (_read(ws, f"/proc/{pid}/status") or b"").count(b"\t1001") >= 4  # Uid and Gid lines
     before = tasks(ws)
     try:
         kid = _child(ws, path, tmp_path)
     except ForkError as e:
-        # multithreaded by design: refused where it would be transplanted
-        assert cloner().clone_enters_child and "single-threaded process only" in str(e), e
+        pytest.fail(f"refused: {e}")
     else:
         family.append(kid)
         child = verdict(kid, pid)

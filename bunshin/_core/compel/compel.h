@@ -211,6 +211,10 @@ struct bx_thread_extra {
 /* The alternate signal stack of thread tid (seized and stopped), read by running sigaltstack
  * in that very thread; its registers are put back as cure would. */
 int bx_thread_altstack_seized(struct bx_ctl *c, pid_t tid, struct bx_altstack *out);
+/* Run system call nr (up to four arguments) in thread tid (seized and stopped) of c; its
+ * registers are put back as cure would. For what is a thread's own (its credentials). */
+int bx_thread_syscall_seized(struct bx_ctl *c, pid_t tid, long nr, const unsigned long args[4],
+			     long *ret);
 /* Clone a thread into the child's thread group (made by the child's injection thread): same
  * TLS, cached tid address (set and cleared by the kernel), robust list, rseq, signal mask,
  * registers as src resumes, and what extra gives (may be NULL). set_tid > 0: its tid in the
