@@ -51,7 +51,8 @@ CARRIED = {"setuid"}
 # stock kernel each is transplanted, so their classes show what a transplant carries.
 UNDER_ANOTHER_UID = ["epoll_closed", "eventfds", "fifo", "itimer", "locks", "madvise", "memfd",
                      "opath", "pipe", "procattrs", "ptimer", "shmem", "sighandlers", "sockopts",
-                     "stopped", "tcp", "udp", "unix_stream", "altstack", "robust", "rseq",
+                     "stopped", "tcp", "udp", "unix_stream", "altstack", "robust", "rseq", "timer_thread",
+                     "deadlines", "inotify_deleted",
                      "threads"]
 RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
 
