@@ -114,10 +114,6 @@ WANT = {
                "scratch-name": "/tmp/scratch (deleted)", "helper": "pong ping"},
 }
 
-entering_by_itself = pytest.mark.skipif(
-    not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
-
-
 def _start(family, mode):
     ws = start_script(family, _SCRIPT, "/run/u/ready", mode)
     return ws, int(ws.read_file("/run/u/ready"))
@@ -304,15 +300,59 @@ def test_a_multithreaded_process_under_another_uid_keeps_its_threads_in_each_chi
         assert ws_status(w, pid, "Threads") == "4"
 
 
+# a uid-1001 process under a seccomp filter of its own: getpgid fails with errno 77
 _FILTERED = r"""
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 os.setresgid(1001, 1001, 1001)
 os.setresuid(1001, 1001, 1001)
 libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-allow = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0x7fff0000))  # RET ALLOW
-prog = ctypes.create_string_buffer(struct.pack("HxxxxxxQ", 1, ctypes.addressof(allow)))
+code = b''.join(struct.pack("HBBI", *i) for i in [
+    (0x20, 0, 0, 0),             # ld nr
+    (0x15, 0, 1, 121),           # jeq getpgid
+    (0x06, 0, 0, 0x50000 | 77),  # ret ERRNO(77)
+    (0x06, 0, 0, 0x7fff0000)])   # ret ALLOW
+insns = ctypes.create_string_buffer(code)
+prog = ctypes.create_string_buffer(struct.pack("H6xQ", 4, ctypes.addressof(insns)))
 assert libc.prctl(22, 2, prog, 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+out('/tmp/ready', str(os.getpid()))
+while True:
+    time.sleep(0.05)
+    got = libc.syscall(121, 0)
+    status = {l.split(':')[0]: l.split()[1] for l in open('/proc/self/status')
+              if l.startswith(('Seccomp', 'NoNewPrivs', 'Uid'))}
+    out('/tmp/state', json.dumps([got, ctypes.get_errno(), status]))
+"""
+
+
+def test_a_process_under_another_uid_keeps_its_seccomp_filter_in_each_child(family):
+    ws = start_script(family, _FILTERED, "/tmp/ready")
+    want = [-1, 77, {"Uid": "1001", "NoNewPrivs": "1", "Seccomp": "2", "Seccomp_filters": "1"}]
+    assert json.loads(wait_file(ws, "/tmp/state")) == want
+    kid = fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        (from_tpl,) = tpl.fork(1)
+        family.append(from_tpl)
+    finally:
+        tpl.close()
+    for w in (kid, from_tpl, ws):
+        w.run("rm -f /tmp/state")
+        assert json.loads(wait_file(w, "/tmp/state")) == want, w.id
+
+
+entering_by_itself = pytest.mark.skipif(
+    not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
+
+# a uid-1001 process with SysV shared memory attached, which a transplant does not attach again
+_SYSV = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+shmid = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+assert shmid >= 0 and libc.shmat(shmid, None, 0) not in (None, ctypes.c_void_p(-1).value)
 out('/tmp/ready', str(os.getpid()))
 while True:
     time.sleep(0.05)
@@ -320,15 +360,14 @@ while True:
 
 
 @entering_by_itself
-@pytest.mark.parametrize("script, why", [(_FILTERED, "runs under seccomp filters")],
-                         ids=["seccomp"])
-def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family, script, why):
-    ws = start_script(family, script, "/tmp/ready")
+def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family):
+    ws = start_script(family, _SYSV, "/tmp/ready")
     pid = int(ws.read_file("/tmp/ready"))
     n_dirs = len(list(ws.state_path.parent.iterdir()))
     for make in (lambda: ws.fork(1), ws.snapshot):
         with pytest.raises(ForkError, match=rf"process {pid} \(python3\) runs as uid 1001 without "
-                                            rf"CAP_SYS_ADMIN and CAP_SYS_CHROOT: .*{why}"):
+                                            r"CAP_SYS_ADMIN and CAP_SYS_CHROOT: .*transplants.*"
+                                            r"SysV shared memory attached"):
             make()
     assert len(list(ws.state_path.parent.iterdir())) == n_dirs
     assert not ws.cgroup.frozen()

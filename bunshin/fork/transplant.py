@@ -18,9 +18,11 @@ While its old mappings go, the blank runs the injected calls from a region of ou
 stack), placed where neither layout has anything, and unmapped at the end.
 
 Its other threads are made by the fork's fixups as a clone's are (Tracee.clone_threads, as
-root: each takes its tid), and the credentials are set in each. What is not carried is refused
-at plan time (:func:`refusal`): seccomp filters, SysV shared memory, mappings of kinds not
-handled here.
+root: each takes its tid), and the credentials are set in each. Seccomp filters are read by the
+trainer (PTRACE_SECCOMP_GET_FILTER) and installed again while the blank is root. What is not
+carried is refused at plan time (:func:`refusal`): SysV shared memory, mappings of kinds not
+handled here, seccomp filters the fork's calls could not pass; and at the fork a filter that
+hands calls to a listener.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..compel import Tracee
+from ..compel import Tracee, suspends_seccomp
 from ..errors import ForkError
 from .plan import ProcPlan, proc_status, read_text
 
@@ -48,7 +50,7 @@ _NR = {
     "umask": 95, "sigaltstack": 131, "personality": 135, "prctl": 157, "mremap": 25,
     "set_tid_address": 218, "set_robust_list": 273, "rseq": 334, "close_range": 436,
     "brk": 12, "setgroups": 116, "setresuid": 117, "setresgid": 119, "setfsuid": 122,
-    "setfsgid": 123, "capset": 126, "mseal": 462,
+    "setfsgid": 123, "capset": 126, "mseal": 462, "seccomp": 317,
 }
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_GROWSDOWN = 0x01, 0x02, 0x10, 0x20, 0x0100
 _MAP_FIXED_NOREPLACE = 0x100000
@@ -76,6 +78,11 @@ _SIGNALS = [s for s in range(1, 65) if s not in (9, 19)]
 _PM_PRESENT, _PM_SWAP, _PM_FILE = 1 << 63, 1 << 62, 1 << 61
 _SYS_IOPRIO_SET, _SYS_IOPRIO_GET = 251, 252
 _PR_SET_VMA, _PR_SET_VMA_ANON_NAME = 0x53564D41, 0
+_SYS_PTRACE = 101
+_PTRACE_SECCOMP_GET_FILTER, _PTRACE_SECCOMP_GET_METADATA = 0x420C, 0x420D
+_BPF_RET_K = 0x06
+_SECCOMP_RET_USER_NOTIF = 0x7FC00000
+_SECCOMP_SET_MODE_FILTER = 1
 _COPY_CHUNK = 8 << 20
 _FDS_PER_ROUND = 64
 
@@ -119,8 +126,14 @@ def read_vmas(pid: int, smaps: bool = True) -> list[Vma]:
 def refusal(proc: ProcPlan) -> str | None:
     """Why ``proc`` cannot be transplanted (None: it can)."""
     if proc.seccomp_filters:
-        return ("runs under seccomp filters: a transplant cannot install them again once "
-                "its credentials are dropped")
+        if suspends_seccomp() is False:
+            return ("runs under seccomp filters, which this trainer's injected calls cannot pass "
+                    "(PTRACE_O_SUSPEND_SECCOMP needs CAP_SYS_ADMIN and an unfiltered trainer)")
+        counts = {proc_status(f"{proc.hostpid}/task/{tid}").get("Seccomp_filters")
+                  for tid in proc.threads}
+        if len(counts) > 1:
+            return ("has threads under different seccomp filters: a transplant's threads all "
+                    "get its main thread's")
     for v in read_vmas(proc.hostpid):
         if v.path in ("[vsyscall]",) + _SPECIAL or "dc" in v.flags:
             continue
@@ -198,6 +211,7 @@ class Source:
     rlimits: dict[int, tuple[int, int]]
     nice: int
     sched: tuple[int, int]
+    filters: list[tuple[int, bytes]]  # seccomp (flags, program), oldest first
 
 
 def read_source(t: Tracee, proc: ProcPlan) -> Source:
@@ -250,7 +264,44 @@ def read_source(t: Tracee, proc: ProcPlan) -> Source:
         brk=got[0], mm=mm, auxv=auxv, actions=actions, cloexec=cloexec, status=proc_status(pid),
         securebits=got[2], dumpable=got[3], timerslack=got[4], personality=got[5], comm=comm,
         rlimits=rlimits, nice=f(19),
-        sched=(os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority))
+        sched=(os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority),
+        filters=read_filters(pid, proc) if proc.seccomp_filters else [])
+
+
+def read_filters(pid: int, proc: ProcPlan) -> list[tuple[int, bytes]]:
+    """The process's seccomp filters with their flags, oldest first, asked of the kernel by its
+    tracer (PTRACE_SECCOMP_GET_FILTER: this thread, which seized it). One that hands calls to a
+    listener (SECCOMP_RET_USER_NOTIF) is refused: its listener cannot be had again."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+
+    def ptrace(req: int, addr: int, data) -> int:
+        got = libc.syscall(ctypes.c_long(_SYS_PTRACE), ctypes.c_long(req), ctypes.c_long(pid),
+                           ctypes.c_long(addr), data)
+        if got < 0:
+            e = ctypes.get_errno()
+            raise ForkError(f"process {proc.vpid} ({proc.name}): reading its seccomp filter "
+                            f"{addr}: {os.strerror(e)}", pid=pid, step="seccomp", errno=e)
+        return got
+
+    out = []
+    for i in range(proc.seccomp_filters):  # 0: the newest
+        n = ptrace(_PTRACE_SECCOMP_GET_FILTER, i, None)
+        prog = ctypes.create_string_buffer(8 * n)
+        ptrace(_PTRACE_SECCOMP_GET_FILTER, i, prog)
+        meta = ctypes.create_string_buffer(struct.pack("QQ", i, 0))
+        ptrace(_PTRACE_SECCOMP_GET_METADATA, 16, meta)
+        code = prog.raw
+        for at in range(0, len(code), 8):
+            op, _jt, _jf, k = struct.unpack_from("HBBI", code, at)
+            if op == _BPF_RET_K and k & 0xFFFF0000 == _SECCOMP_RET_USER_NOTIF:
+                raise ForkError(f"process {proc.vpid} ({proc.name}): its seccomp filter {i} hands "
+                                "calls to a listener (SECCOMP_RET_USER_NOTIF), which a transplant "
+                                "cannot have again", pid=pid, step="seccomp")
+        out.append((struct.unpack("QQ", meta.raw[:16])[1], code))
+    return out[::-1]
 
 
 def read_limits(pid: int) -> dict[int, tuple[int, int]]:
@@ -540,6 +591,12 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     calls.append(("prctl", (_PR_SET_TIMERSLACK, s.timerslack)))
     if s.status.get("NoNewPrivs", "0").strip() == "1":
         calls.append(("prctl", (_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)))
+    # as root (no need of no_new_privs), before its threads are made (they get them): the
+    # fork's own calls pass them (PTRACE_O_SUSPEND_SECCOMP)
+    for how, program in s.filters:
+        at = reg.put(t, program)
+        calls.append(("seccomp", (_SECCOMP_SET_MODE_FILTER, how,
+                                  reg.put(t, struct.pack("H6xQ", len(program) // 8, at)))))
     b.batch(calls)
     os.setpriority(os.PRIO_PROCESS, t.pid, s.nice)
     policy, prio = s.sched
