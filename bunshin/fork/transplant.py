@@ -76,6 +76,7 @@ _MADV = {"rr": 1, "sr": 2, "dd": 16, "wf": 18, "hg": 14, "nh": 15, "mg": 12}
 _SPECIAL = ("[vdso]", "[vvar]", "[vvar_vclock]")
 _SIGNALS = [s for s in range(1, 65) if s not in (9, 19)]
 _PM_PRESENT, _PM_SWAP, _PM_FILE = 1 << 63, 1 << 62, 1 << 61
+_PFN_MASK = (1 << 55) - 1
 _SYS_IOPRIO_SET, _SYS_IOPRIO_GET = 251, 252
 _PR_SET_VMA, _PR_SET_VMA_ANON_NAME = 0x53564D41, 0
 _SYS_PTRACE = 101
@@ -487,6 +488,9 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
 
     import numpy as np
 
+    from ..memory.pagemap import zero_pfns
+
+    zero, huge_lo, huge_hi = zero_pfns()
     copied = 0
     pm = os.open(f"/proc/{frm}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
     src = os.open(f"/proc/{frm}/mem", os.O_RDONLY | os.O_CLOEXEC)
@@ -501,6 +505,9 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
             raw = os.pread(pm, n * 8, v.start // PAGE * 8)
             ent = np.frombuffer(raw, dtype=np.uint64)
             want = ((ent & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & ((ent & np.uint64(_PM_FILE)) == 0)
+            # a page only read maps the zero page: it stays untouched in the blank too
+            pfn = np.where((ent & np.uint64(_PM_PRESENT)) != 0, ent & np.uint64(_PFN_MASK), 0)
+            want &= (pfn != zero) & ((pfn < huge_lo) | (pfn >= huge_hi))
             if not want.any():
                 continue
             edges = np.flatnonzero(np.diff(np.concatenate(([0], want.astype(np.int8), [0]))))
