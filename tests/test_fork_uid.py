@@ -344,7 +344,7 @@ def test_a_process_under_another_uid_keeps_its_seccomp_filter_in_each_child(fami
 entering_by_itself = pytest.mark.skipif(
     not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
 
-# a uid-1001 process with SysV shared memory attached, which a transplant does not attach again
+# a uid-1001 process with SysV shared memory attached: its segment is the child's own copy
 _SYSV = r"""
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -352,7 +352,59 @@ libc.shmat.restype = ctypes.c_void_p
 os.setresgid(1001, 1001, 1001)
 os.setresuid(1001, 1001, 1001)
 shmid = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
-assert shmid >= 0 and libc.shmat(shmid, None, 0) not in (None, ctypes.c_void_p(-1).value)
+at = libc.shmat(shmid, None, 0)
+seg = (ctypes.c_char * 16).from_address(at)
+seg[:5] = b'first'
+out('/tmp/ready', str(os.getpid()))
+while True:
+    time.sleep(0.05)
+    if os.path.exists('/tmp/write'):
+        seg[:5] = open('/tmp/write').read().encode()[:5]
+    out('/tmp/state', json.dumps([hex(at), seg[:5].decode()]))
+"""
+
+
+def test_a_process_under_another_uid_keeps_its_sysv_segment_as_the_childs_own(family):
+    ws = start_script(family, _SYSV, "/tmp/ready")
+    at, first = json.loads(wait_file(ws, "/tmp/state"))
+    kid = fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        (from_tpl,) = tpl.fork(1)
+        family.append(from_tpl)
+    finally:
+        tpl.close()
+    for w in (kid, from_tpl, ws):
+        assert json.loads(wait_file(w, "/tmp/state")) == [at, "first"], w.id
+        w.write_file("/tmp/write", w.id[:5])
+        deadline = time.monotonic() + 10
+        while json.loads(w.read_file("/tmp/state"))[1] != w.id[:5] and time.monotonic() < deadline:
+            time.sleep(0.02)
+    for w in (kid, from_tpl, ws):  # each wrote its own
+        assert json.loads(w.read_file("/tmp/state")) == [at, w.id[:5]], w.id
+
+
+entering_by_itself = pytest.mark.skipif(
+    not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
+
+# a uid-1001 process whose second thread alone runs under a seccomp filter (no TSYNC): a
+# transplant's threads would all get its main thread's
+_THREAD_FILTER = r"""
+import ctypes, threading
+libc = ctypes.CDLL(None, use_errno=True)
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+allow = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0x7fff0000))
+prog = ctypes.create_string_buffer(struct.pack("H6xQ", 1, ctypes.addressof(allow)))
+
+def filtered():
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, prog, 0, 0) == 0  # this thread only
+    while True:
+        time.sleep(1)
+
+threading.Thread(target=filtered, daemon=True).start()
+time.sleep(0.2)
 out('/tmp/ready', str(os.getpid()))
 while True:
     time.sleep(0.05)
@@ -361,13 +413,13 @@ while True:
 
 @entering_by_itself
 def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family):
-    ws = start_script(family, _SYSV, "/tmp/ready")
+    ws = start_script(family, _THREAD_FILTER, "/tmp/ready")
     pid = int(ws.read_file("/tmp/ready"))
     n_dirs = len(list(ws.state_path.parent.iterdir()))
     for make in (lambda: ws.fork(1), ws.snapshot):
         with pytest.raises(ForkError, match=rf"process {pid} \(python3\) runs as uid 1001 without "
                                             r"CAP_SYS_ADMIN and CAP_SYS_CHROOT: .*transplants.*"
-                                            r"SysV shared memory attached"):
+                                            r"threads under different seccomp filters"):
             make()
     assert len(list(ws.state_path.parent.iterdir())) == n_dirs
     assert not ws.cgroup.frozen()

@@ -20,9 +20,9 @@ stack), placed where neither layout has anything, and unmapped at the end.
 Its other threads are made by the fork's fixups as a clone's are (Tracee.clone_threads, as
 root: each takes its tid), and the credentials are set in each. Seccomp filters are read by the
 trainer (PTRACE_SECCOMP_GET_FILTER) and installed again while the blank is root. What is not
-carried is refused at plan time (:func:`refusal`): SysV shared memory, mappings of kinds not
-handled here, seccomp filters the fork's calls could not pass; and at the fork a filter that
-hands calls to a listener.
+carried is refused at plan time (:func:`refusal`): mappings of kinds not handled here, seccomp
+filters the fork's calls could not pass or that differ between its threads; and at the fork a
+filter that hands calls to a listener.
 """
 
 from __future__ import annotations
@@ -126,21 +126,16 @@ def read_vmas(pid: int, smaps: bool = True) -> list[Vma]:
 
 def refusal(proc: ProcPlan) -> str | None:
     """Why ``proc`` cannot be transplanted (None: it can)."""
-    if proc.seccomp_filters:
-        if suspends_seccomp() is False:
-            return ("runs under seccomp filters, which this trainer's injected calls cannot pass "
-                    "(PTRACE_O_SUSPEND_SECCOMP needs CAP_SYS_ADMIN and an unfiltered trainer)")
-        counts = {proc_status(f"{proc.hostpid}/task/{tid}").get("Seccomp_filters")
-                  for tid in proc.threads}
-        if len(counts) > 1:
-            return ("has threads under different seccomp filters: a transplant's threads all "
-                    "get its main thread's")
+    if proc.seccomp_filters and suspends_seccomp() is False:
+        return ("runs under seccomp filters, which this trainer's injected calls cannot pass "
+                "(PTRACE_O_SUSPEND_SECCOMP needs CAP_SYS_ADMIN and an unfiltered trainer)")
+    if len(proc.threads) > 1 and len({proc_status(f"{proc.hostpid}/task/{tid}").get(
+            "Seccomp_filters") for tid in proc.threads}) > 1:
+        return ("has threads under different seccomp filters: a transplant's threads all get "
+                "its main thread's")
     for v in read_vmas(proc.hostpid):
         if v.path in ("[vsyscall]",) + _SPECIAL or "dc" in v.flags:
             continue
-        if v.perms[3] == "s" and v.path.startswith("/SYSV"):
-            return (f"has SysV shared memory attached at {v.start:#x}-{v.end:#x}: a transplant "
-                    "does not attach it again")
         if v.path.startswith("[") and v.path not in ("[heap]", "[stack]") and not _anon_name(v):
             return f"has a mapping of a kind a transplant does not make: {v.path}"
         if "lo" in v.flags and "gd" in v.flags:
@@ -423,8 +418,11 @@ def _become(b: _Blank, src: Tracee, s: Source) -> None:
 
 
 def _kept(v: Vma) -> bool:
-    """Whether a fork's child has this mapping (MADV_DONTFORK's do not go)."""
-    return v.path not in _SPECIAL and v.path != "[vsyscall]" and "dc" not in v.flags
+    """Whether the blank gets this mapping: a fork's child has it (MADV_DONTFORK's do not go),
+    and it is not a SysV segment (its clone attaches the child's copy at the same address,
+    resources/sysv_shm.py, as a clone's does)."""
+    return (v.path not in _SPECIAL and v.path != "[vsyscall]" and "dc" not in v.flags
+            and not (v.perms[3] == "s" and v.path.startswith("/SYSV")))
 
 
 def _anon_name(v: Vma) -> str | None:
