@@ -138,8 +138,12 @@ def refusal(proc: ProcPlan) -> str | None:
             continue
         if v.path.startswith("[") and v.path not in ("[heap]", "[stack]") and not _anon_name(v):
             return f"has a mapping of a kind a transplant does not make: {v.path}"
-        if "lo" in v.flags and "gd" in v.flags:
-            return "has its stack locked in memory"
+        if v.path.startswith("anon_inode:") or (v.path.startswith("/dev/") and not (
+                v.path.startswith("/dev/shm/") or v.path == "/dev/zero (deleted)")):
+            # opened again through /proc/PID/map_files it would be another open of the device
+            # (or none at all), not the process's own mapping
+            return (f"has a mapping of {v.path} at {v.start:#x}-{v.end:#x}, which a transplant "
+                    "cannot map again")
     return None
 
 
@@ -218,27 +222,25 @@ def read_source(t: Tracee, proc: ProcPlan) -> Source:
     pid = t.pid
     st = _reissued(pid, t.thread_state())
     regs = dict(st.resume)
-    page = t.page()
-    if page is None:
-        raise ForkError(f"process {proc.vpid} ({proc.name}): refuses writable+executable memory, "
-                        "which reading it for a transplant needs", pid=pid, step="transplant")
-    data = page[0]  # the page's room for data, 2048 bytes
-    calls = [(_NR["brk"], (0,), 0), (_NR["prctl"], (_PR_GET_TID_ADDRESS, data), 0),
+    calls = [(_NR["brk"], (0,), 0), (_NR["prctl"], (_PR_GET_TID_ADDRESS, 0), 0),
              (_NR["prctl"], (_PR_GET_SECUREBITS,), 0), (_NR["prctl"], (_PR_GET_DUMPABLE,), 0),
              (_NR["prctl"], (_PR_GET_TIMERSLACK,), 0), (_NR["personality"], (0xFFFFFFFF,), 0)]
-    got = t.calls(calls)
-    if len(got) < len(calls) or any(-4096 < g < 0 for g in got):
-        raise ForkError(f"process {proc.vpid} ({proc.name}): reading it for a transplant: "
-                        f"{[c[0] for c in calls]} gave {got}", pid=pid, step="transplant")
-    clear_tid = int.from_bytes(t.read(data, 8), "little")
     actions: dict[int, bytes] = {}
-    step = Tracee.max_calls()
-    for at in range(0, len(_SIGNALS), step):
-        sigs = _SIGNALS[at:at + step]
-        t.calls([(_NR["rt_sigaction"], (s, 0, data + 32 * i, 8), 0) for i, s in enumerate(sigs)])
-        raw = t.read(data, 32 * len(sigs))
-        for i, s in enumerate(sigs):
-            actions[s] = raw[32 * i:32 * i + 32]
+    with t.scratch() as data:  # room for 2048 bytes
+        calls[1] = (_NR["prctl"], (_PR_GET_TID_ADDRESS, data), 0)
+        got = t.calls(calls)
+        if len(got) < len(calls) or any(-4096 < g < 0 for g in got):
+            raise ForkError(f"process {proc.vpid} ({proc.name}): reading it for a transplant: "
+                            f"{[c[0] for c in calls]} gave {got}", pid=pid, step="transplant")
+        clear_tid = int.from_bytes(t.read(data, 8), "little")
+        step = Tracee.max_calls()
+        for at in range(0, len(_SIGNALS), step):
+            sigs = _SIGNALS[at:at + step]
+            t.calls([(_NR["rt_sigaction"], (s, 0, data + 32 * i, 8), 0)
+                     for i, s in enumerate(sigs)])
+            raw = t.read(data, 32 * len(sigs))
+            for i, s in enumerate(sigs):
+                actions[s] = raw[32 * i:32 * i + 32]
     fds = [f.fd for f in proc.fds]
     cloexec: dict[int, bool] = {}
     for at in range(0, len(fds), Tracee.max_calls()):
@@ -410,8 +412,8 @@ def _become(b: _Blank, src: Tracee, s: Source) -> None:
     _copy_pages(src.pid, t.pid, s.vmas)
     _task_state(b, src, s)
     _descriptors(b, src, s)
-    # the process's own registers (and with them the syscall instruction compel looks for
-    # again in its memory); our region goes last, run from there
+    # the process's own registers: compel looks for a syscall instruction again, in the
+    # process's code now, so that our region can go, last
     t.replace(s.regs, s.xstate)
     b.region = None
     b.call("munmap", addr, reg.SIZE)
