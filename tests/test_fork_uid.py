@@ -424,3 +424,29 @@ def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family):
     assert len(list(ws.state_path.parent.iterdir())) == n_dirs
     assert not ws.cgroup.frozen()
     assert ws_status(ws, pid, "Uid").split()[0] == "1001"
+
+
+@entering_by_itself
+@pytest.mark.parametrize("step", ["_map", "_descriptors", "set_credentials"])
+def test_a_transplant_that_fails_midway_leaves_nothing_and_the_source_runs_on(family, monkeypatch,
+                                                                               step):
+    from bunshin.fork import transplant
+
+    ws, pid = _start(family, "dropped")
+    prm = ws_status(ws, pid, "CapPrm")
+    n_dirs = len(list(ws.state_path.parent.iterdir()))
+    real = getattr(transplant, step)
+
+    def failing(*args, **kw):
+        real(*args, **kw)
+        raise ForkError(f"injected failure after {step}")
+
+    monkeypatch.setattr(transplant, step, failing)
+    with pytest.raises(ForkError, match=f"injected failure after {step}"):
+        ws.fork(1)
+    monkeypatch.setattr(transplant, step, real)
+    assert len(list(ws.state_path.parent.iterdir())) == n_dirs
+    assert not ws.cgroup.frozen()
+    _check(ws, pid, "dropped", prm)
+    kid = fork_one(family, ws)  # and it forks afterwards
+    _check(kid, pid, "dropped", prm, child=True)
