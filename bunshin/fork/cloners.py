@@ -84,8 +84,11 @@ class Cloner:
         """Whether ``proc``'s clones are transplants (transplant.py) rather than clones."""
         return False
 
-    def after_fixups(self, proc: ProcPlan, child: Tracee, r: Remote) -> None:
-        """The last of a clone's fixups, after every resource's."""
+    def after_fixups(self, ctx: engine.ForkCtx, proc: ProcPlan, child: Tracee) -> None:
+        """After every resource's fixups of a clone."""
+
+    def finish_child(self, ctx: engine.ForkCtx) -> None:
+        """After every resource's finish of a child (engine.finish_child)."""
 
     def clone(self, source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
               tmp_pid: int, ahead: list[Tracee | None] | None = None,
@@ -192,15 +195,20 @@ class Injection(Cloner):
             blank = transplant.make(donor, tp, read, proc)
         finally:
             donor.detach()
-        blank.transplanted = read  # type: ignore[attr-defined]  # its credentials: after_fixups
+        blank.transplanted = read  # type: ignore[attr-defined]  # its credentials: finish_child
         return blank
 
-    def after_fixups(self, proc, child, r) -> None:
+    def after_fixups(self, ctx, proc, child) -> None:
         read = getattr(child, "transplanted", None)
-        if read is not None:
-            r.flush()
-            transplant.set_credentials(r, read, getattr(proc, "pdeath_signal", None))
+        if read is not None:  # its credentials once the child is whole: its zombies are made
+            # (engine.finish_child) by it, as root
+            ctx.shared.setdefault("transplants", []).append((proc, child, read))
             child.transplanted = None
+
+    def finish_child(self, ctx) -> None:
+        for proc, child, read in ctx.shared.pop("transplants", []):
+            transplant.set_credentials(child, f"process {proc.vpid} ({proc.name})", read,
+                                       getattr(proc, "pdeath_signal", None))
 
     @staticmethod
     def _through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,

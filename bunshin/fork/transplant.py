@@ -10,8 +10,8 @@ pages are copied (only those present or swapped and not file-backed: untouched p
 untouched), then its mm bounds, auxv and executable (PR_SET_MM_MAP), registers and FPU state,
 signal handlers and mask, robust list, rseq, alternate stack, limits, and descriptors (the
 same open files, at the same numbers). The per-descriptor fixups then see what a fork's clone
-would, and the credentials come last (:func:`set_credentials`), so that everything before
-runs as root. The process itself is only read.
+would, and the credentials come last (:func:`set_credentials`, once the child is whole), so
+that everything before runs as root: the fixups, its threads, its zombies. The process itself is only read.
 
 While its old mappings go, the blank runs the injected calls from a region of ours
 (:class:`_Region`: a syscall instruction, compel's batch program and its table, data and a
@@ -353,7 +353,7 @@ class _Blank:
 def make(donor: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> Tracee:
     """The transplant of ``proc`` (seized as ``src``, read as ``s``) made by ``donor``, the
     child's init: returned stopped and traced, as a clone would be, but with its template's
-    credentials still to set (:func:`set_credentials`, after its fixups). On failure no blank
+    credentials still to set (:func:`set_credentials`, once the child is whole). On failure no blank
     is left."""
     what = f"process {proc.vpid} ({proc.name})"
     try:
@@ -708,12 +708,11 @@ def _caps(status: dict[str, str], key: str) -> int:
     return int(status[key], 16)
 
 
-def set_credentials(r, s: Source, pdeath_signal: int | None) -> None:
+def set_credentials(t: Tracee, what: str, s: Source, pdeath_signal: int | None) -> None:
     """The process's credentials on its transplant, after every fixup that needs root: groups,
     gids, uids, bounding set, ambient set, securebits and capabilities (CRIU's order: uid
     changes keep the capabilities, SECURE_NO_SETUID_FIXUP, until they are set themselves),
     then what a change of credentials resets (dumpable, the parent-death signal)."""
-    t = r.t
     st = s.status
     uids = [int(x) for x in st["Uid"].split()]
     gids = [int(x) for x in st["Gid"].split()]
@@ -727,7 +726,7 @@ def set_credentials(r, s: Source, pdeath_signal: int | None) -> None:
             got = (t.syscall(_NR[nr], *args) if tid == t.pid
                    else t.thread_syscall(tid, _NR[nr], *args[:4]))  # (the rest are 0)
             if -4096 < got < 0:
-                raise ForkError(f"{r.what}: transplant: {nr}{args} in thread {tid}: "
+                raise ForkError(f"{what}: transplant: {nr}{args} in thread {tid}: "
                                 f"{os.strerror(-got)}", pid=t.pid, step="credentials", errno=-got)
 
     with t.scratch() as data:
