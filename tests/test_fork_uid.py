@@ -341,6 +341,37 @@ def test_a_process_under_another_uid_keeps_its_seccomp_filter_in_each_child(fami
         assert json.loads(wait_file(w, "/tmp/state")) == want, w.id
 
 
+# a uid-1001 process with a zombie child and a blocked signal pending: its clone waits for
+# the zombie's exit code and finds the signal
+_ZOMBIE = r"""
+import signal
+os.setresgid(1001, 1001, 1001)
+os.setresuid(1001, 1001, 1001)
+z = os.fork()
+if z == 0:
+    os._exit(7)
+time.sleep(0.2)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+os.kill(os.getpid(), signal.SIGUSR1)
+out('/tmp/ready', str(z))
+wait('/tmp/go')
+pending = sorted(int(s) for s in signal.sigpending())
+done, status = os.waitpid(z, 0)
+out('/tmp/result', json.dumps([pending, done, os.waitstatus_to_exitcode(status)]))
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_process_under_another_uid_keeps_its_zombie_and_pending_signal(family):
+    ws = start_script(family, _ZOMBIE, "/tmp/ready")
+    z = int(ws.read_file("/tmp/ready"))
+    kid = fork_one(family, ws)
+    for w in (kid, ws):
+        w.write_file("/tmp/go", "")
+        assert json.loads(wait_file(w, "/tmp/result")) == [[signal.SIGUSR1], z, 7], w.id
+
+
 entering_by_itself = pytest.mark.skipif(
     not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
 
