@@ -171,6 +171,9 @@ for at in range(0, len(blob), 4096):
     blob[at:at + 8] = at.to_bytes(8, 'little')
 table = {str(i): i * i for i in range(10000)}
 digest = hashlib.sha256(blob).hexdigest()
+import ctypes
+libc = ctypes.CDLL(None)
+assert libc.prctl(41, 1, 0, 0, 0) == 0  # PR_SET_THP_DISABLE: a flag of its memory
 os.mkfifo('/tmp/ask', 0o666) if not os.path.exists('/tmp/ask') else None
 out('/tmp/ready', str(os.getpid()))
 while True:
@@ -181,7 +184,8 @@ while True:
     got = {'asked': asked, 'pid': os.getpid(), 'uid': os.getresuid(), 'gid': os.getresgid(),
            'groups': os.getgroups(),
            'memory': hashlib.sha256(blob).hexdigest() == digest and table['99'] == 9801,
-           'caps': [l.split()[1] for l in open('/proc/self/status') if l.startswith('Cap')]}
+           'caps': [l.split()[1] for l in open('/proc/self/status') if l.startswith('Cap')],
+           'thp_disable': libc.prctl(42, 0, 0, 0, 0)}
     blob[0] ^= 1  # written: copy-on-write, its own
     table[asked] = len(table)
     out('/tmp/answer-' + asked, json.dumps(got))
@@ -214,6 +218,7 @@ def test_a_large_process_under_another_uid_has_its_memory_layout_and_ids_in_each
     finally:
         tpl.close()
     want = {"pid": pid, "uid": [1001] * 3, "gid": [1001] * 3, "groups": [2001], "memory": True,
+            "thp_disable": 1,
             "caps": ["0000000000000000"] * 3 + [ws_status(ws, pid, "CapBnd"), "0000000000000000"]}
     for i, w in enumerate([kid, *from_tpl, ws]):
         assert _maps(w, pid) == maps, w.id

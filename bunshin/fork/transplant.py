@@ -67,6 +67,9 @@ _F_DUPFD_CLOEXEC, _F_GETFD = 1030, 1
  _PR_SET_NO_NEW_PRIVS, _PR_GET_TID_ADDRESS, _PR_CAP_AMBIENT) = (
     1, 3, 4, 15, 24, 27, 28, 30, 29, 35, 38, 40, 47)
 _PR_SET_MM_MAP = 14
+_PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42
+_PR_SET_MDWE, _PR_GET_MDWE = 65, 66
+_PR_SET_MEMORY_MERGE, _PR_GET_MEMORY_MERGE = 67, 68
 _PR_CAP_AMBIENT_RAISE, _PR_CAP_AMBIENT_CLEAR_ALL = 2, 4
 _SECURE_NO_SETUID_FIXUP = 1 << 2
 _CAP_VERSION_3 = 0x20080522
@@ -212,6 +215,9 @@ class Source:
     nice: int
     sched: tuple[int, int]
     filters: list[tuple[int, bytes]]  # seccomp (flags, program), oldest first
+    thp_disable: int  # PR_GET_THP_DISABLE
+    memory_merge: int  # PR_GET_MEMORY_MERGE (KSM for the whole process)
+    mdwe: int  # PR_GET_MDWE (memory-deny-write-execute): set last, it forbids W+X mappings
 
 
 def read_source(t: Tracee, proc: ProcPlan) -> Source:
@@ -222,16 +228,22 @@ def read_source(t: Tracee, proc: ProcPlan) -> Source:
     pid = t.pid
     st = _reissued(pid, t.thread_state())
     regs = dict(st.resume)
-    calls = [(_NR["brk"], (0,), 0), (_NR["prctl"], (_PR_GET_TID_ADDRESS, 0), 0),
-             (_NR["prctl"], (_PR_GET_SECUREBITS,), 0), (_NR["prctl"], (_PR_GET_DUMPABLE,), 0),
-             (_NR["prctl"], (_PR_GET_TIMERSLACK,), 0), (_NR["personality"], (0xFFFFFFFF,), 0)]
+    calls: list[tuple[int, tuple[int, ...], int]] = [
+        (_NR["brk"], (0,), 0), (_NR["prctl"], (_PR_GET_TID_ADDRESS, 0), 0),
+        (_NR["prctl"], (_PR_GET_SECUREBITS,), 0), (_NR["prctl"], (_PR_GET_DUMPABLE,), 0),
+        (_NR["prctl"], (_PR_GET_TIMERSLACK,), 0), (_NR["personality"], (0xFFFFFFFF,), 0)]
+    # the process's memory flags (a kernel without one says EINVAL: then it has none)
+    mm_flags: list[tuple[int, tuple[int, ...], int]] = [
+        (_NR["prctl"], (get, 0, 0, 0, 0), Tracee.batch_ok_errno(22))
+        for get in (_PR_GET_THP_DISABLE, _PR_GET_MEMORY_MERGE, _PR_GET_MDWE)]
     actions: dict[int, bytes] = {}
     with t.scratch() as data:  # room for 2048 bytes
         calls[1] = (_NR["prctl"], (_PR_GET_TID_ADDRESS, data), 0)
-        got = t.calls(calls)
-        if len(got) < len(calls) or any(-4096 < g < 0 for g in got):
+        got = t.calls(calls + mm_flags)
+        if len(got) < len(calls + mm_flags) or any(-4096 < g < 0 for g in got[:len(calls)]):
             raise ForkError(f"process {proc.vpid} ({proc.name}): reading it for a transplant: "
                             f"{[c[0] for c in calls]} gave {got}", pid=pid, step="transplant")
+        thp_disable, memory_merge, mdwe = (max(g, 0) for g in got[len(calls):])
         clear_tid = int.from_bytes(t.read(data, 8), "little")
         step = Tracee.max_calls()
         for at in range(0, len(_SIGNALS), step):
@@ -263,7 +275,8 @@ def read_source(t: Tracee, proc: ProcPlan) -> Source:
         securebits=got[2], dumpable=got[3], timerslack=got[4], personality=got[5], comm=comm,
         rlimits=rlimits, nice=f(19),
         sched=(os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority),
-        filters=read_filters(pid, proc) if proc.seccomp_filters else [])
+        filters=read_filters(pid, proc) if proc.seccomp_filters else [],
+        thp_disable=thp_disable, memory_merge=memory_merge, mdwe=mdwe)
 
 
 def read_filters(pid: int, proc: ProcPlan) -> list[tuple[int, bytes]]:
@@ -598,6 +611,10 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     calls.append(("prctl", (_PR_SET_TIMERSLACK, s.timerslack)))
     if s.status.get("NoNewPrivs", "0").strip() == "1":
         calls.append(("prctl", (_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)))
+    if s.thp_disable:
+        calls.append(("prctl", (_PR_SET_THP_DISABLE, 1, 0, 0, 0)))
+    if s.memory_merge:
+        calls.append(("prctl", (_PR_SET_MEMORY_MERGE, 1, 0, 0, 0)))
     # as root (no need of no_new_privs), before its threads are made (they get them): the
     # fork's own calls pass them (PTRACE_O_SUSPEND_SECCOMP)
     for how, program in s.filters:
@@ -757,6 +774,8 @@ def set_credentials(t: Tracee, what: str, s: Source, pdeath_signal: int | None) 
     call("prctl", _PR_SET_DUMPABLE, s.dumpable, everywhere=False)  # the process's
     if pdeath_signal:
         call("prctl", _PR_SET_PDEATHSIG, pdeath_signal, everywhere=False)
+    if s.mdwe:  # last: from here no writable+executable memory can be mapped in it
+        call("prctl", _PR_SET_MDWE, s.mdwe, 0, 0, 0, everywhere=False)
 
 
 def _capset(t: Tracee, data: int, eff: int, prm: int, inh: int, call) -> None:
