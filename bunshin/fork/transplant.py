@@ -27,12 +27,14 @@ filter that hands calls to a listener.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import re
 import resource
-import struct
 import socket
+import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +42,7 @@ from ..compel import Tracee, suspends_seccomp
 from ..errors import ForkError
 from .plan import ProcPlan, proc_status, read_text
 
+log = logging.getLogger("bunshin.fork")
 PAGE = mmap.PAGESIZE
 _ALL = (1 << 64) - 1
 
@@ -422,7 +425,10 @@ def _become(b: _Blank, src: Tracee, s: Source) -> None:
                                  _MREMAP_MAYMOVE | _MREMAP_FIXED, w.start)))
     b.batch(moves)
     _map(b, src, s)
-    _copy_pages(src.pid, t.pid, s.vmas)
+    start = time.perf_counter()
+    copied = _copy_pages(src.pid, t.pid, s.vmas)
+    log.debug("%s: transplant copied %.1f MiB in %.1f ms", b.what, copied / (1 << 20),
+              (time.perf_counter() - start) * 1e3)
     _task_state(b, src, s)
     _descriptors(b, src, s)
     # the process's own registers: compel looks for a syscall instruction again, in the
