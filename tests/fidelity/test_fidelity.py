@@ -49,11 +49,10 @@ CARRIED = {"setuid"}
 
 # Victims run under another uid from their start (setpriv, as a daemon that dropped root): on a
 # stock kernel each is transplanted, so their classes show what a transplant carries.
-UNDER_ANOTHER_UID = ["epoll_closed", "eventfds", "fifo", "itimer", "locks", "madvise", "memfd",
-                     "opath", "pipe", "procattrs", "ptimer", "shmem", "sighandlers", "sockopts",
-                     "stopped", "tcp", "udp", "unix_stream", "altstack", "robust", "rseq", "timer_thread",
-                     "deadlines", "inotify_deleted",
-                     "threads"]
+UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
+                     "itimer", "locks", "madvise", "memfd", "opath", "pipe", "procattrs", "ptimer",
+                     "robust", "rseq", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
+                     "threads", "timer_thread", "udp", "unix_stream"]
 RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
 
 # Children a fork refuses up front (ForkError naming this), as no system call could make the
