@@ -372,6 +372,8 @@ def test_a_process_under_another_uid_keeps_its_zombie_and_pending_signal(family)
     ws = start_script(family, _ZOMBIE, "/tmp/ready")
     z = int(ws.read_file("/tmp/ready"))
     kid = fork_one(family, ws)
+    for key in ("State", "Uid", "Gid"):
+        assert ws_status(kid, z, key) == ws_status(ws, z, key), key
     for w in (kid, ws):
         w.write_file("/tmp/go", "")
         assert json.loads(wait_file(w, "/tmp/result")) == [[signal.SIGUSR1], z, 7], w.id
