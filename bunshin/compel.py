@@ -432,6 +432,19 @@ class Tracee:
             out.append(self.clone_thread(st, st.vtid if own_ns else 0))
         return out
 
+    def thread_syscall(self, tid: int, nr: int, *args: int) -> int:
+        """Run system call ``nr`` (at most four arguments) in thread ``tid`` of the victim, for
+        what is the thread's own (its credentials); returns its raw result."""
+        return self._call("thread_syscall", tid, nr, *args)
+
+    def replace(self, regs: dict[str, int], xstate: bytes | None = None) -> None:
+        """This process's memory was replaced from outside (a transplant): what compel put in
+        the old one (batch page, patched bytes) is forgotten without being touched, and it
+        resumes with ``regs`` (and the FPU state ``xstate``, when given) at :meth:`cure`; the
+        syscall instruction injected calls run is looked for again (at ``regs``' call site,
+        when stopped in a call there)."""
+        self._call("replace", regs, xstate)
+
     def cure(self) -> None:
         """Restore registers and patched bytes and re-queue held signals; stay attached."""
         self._call("cure")

@@ -74,6 +74,7 @@ cdef extern from "compel.h" nogil:
     int bx_clone_ext_end(bx_ctl *c)
     bx_ctl *bx_clone_ext_adopt(bx_ctl *c, pid_t child, pid_t vtid, int *err)
     int bx_cure_seized(bx_ctl *c)
+    int bx_replace_seized(bx_ctl *c, const user_regs_struct *regs, const void *xstate, size_t len)
 
     struct bx_batch_entry:
         uint64_t ctl
@@ -98,6 +99,7 @@ cdef extern from "compel.h" nogil:
         const void *xstate
         size_t xstate_len
 
+    int bx_thread_syscall_seized(bx_ctl *c, pid_t tid, long nr, const unsigned long *args, long *ret)
     int bx_thread_altstack_seized(bx_ctl *c, pid_t tid, bx_altstack *out)
     int bx_clone_thread_seized(bx_ctl *child, const bx_thread_state *src,
                                const bx_thread_extra *extra, pid_t set_tid, pid_t *out_tid)

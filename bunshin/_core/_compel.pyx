@@ -388,6 +388,29 @@ cdef class Ctl:
         self._check(err)
         return tid
 
+    def thread_syscall(self, pid_t tid, long nr, *args):
+        """System call ``nr`` (up to four arguments) in thread ``tid``; its raw result."""
+        cdef unsigned long a[4]
+        cdef long ret = 0
+        cdef int i
+        cdef bx_ctl *c = self._live()
+        if len(args) > 4:
+            raise ValueError("at most 4 arguments")
+        memset(a, 0, sizeof(a))
+        for i, v in enumerate(args):
+            a[i] = <unsigned long>(v & 0xffffffffffffffff)
+        self._check(bx_thread_syscall_seized(c, tid, nr, a, &ret))
+        return ret
+
+    def replace(self, dict regs, const unsigned char[::1] xstate=None):
+        """The task's memory was replaced from outside: forget compel's bytes in the old one,
+        resume with ``regs`` (and ``xstate``, the FPU state, when given)."""
+        cdef bx_ctl *c = self._live()
+        cdef user_regs_struct r
+        _regs_in(regs, &r)
+        self._check(bx_replace_seized(c, &r, &xstate[0] if xstate is not None else NULL,
+                                      len(xstate) if xstate is not None else 0))
+
     def cure(self):
         cdef bx_ctl *c = self._live()
         cdef int err

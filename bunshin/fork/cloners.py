@@ -6,7 +6,10 @@ where the kernel lets it, makes the child's process tree and sessions the templa
 the kernel offers decides how; :func:`cloner` chooses a Cloner once per answer of
 ``_core.kmod.backend()`` (chosen once per process, and again after ``kmod.reset()``, as the
 tests and benchmarks do when they change ``BUNSHIN_KMOD*``), and the engine, templates and
-slots only call its methods:
+slots only call its methods. Where clones enter the child by their own system calls, a
+process that may not (one under another uid) is transplanted instead, whatever the backend
+(transplant.py: the child's init makes a blank with its pid that becomes it, its memory
+copied; Cloner.transplants, finish_child):
 
 - :class:`Injection` (a stock kernel): clone3 with set_tid can only put a child in the
   caller's pid namespace or one below it, and the clone must end up a child of the child's
@@ -41,8 +44,8 @@ from .._core.kmod import FORK_MAX_CHILDREN, Backend, Kmod, backend
 from .._core.kmod import why as kmod_why
 from ..compel import Tracee
 from ..errors import BunshinError, ForkError
-from . import engine
-from .plan import ProcPlan
+from . import engine, transplant
+from .plan import CLONE_CAPS, ProcPlan
 from .remote import Remote, RunRemote
 
 # module version whose FORK lends a task without CAP_CHECKPOINT_RESTORE (one under another uid)
@@ -67,12 +70,42 @@ class Cloner:
     clone_enters_child = True
     """A clone gets into the child by its own system calls (clone3 with set_tid into the
     child's pid namespace, setns into the others), which need the capabilities of
-    plan.CLONE_CAPS in the process cloned; False where the kernel places it there (FORK
-    IN_PARENT, of a module that lends the pid's capability: its checks are the trainer's), so
-    that a process which dropped them (one running under another uid) can be forked too."""
+    plan.CLONE_CAPS in the process cloned: one that dropped them (running under another uid)
+    is transplanted instead (transplant.py, :meth:`transplants`); False where the kernel places
+    it there (FORK IN_PARENT, of a module that lends the pid's capability: its checks are the
+    trainer's), so that such a process is cloned as any other."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+    def cannot_enter(self, proc: ProcPlan) -> str | None:
+        """Why ``proc``, which lacks the capabilities of plan.CLONE_CAPS, cannot be forked by
+        this backend (None: it can, transplanted); asked only where clones enter the child by
+        their own system calls."""
+        why = transplant.refusal(proc)
+        return None if why is None else (
+            "this fork clones each process from inside it, or transplants one that cannot "
+            f"(a blank made by the child's init becomes it, its memory copied), but it {why}")
+
+    def transplants(self, proc: ProcPlan) -> bool:
+        """Whether ``proc``'s clones are transplants (transplant.py): it could not enter the
+        child by its own system calls."""
+        return self.clone_enters_child and any(not proc.cap_eff >> bit & 1
+                                               for _, bit in CLONE_CAPS)
+
+    def after_fixups(self, ctx: engine.ForkCtx, proc: ProcPlan, child: Tracee) -> None:
+        """After every resource's fixups of a clone."""
+        read = getattr(child, "transplanted", None)
+        if read is not None:  # its credentials once the child is whole: its zombies are made
+            # (engine.finish_child) by it, as root
+            ctx.shared.setdefault("transplants", []).append((proc, child, read))
+            child.transplanted = None  # type: ignore[attr-defined]
+
+    def finish_child(self, ctx: engine.ForkCtx) -> None:
+        """After every resource's finish of a child (engine.finish_child)."""
+        for proc, child, read in ctx.shared.pop("transplants", []):
+            transplant.set_credentials(child, f"process {proc.vpid} ({proc.name})", read,
+                                       getattr(proc, "pdeath_signal", None))
 
     def clone(self, source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
               tmp_pid: int, ahead: list[Tracee | None] | None = None,
@@ -91,7 +124,10 @@ class Cloner:
         mids: list[int] = []  # dead intermediates, as the template process sees them
         ahead = list(ahead) if ahead is not None else [None] * len(child_inits)
         try:
-            self._clone(source, proc, child_inits, tmp_pid, ahead, mids, sibling, out)
+            if self.transplants(proc):
+                self._transplant(source(), proc, child_inits, out)
+            else:
+                self._clone(source, proc, child_inits, tmp_pid, ahead, mids, sibling, out)
             _end_unused(ahead, mids)
             if mids:
                 engine.reap_in(source(), mids)
@@ -106,6 +142,19 @@ class Cloner:
                 pass  # the template process is what failed: the fork says so already
             raise
         return out
+
+    @staticmethod
+    def _transplant(tp: Tracee, proc: ProcPlan, child_inits: list[int], out: list[Tracee]) -> None:
+        """Each clone made by its child's init, which becomes ``proc``: read once."""
+        read = transplant.read_source(tp, proc)
+        for child_init in child_inits:
+            donor = Tracee.seize(child_init)
+            try:
+                blank = transplant.make(donor, tp, read, proc)
+            finally:
+                donor.detach()
+            blank.transplanted = read  # type: ignore[attr-defined]  # its credentials: finish_child
+            out.append(blank)
 
     def _clone(self, source: Callable[[], Tracee], proc: ProcPlan, child_inits: list[int],
                tmp_pid: int, ahead: list[Tracee | None], mids: list[int], sibling: bool,
@@ -176,6 +225,8 @@ class Injection(Cloner):
         """Each in the child's cgroup ``cg``, so the clone made from it is born there; a
         ForkError (EAGAIN: a pids limit) leaves those made so far in ``into``."""
         for pl in core.plans[1:]:
+            if self.transplants(pl):  # made by the child's init, at the fork
+                continue
             mid = engine.make_mid(tracees[pl.hostpid], child_init, core.tmp_pids[pl.hostpid],
                                   core.mids_reap_themselves(pl))
             into[pl.hostpid] = mid

@@ -249,6 +249,7 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
 
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
+        ctx.cloner.after_fixups(ctx, proc, child)
         r.flush()
     finally:
         r.release()
@@ -262,6 +263,7 @@ def finish_child(ctx: ForkCtx) -> None:
         fin = getattr(ops, "finish", None)
         if fin is not None:
             fin(ctx)
+    ctx.cloner.finish_child(ctx)
 
 
 def dev_shm_used(template_init: int) -> bool:

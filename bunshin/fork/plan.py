@@ -73,6 +73,8 @@ class ProcPlan:
     umask: int = 0o022
     handled: tuple[str, str] = ("", "")  # SigIgn and SigCgt of /proc/PID/status: its handlers' state
     vm_size: str = ""  # VmSize of /proc/PID/status ("" without an address space)
+    # its clones are transplants (fork/transplant.py, check_caps): root until their last fixup
+    transplanted: bool = False
 
     @functools.cached_property
     def name(self) -> str:
@@ -250,8 +252,9 @@ def check_caps(procs: list[ProcPlan]) -> None:
     """Refuse, before anything is made, a process that could not clone itself into a child:
     one that dropped the capabilities of CLONE_CAPS (a program that switched to another user,
     a capability bounding set), where the fork's clones enter the child by their own system
-    calls (Cloner.clone_enters_child). Where the kernel places them (the module's FORK) such a
-    process is forked as any other."""
+    calls (Cloner.clone_enters_child) and the Cloner cannot transplant it
+    (Cloner.cannot_enter). Where the kernel places them (the module's FORK) such a process is
+    forked as any other."""
     from .cloners import cloner
 
     for p in procs:
@@ -261,9 +264,14 @@ def check_caps(procs: list[ProcPlan]) -> None:
         cl = cloner()
         if not cl.clone_enters_child:
             return
+        why = cl.cannot_enter(p)
+        if why is None:
+            # transplanted: its clones run their fixups as root, their credentials set last
+            p.transplanted = True
+            continue
         raise ForkError(
             f"process {p.vpid} ({p.name}) runs as uid {p.uid} without {' and '.join(missing)}: "
-            f"this fork ({cl.name}) clones each process from inside it, and the clone enters "
+            f"{why} (fork: {cl.name}), and a clone enters "
             "the child's namespaces and takes its pid there with system calls that need them "
             "(clone3 set_tid, setns), so this workspace cannot be forked here. The kernel module's "
             "FORK (bunshin.ko 0.5.0 or later, kmod/) places each clone in the child itself and "

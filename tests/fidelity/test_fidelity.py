@@ -43,6 +43,18 @@ if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlay
 KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
     (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
 
+# Classes a fork must carry (PASS in the child), not refuse: a process under another uid is
+# transplanted where it cannot clone itself into the child (fork/transplant.py).
+CARRIED = {"setuid"}
+
+# Victims run under another uid from their start (setpriv, as a daemon that dropped root): on a
+# stock kernel each is transplanted, so their classes show what a transplant carries.
+UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
+                     "itimer", "locks", "madvise", "memfd", "opath", "pipe", "procattrs", "ptimer",
+                     "robust", "rseq", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
+                     "threads", "timer_thread", "udp", "unix_stream"]
+RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
+
 # Children a fork refuses up front (ForkError naming this), as no system call could make the
 # state again: two processes sharing a kernel object through clone()'s flags (plan.SHARINGS).
 REFUSED_CHILDREN = {"clone_files": "CLONE_FILES", "clone_fs": "CLONE_FS", "clone_sighand": "CLONE_SIGHAND",
@@ -110,12 +122,13 @@ class NeverReady(Exception):
     """The victim could not set its state up (its own failure, not the fork's)."""
 
 
-def _start(family, exe: Path):
-    """A new workspace running the victim, once it is READY; its pid there."""
+def _start(family, exe: Path, run_as: tuple[str, ...] = ()):
+    """A new workspace running the victim (through ``run_as``, a command that execs it), once
+    it is READY; its pid there."""
     ws = bunshin.Workspace.create()
     family.append(ws)
     ws.write_file("/fid/victim", exe.read_bytes(), mode=0o755)
-    pid = ws.spawn(["/fid/victim"], cwd="/tmp", log_path="/tmp/fid-log")
+    pid = ws.spawn([*run_as, "/fid/victim"], cwd="/tmp", log_path="/tmp/fid-log")
     deadline = time.monotonic() + READY_TIMEOUT
     while _read(ws, "/tmp/fid-ready") is None:
         if time.monotonic() > deadline or ws.wait(pid, 0.001) is not None:
@@ -205,6 +218,8 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
         return  # the reference: recorded, whatever it says
     if victim in REFUSED_CHILDREN:
         assert child["outcome"] == "REFUSED" and REFUSED_CHILDREN[victim] in child["detail"], child
+    if victim in CARRIED:
+        assert child["outcome"] == "PASS", child
     # The old engine re-clones the whole source (its init included) at every fork: what the
     # source then loses is that design's, not a silent mismatch of this class.
     recloned = not same and init not in after
@@ -218,3 +233,25 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
     if not same and recloned:
         pytest.xfail("the source was re-cloned: its tasks are new ones")
     assert same, f"the source's tasks changed: before {before}, after {after}"
+
+
+@pytest.mark.parametrize("path", ("ws_fork", "tpl_fork"))
+@pytest.mark.parametrize("victim", UNDER_ANOTHER_UID)
+def test_fidelity_under_another_uid(victim, path, binaries, family, tmp_path):
+    """Not recorded in the table: its rows are the victims as root."""
+    ws, pid = _start(family, binaries[victim], RUN_AS_1001)
+    assert (_read(ws, f"/proc/{pid}/status") or b"").count(b"\t1001") >= 4  # Uid and Gid lines
+    before = tasks(ws)
+    try:
+        kid = _child(ws, path, tmp_path)
+    except ForkError as e:
+        pytest.fail(f"refused: {e}")
+    else:
+        family.append(kid)
+        child = verdict(kid, pid)
+        if child["outcome"] == "FAIL" and (victim, path) in KNOWN_CHILD_FAILS:
+            pytest.xfail(f"{KNOWN_CHILD_FAILS[victim, path]}: {_line(child['detail'])}")
+        assert child["outcome"] == "PASS", child
+    assert tasks(ws) == before
+    source = verdict(ws, pid)
+    assert source["outcome"] == "PASS", source

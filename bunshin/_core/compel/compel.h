@@ -187,6 +187,11 @@ struct bx_ctl *bx_clone_ext_adopt(struct bx_ctl *c, pid_t child, pid_t vtid, int
 
 /* cure.c */
 int bx_cure_seized(struct bx_ctl *c);
+/* The task's memory was replaced from outside (a transplant): forget what compel put in the old
+ * one without touching it, set the FPU state (xstate: NULL keeps it) and make regs what the
+ * injection thread resumes with at cure; the syscall instruction is looked for again. */
+int bx_replace_seized(struct bx_ctl *c, const struct user_regs_struct *regs, const void *xstate,
+		      size_t len);
 
 /* threads.c: fork copies only the calling thread; these recreate the others in the child. */
 struct bx_altstack {
@@ -206,6 +211,10 @@ struct bx_thread_extra {
 /* The alternate signal stack of thread tid (seized and stopped), read by running sigaltstack
  * in that very thread; its registers are put back as cure would. */
 int bx_thread_altstack_seized(struct bx_ctl *c, pid_t tid, struct bx_altstack *out);
+/* Run system call nr (up to four arguments) in thread tid (seized and stopped) of c; its
+ * registers are put back as cure would. For what is a thread's own (its credentials). */
+int bx_thread_syscall_seized(struct bx_ctl *c, pid_t tid, long nr, const unsigned long args[4],
+			     long *ret);
 /* Clone a thread into the child's thread group (made by the child's injection thread): same
  * TLS, cached tid address (set and cleared by the kernel), robust list, rseq, signal mask,
  * registers as src resumes, and what extra gives (may be NULL). set_tid > 0: its tid in the

@@ -83,6 +83,25 @@ static int run_in(struct bx_ctl *c, int i, long nr, unsigned long a0, unsigned l
 	}
 }
 
+int bx_thread_syscall_seized(struct bx_ctl *c, pid_t tid, long nr, const unsigned long args[4],
+			     long *ret)
+{
+	int i = thread_index(c, tid), err;
+	if (i < 0 || !c->thr[i].stopped)
+		return bx_fail(c, BX_STEP_SYSCALL, -ESRCH);
+	if ((err = bx_prepare_seized(c)))
+		return err;
+	err = run_in(c, i, nr, args[0], args[1], args[2], args[3], ret);
+	if (i > 0) {
+		/* as in bx_thread_altstack_seized: back to how it was stopped */
+		bx_regs_t r = c->thr[i].regs;
+		bx_arch_apply_restart(&r);
+		int e2 = bx_arch_set_regs(tid, &r);
+		err = err ? err : e2;
+	}
+	return err ? bx_fail(c, BX_STEP_SYSCALL, err) : 0;
+}
+
 int bx_thread_altstack_seized(struct bx_ctl *c, pid_t tid, struct bx_altstack *out)
 {
 	int i = thread_index(c, tid), err;

@@ -91,7 +91,10 @@ def grab(r, where: tuple[int, int]) -> int:
 def by_trainer(proc) -> bool:
     """Whether the clone of ``proc`` lacks a capability that reopening its descriptors may
     need (it runs under another uid, or dropped them): the trainer opens them then
-    (:func:`open_for`)."""
+    (:func:`open_for`). Not for a transplant (fork/transplant.py): it is root until its last
+    fixup."""
+    if proc.transplanted:
+        return False
     return any(not proc.cap_eff >> bit & 1 for bit in _BYPASS_CAPS)
 
 

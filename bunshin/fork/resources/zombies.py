@@ -37,6 +37,7 @@ from .signals import PTRACE_CONT, ptrace, set_sigmask, sigmask
 
 _SYS_RT_SIGACTION, _SYS_SETPGID, _SYS_SETSID, _SYS_RT_SIGTIMEDWAIT = 13, 109, 112, 128
 _SYS_PRCTL, _SYS_EXIT_GROUP = 157, 231
+_SYS_SETRESUID, _SYS_SETRESGID = 117, 119
 _PR_SET_DUMPABLE = 4
 _CLONE_VM = 0x00000100
 _WALL = 0x40000000
@@ -52,6 +53,7 @@ class Zombie:
     pgid: int
     sid: int
     status: int  # as wait() gives it: exit code << 8, or the signal that killed it
+    ids: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # its real, effective, saved uids and gids
 
 
 def _stat(hostpid: int) -> list[bytes]:
@@ -105,7 +107,8 @@ def _zombie(proc, hostpid: int, level: int) -> Zombie | None:
                         "SIGCHLD, which a fork does not make again; wait for it before forking",
                         pid=proc.hostpid, step="plan")
     return Zombie(vpid=vpid, pgid=int(st["NSpgid"].split()[-1]), sid=int(st["NSsid"].split()[-1]),
-                  status=code)
+                  status=code, ids=(tuple(int(x) for x in st["Uid"].split()[:3]),
+                                    tuple(int(x) for x in st["Gid"].split()[:3])))
 
 
 def check_tree(procs) -> None:
@@ -191,6 +194,8 @@ def _make(ctx, proc, clone, z: Zombie) -> None:
                         step="zombies", errno=e.errno) from None
     try:
         _join_group(t, proc, z, what)
+        if proc.transplanted:
+            _take_ids(t, z)
         if sig:
             status = _die_of(t, sig, what)
         else:
@@ -225,6 +230,18 @@ def _join_group(t, proc, z: Zombie, what: str) -> None:
         return
     if -4096 < got < 0:
         raise ForkError(f"{what}: its session or group: {os.strerror(-got)}", pid=t.pid, step="zombies")
+
+
+def _take_ids(t, z: Zombie) -> None:
+    """The zombie's uids and gids, which /proc shows, for a zombie of a transplant (made while
+    it is root, fork/transplant.py). Not for a clone's: a change of ids resets the dumpability
+    of the memory an exiting zombie shares with its parent, which a transplant sets after."""
+    uids, gids = z.ids
+    for nr, ids in ((_SYS_SETRESGID, gids), (_SYS_SETRESUID, uids)):
+        got = t.syscall(nr, *ids)
+        if got:
+            raise ForkError(f"pid {t.pid}: a zombie's ids {ids}: {os.strerror(-got)}", pid=t.pid,
+                            step="zombies", errno=-got)
 
 
 def _exit_with(t, code: int) -> int:
