@@ -89,9 +89,16 @@ class Cloner:
 
     def transplants(self, proc: ProcPlan) -> bool:
         """Whether ``proc``'s clones are transplants (transplant.py): it could not enter the
-        child by its own system calls."""
-        return self.clone_enters_child and any(not proc.cap_eff >> bit & 1
-                                               for _, bit in CLONE_CAPS)
+        child by its own system calls; or, placed there by the kernel, it would run under its
+        own uid fixups that need root (its other threads and its zombies take their pids with
+        clone3's set_tid, a SysV segment's copy is attached again), where a transplant, root
+        until its last fixup, can carry it."""
+        if all(proc.cap_eff >> bit & 1 for _, bit in CLONE_CAPS):
+            return False
+        if self.clone_enters_child:
+            return True
+        return bool(len(proc.threads) > 1 or getattr(proc, "zombies", None)
+                    or getattr(proc, "sysv_maps", None)) and transplant.refusal(proc) is None
 
     def after_fixups(self, ctx: engine.ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         """After every resource's fixups of a clone."""
@@ -125,6 +132,7 @@ class Cloner:
         ahead = list(ahead) if ahead is not None else [None] * len(child_inits)
         try:
             if self.transplants(proc):
+                proc.transplanted = True  # its fixups run as root (resources read it)
                 self._transplant(source(), proc, child_inits, out)
             else:
                 self._clone(source, proc, child_inits, tmp_pid, ahead, mids, sibling, out)
