@@ -293,10 +293,16 @@ class TemplateCore(slots.Holder):
             if self.source:
                 self.body.cgroup.thaw()
             raise
-        self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
-        self.awake = True  # seize_all thawed the group
-        keeper.holding(self)
+        self.hold(tracees, pin)
+        assert self.held is not None
         return self.held, pin
+
+    def hold(self, tracees: dict, pin: seize.Pinned) -> None:
+        """Keep ``tracees`` (seized by the fork thread, pinned by ``pin``; the group thawed,
+        as seize_all leaves it) until a fork or :meth:`let_go` lets them go."""
+        self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
+        self.awake = True
+        keeper.holding(self)
 
     def _go(self, keep: bool) -> None:
         """After a fork: keep holding (refrozen once the engine is idle), or let go (a failed
@@ -656,27 +662,53 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             _discard(copy, frozen)
             copy = None
 
+    seized: tuple[dict, seize.Pinned] | None = None
     try:
         # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
-        # the overlay mount on it are made while the plan reads /proc
+        # the overlay mount on it are made while the plan reads /proc, then while the fork
+        # thread seizes the processes (they stop before their next instruction: nothing they
+        # could write is missed by the copy)
         copy = _start_copy(body, frozen, spares)
         plans = _plan_settled(cg, before_thaw)
         if copy is None:  # frozen again since
             copy = _start_copy(body, frozen, spares)
+        seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
         core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+        core.hold(*seized)
+        seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
             core.slots.append(slot)
     except BaseException:
         if copy is not None:
             _discard(copy, frozen)  # the source stays frozen until the copy is over
+        if seized is not None:
+            keeper.fork_thread().run(_release_source, cg, *seized)
         cg.thaw()
         raise
     body.hold()
     return core
+
+
+def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
+    """A source's processes seized and pinned, in the fork thread (TemplateCore._stop's
+    work, done while the copy is made; a source's init is not asked to ignore SIGCHLD)."""
+    tracees = seize.seize_all(cg, plans)
+    try:
+        return tracees, seize.Pinned(tracees)
+    except BaseException:
+        seize.release_all(cg, tracees)
+        raise
+
+
+def _release_source(cg, tracees: dict, pin: seize.Pinned) -> None:
+    """Let go of what _seize_source seized, for a source whose core was never made: left
+    frozen (the caller thaws it)."""
+    pin.restore()
+    seize.release_all(cg, tracees)
 
 
 def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future:
