@@ -236,6 +236,7 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             # in the same (template's) session. Should it come later, the clone stays outside
             # a group as before (JOIN_SESSION, with the module, sets it anyway).
             r.queue("setpgid", 0, proc.pgid, ok_errnos=ANY_ERROR)
+        r.learn_cloexec(proc.fds)
         for f in proc.fds:
             if f.dup_of is not None:  # dup()ed in the template: share the recreated file
                 r.dup_same(f.dup_of, f)
