@@ -73,6 +73,9 @@ class ProcPlan:
     umask: int = 0o022
     handled: tuple[str, str] = ("", "")  # SigIgn and SigCgt of /proc/PID/status: its handlers' state
     vm_size: str = ""  # VmSize of /proc/PID/status ("" without an address space)
+    # /proc/PID files planning read (status_of, maps_of): read once for every module that asks,
+    # the process being frozen meanwhile, and dropped once the plan is made (plan_tree)
+    reads: dict = field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def name(self) -> str:
@@ -90,6 +93,22 @@ def proc_status(pid: int | str) -> dict[str, str]:
     # iterated line by line costs ~1.6x as much
     text = read_text(f"/proc/{pid}/status")
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def status_of(proc: ProcPlan) -> dict[str, str]:
+    """``proc``'s /proc/PID/status, as read by its plan."""
+    st = proc.reads.get("status")
+    if st is None:
+        st = proc.reads["status"] = proc_status(proc.hostpid)
+    return st
+
+
+def maps_of(proc: ProcPlan) -> str:
+    """``proc``'s /proc/PID/maps, read once while it is planned."""
+    text = proc.reads.get("maps")
+    if text is None:
+        text = proc.reads["maps"] = read_text(f"/proc/{proc.hostpid}/maps")
+    return text
 
 
 def read_text(path: str) -> str:
@@ -125,10 +144,12 @@ def _fdinfo(pid: int, fd: int) -> tuple[dict[str, str], list[Lock]]:
     return dict(lines), locks
 
 
-def _ns_ppid(host_ppid: int, level: int) -> int:
-    """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside."""
+def _ns_ppid(host_ppid: int, level: int, statuses: dict[int, dict[str, str]]) -> int:
+    """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside
+    (``statuses``: those read already, by host pid)."""
     try:
-        nspid = proc_status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
+        st = statuses.get(host_ppid) or proc_status(host_ppid) if host_ppid > 0 else {}
+        nspid = st["NSpid"].split() if st else []
     except (OSError, KeyError):
         return 0
     return int(nspid[-1]) if len(nspid) == level else 0
@@ -142,9 +163,11 @@ def _pty_index(tty_nr: int) -> int | None:
     return None
 
 
-def read_proc(hostpid: int) -> ProcPlan:
-    """Everything the engine needs to know about one (stopped) process."""
-    st = proc_status(hostpid)
+def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -> ProcPlan:
+    """Everything the engine needs to know about one (stopped) process (``statuses``: the
+    /proc/PID/status of the processes planned with it, by host pid)."""
+    statuses = statuses or {}
+    st = statuses.get(hostpid) or proc_status(hostpid)
     with open(f"/proc/{hostpid}/stat", "rb") as f:
         raw = f.read()
     rest = raw[raw.rindex(b")") + 2 :].split()
@@ -155,7 +178,8 @@ def read_proc(hostpid: int) -> ProcPlan:
     plan = ProcPlan(
         hostpid=hostpid,
         vpid=vpid,
-        ppid=_ns_ppid(int(st["PPid"]), len(nspid)),  # PPid is the host's pid
+        # PPid is the host's pid; a pid namespace's init has its parent outside it
+        ppid=0 if vpid == 1 else _ns_ppid(int(st["PPid"]), len(nspid), statuses),
         pgid=int(st["NSpgid"].split()[-1]),
         sid=int(st["NSsid"].split()[-1]),
         threads=[hostpid, *tids],
@@ -170,6 +194,7 @@ def read_proc(hostpid: int) -> ProcPlan:
         handled=(st["SigIgn"], st["SigCgt"]),
         vm_size=st.get("VmSize", ""),
     )
+    plan.reads["status"] = st
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
         try:
@@ -402,7 +427,8 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     from . import resources
     from .._core._syscalls import KCMP_FILE, kcmp
 
-    procs = sorted((read_proc(p) for p in hostpids), key=lambda p: p.vpid)
+    statuses = {p: proc_status(p) for p in hostpids}
+    procs = sorted((read_proc(p, statuses) for p in hostpids), key=lambda p: p.vpid)
     if not procs or not procs[0].is_init:
         raise ForkError("the workspace has no init process; it cannot be forked")
     check_sharing(procs)  # none of them is a vfork: refused before one is waited for
@@ -425,6 +451,8 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
             f.handler = resources.handler_for(p, f)
     resources.check_tree(procs)
     resources.plan_procs(procs)
+    for p in procs:
+        p.reads.clear()
     return procs
 
 

@@ -18,6 +18,7 @@ import mmap
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import status_of
 
 _MLOCK_ONFAULT = 1
 _MCL_FUTURE, _MCL_ONFAULT = 2, 4
@@ -46,17 +47,10 @@ def _locked_ranges(hostpid: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _locked_kb(hostpid: int) -> int:
-    with open(f"/proc/{hostpid}/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1])
-    return 0
-
-
 def plan_proc(proc) -> None:
     # smaps walks every page table: read only where something is locked
-    proc.locked = _locked_ranges(proc.hostpid) if _locked_kb(proc.hostpid) else []
+    locked_kb = int(status_of(proc).get("VmLck", "0 kB").split()[0])
+    proc.locked = _locked_ranges(proc.hostpid) if locked_kb else []
     proc.lock_future = None  # mlockall flags, asked of the template on the first fork
 
 

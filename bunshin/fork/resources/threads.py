@@ -38,7 +38,8 @@ def _comm(hostpid: int, tid: int) -> bytes:
 
 def plan_proc(proc) -> None:
     # A frozen template runs none of its own code again: what is read here stays true.
-    proc.thread_vtids = {t: vtid(proc.hostpid, t) for t in proc.threads}
+    # the main thread's tid is the process's pid
+    proc.thread_vtids = {t: proc.vpid if t == proc.hostpid else vtid(proc.hostpid, t) for t in proc.threads}
     main = _comm(proc.hostpid, proc.hostpid)
     proc.thread_names = {proc.thread_vtids[t]: name for t in proc.threads[1:]
                          if (name := _comm(proc.hostpid, t)) != main}
