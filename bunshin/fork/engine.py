@@ -246,8 +246,9 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         if len(proc.threads) > 1:  # before timers and signals, which may target a thread
             r.flush()  # the queue, before the Tracee is used directly
             child.clone_threads(ctx.shared["tracees"][proc.hostpid])
-        from .resources import PROC_REGISTRY
+        from .resources import PROC_REGISTRY, ask_template
 
+        ask_template(ctx, proc)
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
         r.flush()
