@@ -7,6 +7,10 @@ module at a time, a shell's first fork took four stops). A module of PROC_REGIST
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...compel import Tracee
 
 Calls = list[tuple[int, tuple[int, ...], int]]  # (nr, args, flags) as Tracee.calls takes them
 
@@ -29,7 +33,7 @@ class Questions:
     Tracee only then: looking a held template's up thaws it, which a fork with nothing to ask
     must not do."""
 
-    def __init__(self, src: Callable[[], object]) -> None:
+    def __init__(self, src: Callable[[], Tracee]) -> None:
         self._src = src
         self._asked: list[Question] = []
 
@@ -43,7 +47,7 @@ class Questions:
         src = self._src()
         with src.scratch() as base:
             calls: Calls = []
-            placed = []  # (question, its first call, how many, its memory)
+            placed: list[tuple[Question, int, int, int]] = []  # its first call, how many, its memory
             at = base
             for qn in self._asked:
                 mine = qn.build(at, len(calls))
@@ -59,5 +63,5 @@ class Questions:
                 if 0 <= first < len(got):  # its calls ran, up to one that failed
                     qn.answer(got[first:first + n], memory[addr - base:addr - base + qn.size])
                 else:  # an earlier question's call ended the batch, or no room: this one alone
-                    mine = src.calls(qn.build(addr, 0))
-                    qn.answer(mine, src.read(addr, qn.size) if qn.size else b"")
+                    alone = src.calls(qn.build(addr, 0))
+                    qn.answer(alone, src.read(addr, qn.size) if qn.size else b"")
