@@ -216,6 +216,9 @@ def discard_clone(c: Tracee) -> None:
 def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     """Everything after the clone: its CPUs (``ctx.cpus``: first, so that the threads it gets
     inherit them), namespaces, cwd, session, descriptors, threads."""
+    from .resources import PROC_REGISTRY, ask_template
+
+    ask_template(ctx, proc)  # in the template process: what its fixups need to know of it
     r = ctx.cloner.remote(child, f"process {proc.vpid} ({proc.name})")
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result
@@ -236,7 +239,6 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
             # in the same (template's) session. Should it come later, the clone stays outside
             # a group as before (JOIN_SESSION, with the module, sets it anyway).
             r.queue("setpgid", 0, proc.pgid, ok_errnos=ANY_ERROR)
-        r.learn_cloexec(proc.fds)
         for f in proc.fds:
             if f.dup_of is not None:  # dup()ed in the template: share the recreated file
                 r.dup_same(f.dup_of, f)
@@ -246,9 +248,6 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         if len(proc.threads) > 1:  # before timers and signals, which may target a thread
             r.flush()  # the queue, before the Tracee is used directly
             child.clone_threads(ctx.shared["tracees"][proc.hostpid])
-        from .resources import PROC_REGISTRY, ask_template
-
-        ask_template(ctx, proc)
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
         r.flush()

@@ -304,17 +304,6 @@ class Remote:
         elif not cloexec:
             self.queue("fcntl", fd, 2, 0)  # F_SETFD 0
 
-    def learn_cloexec(self, fds: list[FdInfo]) -> None:
-        """Queue the F_GETFD of every descriptor of ``fds`` whose close-on-exec flag the plan
-        could not tell, and run the queue: one stop for all (with what is queued already)
-        rather than one per descriptor at :meth:`install`. The clone's descriptors are its
-        template process's until its fixups replace them, none of which has run yet."""
-        asked = [(f, self.queue("fcntl", f.fd, 1, 0, ok_errnos=(_errno.EBADF,)))
-                 for f in fds if f.cloexec is None]
-        for f, ref in asked:
-            flags = ref.value
-            f.cloexec = bool(flags > 0 and flags & 1)
-
     def dup_same(self, src: int, f: int | FdInfo) -> None:
         """Descriptor ``f`` shares ``src``'s open file, as in the template (dup)."""
         self.install(self.queue("fcntl", src, 1030, 0), f)  # F_DUPFD_CLOEXEC

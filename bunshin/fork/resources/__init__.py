@@ -14,7 +14,7 @@ from ..plan import FdInfo, ProcPlan, kind_of
 from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, memlock, namespaces, parent_death, pipes,
                ptys, shmem, signalfd, signals, sk_inet, sk_unix, subreaper, sysv_sem, sysv_shm, threads, timerfd,
                timers, unsupported, zombies)
-from .questions import Questions
+from .questions import Questions, ask_cloexec
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
 REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
@@ -37,8 +37,10 @@ PROC_REGISTRY = [files_reg.CWD, epoll.PROC, inotify.PROC, shmem.MAPPINGS, sysv_s
 
 def ask_template(ctx, proc: ProcPlan) -> None:
     """What the fixups of ``proc``'s clone need to know of its template process and /proc does
-    not show: the questions of every module's ``ask(ctx, proc, q)``, in one stop of it."""
+    not show: its descriptors' close-on-exec flags and the questions of every module's
+    ``ask(ctx, proc, q)``, in one stop of it."""
     q = Questions(lambda: ctx.shared["tracees"][proc.hostpid])
+    ask_cloexec(proc, q)
     for ops in PROC_REGISTRY:
         ask = getattr(ops, "ask", None)
         if ask is not None:

@@ -1,17 +1,16 @@
 """What /proc does not show of a template process, asked of it by injected calls: the questions
-of every module about one process run as one batch, in one stop of that process (asked one
-module at a time, a shell's first fork took four stops). A module of PROC_REGISTRY with an
-``ask(ctx, proc, q)`` puts its question on ``q`` there; the answer is in before any
-``fixup_proc`` runs (resources.ask_template)."""
+about one process run as one batch, in one stop of that process (asked one at a time, a
+shell's first fork took eight stops: four modules' and one per descriptor whose close-on-exec
+flag fdinfo leaves open). A module of PROC_REGISTRY with an ``ask(ctx, proc, q)`` puts its
+question on ``q``; the answers are in before the clone's fixups start (resources.ask_template)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ...compel import Tracee
+from ...compel import Tracee
 
+_SYS_FCNTL = 72
 Calls = list[tuple[int, tuple[int, ...], int]]  # (nr, args, flags) as Tracee.calls takes them
 
 
@@ -65,3 +64,22 @@ class Questions:
                 else:  # an earlier question's call ended the batch, or no room: this one alone
                     alone = src.calls(qn.build(addr, 0))
                     qn.answer(alone, src.read(addr, qn.size) if qn.size else b"")
+
+
+_F_GETFD, _FD_CLOEXEC = 1, 1
+
+
+def ask_cloexec(proc, q: Questions) -> None:
+    """The close-on-exec flag of each descriptor of ``proc`` whose flag its plan could not tell
+    (FdInfo.cloexec), once: a clone's descriptor table is a copy of its template process's,
+    which Remote.install gives each descriptor it recreates. EBADF (none there): without."""
+    unknown = [f for f in proc.fds if f.cloexec is None]
+    if not unknown:
+        return
+
+    def answer(got: list[int], _data: bytes) -> None:
+        for f, flags in zip(unknown, got):
+            f.cloexec = flags > 0 and bool(flags & _FD_CLOEXEC)
+
+    q.ask(0, lambda addr, first: [(_SYS_FCNTL, (f.fd, _F_GETFD, 0), Tracee.BATCH_OK_ERR) for f in unknown],
+          answer)
