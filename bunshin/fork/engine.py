@@ -215,10 +215,10 @@ def discard_clone(c: Tracee) -> None:
 
 def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     """Everything after the clone: its CPUs (``ctx.cpus``: first, so that the threads it gets
-    inherit them), namespaces, cwd, session, descriptors, threads."""
-    from .resources import PROC_REGISTRY, ask_template
+    inherit them), namespaces, cwd, session, descriptors, threads; the template process's
+    answers to its questions are in (resources.ask_template)."""
+    from .resources import PROC_REGISTRY
 
-    ask_template(ctx, proc)  # in the template process: what its fixups need to know of it
     r = ctx.cloner.remote(child, f"process {proc.vpid} ({proc.name})")
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result

@@ -41,7 +41,7 @@ from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
-from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
+from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots
 from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
 from .plan import VforkInFlight, plan_tree
@@ -391,7 +391,6 @@ class TemplateCore(slots.Holder):
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
-                    k.ready()
                     k.fix(pl, c)
             for k in kids:
                 k.finish()
@@ -433,7 +432,8 @@ class _Child:
         self.ci: Tracee | None = None  # the child's init, from here until abort()
         self.chan: Channel | None = None  # its control channel, until finish() gives it to the body
         self.ws = None
-        self.ctx: engine.ForkCtx | None = None  # made by ready()
+        self.ctx: engine.ForkCtx | None = None  # made by context()
+        self.copied = False  # the init is in its root with the template's /dev/shm and SysV objects (ready)
         self.body: Body | None = None
         self.pidfd = -1
         self.meta = None
@@ -495,8 +495,8 @@ class _Child:
     def ready(self) -> engine.ForkCtx:
         """The init settled, give it what the clones' fixups expect: /dev/shm and SysV
         segments. Returns the context of the fixups."""
-        if self.ctx is not None:
-            return self.ctx
+        if self.copied:
+            return self.context()
         core = self.core
         self.settle()
         tinit = core.body.init_pid
@@ -507,12 +507,19 @@ class _Child:
         sysv_shm.copy_segments(tinit, self.init_pid, core.sysv_segments)
         sysv_sem.copy_sets(self.init_pid, core.sysv_sets)
         sysv_msg.copy_queues(self.init_pid, core.sysv_queues)
-        self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
-                                  cloner=self.cloner,
-                                  shared={"tracees": self.tracees, "template-upper": str(core.own_upper or ""),
-                                          "pty_masters": self.masters, "thread_cpus": self.pin.of_thread},
-                                  cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
-        self.masters = {}
+        self.copied = True
+        return self.context()
+
+    def context(self) -> engine.ForkCtx:
+        """The context of the clones' fixups (its init need not be in its root yet)."""
+        if self.ctx is None:
+            core = self.core
+            self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
+                                      cloner=self.cloner,
+                                      shared={"tracees": self.tracees, "template-upper": str(core.own_upper or ""),
+                                              "pty_masters": self.masters, "thread_cpus": self.pin.of_thread},
+                                      cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
+            self.masters = {}
         return self.ctx
 
     def take_mid(self, hostpid: int):
@@ -524,10 +531,14 @@ class _Child:
         return mid
 
     def fix(self, pl, c) -> None:
-        ctx, cg = self.ctx, self.cg
-        assert ctx is not None and cg is not None  # after ready(), before finish()
+        """Fix up ``c``, the clone of ``pl``. What needs not the init in its root comes first,
+        while it may still be moving there: the clone's cgroup, the template's answers."""
+        cg = self.cg
+        assert cg is not None  # before finish()
         if pl.hostpid not in self.born_in_cg and not self.cloner.in_child:
             cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
+        resources.ask_template(self.context(), pl)
+        ctx = self.ready()
         engine.fix_process(ctx, pl, c)
         if pl.hostpid not in ctx.cpus:  # not given back with its fixups
             self.pin.release_clone(pl.hostpid, c)
