@@ -45,25 +45,43 @@ class Questions:
             return
         src = self._src()
         with src.scratch() as base:
-            calls: Calls = []
-            placed: list[tuple[Question, int, int, int]] = []  # its first call, how many, its memory
-            at = base
+            at, batch = base, Batch()
             for qn in self._asked:
-                mine = qn.build(at, len(calls))
-                if len(calls) + len(mine) > src.max_calls():
-                    placed.append((qn, -1, 0, at))  # asked alone
-                else:
-                    placed.append((qn, len(calls), len(mine), at))
-                    calls += mine
+                if not batch.add(qn, at, src.max_calls()):  # full: run it, start the next
+                    batch.run(src, base)
+                    batch = Batch()
+                    batch.add(qn, at, src.max_calls())
                 at += (qn.size + 7) & ~7
-            got = src.calls(calls)
-            memory = src.read(base, at - base) if at > base else b""
-            for qn, first, n, addr in placed:
-                if 0 <= first < len(got):  # its calls ran, up to one that failed
-                    qn.answer(got[first:first + n], memory[addr - base:addr - base + qn.size])
-                else:  # an earlier question's call ended the batch, or no room: this one alone
-                    alone = src.calls(qn.build(addr, 0))
-                    qn.answer(alone, src.read(addr, qn.size) if qn.size else b"")
+            batch.run(src, base)
+
+
+class Batch:
+    """Questions whose calls fit one Tracee.calls."""
+
+    def __init__(self) -> None:
+        self.calls: Calls = []
+        self.placed: list[tuple[Question, int, int, int]] = []  # its first call, how many, its memory
+
+    def add(self, qn: Question, addr: int, room: int) -> bool:
+        mine = qn.build(addr, len(self.calls))
+        if self.calls and len(self.calls) + len(mine) > room:
+            return False
+        self.placed.append((qn, len(self.calls), len(mine), addr))
+        self.calls += mine
+        return True
+
+    def run(self, src: Tracee, base: int) -> None:
+        if not self.calls:
+            return
+        got = src.calls(self.calls)
+        end = max(addr + qn.size for qn, _first, _n, addr in self.placed)
+        memory = src.read(base, end - base) if end > base else b""
+        for qn, first, n, addr in self.placed:
+            if first < len(got):  # its calls ran, up to one that failed
+                qn.answer(got[first:first + n], memory[addr - base:addr - base + qn.size])
+            else:  # an earlier question's call ended the batch: this one alone
+                alone = src.calls(qn.build(addr, 0))
+                qn.answer(alone, src.read(addr, qn.size) if qn.size else b"")
 
 
 _F_GETFD, _FD_CLOEXEC = 1, 1
@@ -72,14 +90,17 @@ _F_GETFD, _FD_CLOEXEC = 1, 1
 def ask_cloexec(proc, q: Questions) -> None:
     """The close-on-exec flag of each descriptor of ``proc`` whose flag its plan could not tell
     (FdInfo.cloexec), once: a clone's descriptor table is a copy of its template process's,
-    which Remote.install gives each descriptor it recreates. EBADF (none there): without."""
+    which Remote.install gives each descriptor it recreates. EBADF (none there): without.
+    One question per batch's worth of descriptors."""
     unknown = [f for f in proc.fds if f.cloexec is None]
-    if not unknown:
-        return
+    for at in range(0, len(unknown), Tracee.max_calls()):
+        _ask_cloexec(unknown[at:at + Tracee.max_calls()], q)
 
+
+def _ask_cloexec(fds: list, q: Questions) -> None:
     def answer(got: list[int], _data: bytes) -> None:
-        for f, flags in zip(unknown, got):
+        for f, flags in zip(fds, got):
             f.cloexec = flags > 0 and bool(flags & _FD_CLOEXEC)
 
-    q.ask(0, lambda addr, first: [(_SYS_FCNTL, (f.fd, _F_GETFD, 0), Tracee.BATCH_OK_ERR) for f in unknown],
+    q.ask(0, lambda addr, first: [(_SYS_FCNTL, (f.fd, _F_GETFD, 0), Tracee.BATCH_OK_ERR) for f in fds],
           answer)
