@@ -676,14 +676,19 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     seized: tuple[dict, seize.Pinned] | None = None
     try:
         # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
-        # the overlay mount on it are made while the plan reads /proc, then while the fork
-        # thread seizes the processes (they stop before their next instruction: nothing they
-        # could write is missed by the copy)
-        copy = _start_copy(body, frozen, spares)
-        plans = _plan_settled(cg, before_thaw)
-        if copy is None:  # frozen again since
+        # the overlay mount on it are made in the copy's thread while the fork thread plans
+        # and seizes the processes (each stops before its next instruction: nothing it could
+        # write is missed by the copy)
+        copy = _start_copy(body, frozen, spares, until_started=False)
+        try:
+            plans, seized = keeper.fork_thread().run(_plan_and_seize, cg)
+        except VforkInFlight:
+            # its child runs to its exec in short spells (_plan_settled), without the copy,
+            # which is made again once the plan is
+            before_thaw()
+            plans = _plan_settled(cg, before_thaw)
             copy = _start_copy(body, frozen, spares)
-        seized = keeper.fork_thread().run(_seize_source, cg, plans)
+            seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
@@ -704,6 +709,14 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
+def _plan_and_seize(cg) -> tuple[list, tuple[dict, seize.Pinned]]:
+    """A frozen source's plan and its processes seized (_seize_source), in the fork thread:
+    one hand-off for both, while the caller's thread waits for the copy. VforkInFlight:
+    nothing seized."""
+    plans = plan_tree(cg.pids())
+    return plans, _seize_source(cg, plans)
+
+
 def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
     """A source's processes seized and pinned, in the fork thread (TemplateCore._stop's
     work, done while the copy is made; a source's init is not asked to ignore SIGCHLD)."""
@@ -722,9 +735,11 @@ def _release_source(cg, tracees: dict, pin: seize.Pinned) -> None:
     seize.release_all(cg, tracees)
 
 
-def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future:
-    """_copy_upper in the copy's thread, once that thread is in the copy's system call: a
-    thread waiting for the GIL while this one plans could wait for as long as the plan."""
+def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None,
+                until_started: bool = True) -> Future:
+    """_copy_upper in the copy's thread; ``until_started``: returns once that thread is in the
+    copy's system call, for a caller that plans meanwhile (a thread waiting for the GIL while
+    this one plans could wait for as long as the plan)."""
     try:
         make = layers.prepare_freeze(body.dir.layer, frozen)
     except OSError as e:
@@ -733,7 +748,8 @@ def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future
     pool = _copier.get()
     assert pool is not None  # its make() never turns it off
     copy = pool.submit(_copy_upper, make, started, body, frozen, spares)
-    started.wait()
+    if until_started:
+        started.wait()
     return copy
 
 
