@@ -71,7 +71,8 @@ class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
     def __init__(self, body: Body, plans, shells: list[tuple[int, int, str]],
-                 config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None) -> None:
+                 config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None,
+                 sysv: tuple | None = None) -> None:
         self.body = body  # frozen: its processes are the template
         # a copy of the running workspace's upper layer taken at the freeze: a source core's
         self.frozen_upper = frozen_upper
@@ -85,9 +86,9 @@ class TemplateCore(slots.Holder):
         own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
         self.lowers = _child_lowers(own, body)
         self.own_upper: Path | None = own if self.lowers[:1] == (own,) else None
-        self.sysv_segments = sysv_shm.segments(body.init_pid)
-        self.sysv_sets = sysv_sem.sets(body.init_pid, plans)
-        self.sysv_queues = sysv_msg.queues(body.init_pid)
+        # read with the plan (sysv_objects), or now
+        self.sysv_segments, self.sysv_sets, self.sysv_queues = (
+            sysv if sysv is not None else sysv_objects(body.init_pid, plans))
         self.id = body.id
         assert body.channel is not None  # a snapshot is of a running body
         self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
@@ -649,6 +650,12 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         raise
 
 
+def sysv_objects(init_pid: int, plans) -> tuple:
+    """The template's SysV segments, semaphore sets and message queues (sysv_sem refuses what
+    it cannot carry)."""
+    return sysv_shm.segments(init_pid), sysv_sem.sets(init_pid, plans), sysv_msg.queues(init_pid)
+
+
 def _child_lowers(own: Path, body: Body) -> tuple[Path, ...]:
     """The lower layers of a child of ``body`` whose upper layer, frozen, is ``own``: an
     empty one is left out."""
@@ -681,19 +688,19 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         # write is missed by the copy)
         copy = _start_copy(body, frozen, spares, until_started=False)
         try:
-            plans, seized = keeper.fork_thread().run(_plan_and_seize, cg)
+            plans, sysv, seized = keeper.fork_thread().run(_plan_and_seize, cg, body.init_pid)
         except VforkInFlight:
             # its child runs to its exec in short spells (_plan_settled), without the copy,
             # which is made again once the plan is
             before_thaw()
-            plans = _plan_settled(cg, before_thaw)
+            plans, sysv = _plan_settled(cg, before_thaw), None
             copy = _start_copy(body, frozen, spares)
             seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
-        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen, sysv=sysv)
         core.hold(*seized)
         seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
@@ -709,12 +716,13 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
-def _plan_and_seize(cg) -> tuple[list, tuple[dict, seize.Pinned]]:
-    """A frozen source's plan and its processes seized (_seize_source), in the fork thread:
-    one hand-off for both, while the caller's thread waits for the copy. VforkInFlight:
-    nothing seized."""
+def _plan_and_seize(cg, init_pid: int) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
+    """A frozen source's plan with its SysV objects, and its processes seized (_seize_source),
+    in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
+    VforkInFlight: nothing seized."""
     plans = plan_tree(cg.pids())
-    return plans, _seize_source(cg, plans)
+    sysv = sysv_objects(init_pid, plans)
+    return plans, sysv, _seize_source(cg, plans)
 
 
 def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
