@@ -73,6 +73,7 @@ class ProcPlan:
     umask: int = 0o022
     handled: tuple[str, str] = ("", "")  # SigIgn and SigCgt of /proc/PID/status: its handlers' state
     vm_size: str = ""  # VmSize of /proc/PID/status ("" without an address space)
+    exiting: bool = False  # on its way out (PF_EXITING): the plan is made again once it is gone
     # /proc/PID files planning read (status_of, maps_of): read once for every module that asks,
     # the process being frozen meanwhile, and dropped once the plan is made (plan_tree)
     reads: dict = field(default_factory=dict, repr=False)
@@ -195,6 +196,11 @@ def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -
         vm_size=st.get("VmSize", ""),
     )
     plan.reads["status"] = st
+    # after the comm: state ppid pgrp session tty_nr tpgid flags; a main thread that exited
+    # before its process's other threads is a zombie, and its process lives on. One frozen
+    # with a SIGKILL pending (its own queue shows a group kill too) dies as soon as it runs.
+    plan.exiting = (bool(int(rest[6]) & _PF_EXITING) and rest[0] != b"Z"
+                    or bool(int(st["SigPnd"], 16) & _SIGKILL_BIT))
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
         try:
@@ -211,11 +217,20 @@ def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -
     return plan
 
 
-class VforkInFlight(ForkError):
+class Unsettled(ForkError):
+    """A process in a passing state a fork cannot copy: the plan is made again once it is over
+    (template._plan_settled), for a while (``wait_for``: what to do after it)."""
+
+    wait_for = ""
+
+
+class VforkInFlight(Unsettled):
     """A process shares its memory with its parent without being its thread: a vfork() (or
     posix_spawn) whose child has not called exec or _exit yet. The parent cannot reach a ptrace
     stop until its child does (it waits killable, not interruptible), and one address space
     cannot become two in a fork: the snapshot waits for the exec (template.snapshot_body)."""
+
+    wait_for = "fork once it has (a vfork child should exec at once)"
 
     def __init__(self, pairs: list[tuple[ProcPlan, ProcPlan]]) -> None:
         parent, child = pairs[0]
@@ -224,6 +239,21 @@ class VforkInFlight(ForkError):
             f"({child.name}) shares its memory and has not called exec or _exit",
             pid=child.hostpid, step="snapshot")
         self.pairs = pairs
+
+
+class Exiting(Unsettled):
+    """A process on its way out (killed just before the freeze, say): it would be gone before
+    it could be seized, and its zombie, once there, is its parent's to carry. Its exit runs
+    while the group is let run in short spells (template._plan_settled)."""
+
+    wait_for = "fork once it has exited"
+
+    def __init__(self, proc: ProcPlan) -> None:
+        super().__init__(f"process {proc.vpid} ({proc.name}) is exiting", pid=proc.hostpid, step="snapshot")
+
+
+_PF_EXITING = 0x00000004  # /proc/PID/stat's flags
+_SIGKILL_BIT = 1 << (9 - 1)
 
 
 _CLONE_CALLS = {"56", "58", "435"}  # clone, vfork, clone3 (x86_64)
@@ -423,7 +453,7 @@ def check_sharing(procs: list[ProcPlan], sharings=SHARINGS) -> None:
 
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     """Plans for every process, init first; raises ForkError for what no handler supports
-    (VforkInFlight for a vfork not over yet)."""
+    (Unsettled for a vfork not over yet, a process exiting)."""
     from . import resources
     from .._core._syscalls import KCMP_FILE, kcmp
 
@@ -431,6 +461,9 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     procs = sorted((read_proc(p, statuses) for p in hostpids), key=lambda p: p.vpid)
     if not procs or not procs[0].is_init:
         raise ForkError("the workspace has no init process; it cannot be forked")
+    exiting = next((p for p in procs if p.exiting), None)
+    if exiting is not None:
+        raise Exiting(exiting)
     check_sharing(procs)  # none of them is a vfork: refused before one is waited for
     pairs = vfork_pairs(procs)
     if pairs:

@@ -44,7 +44,7 @@ from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots
 from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
-from .plan import VforkInFlight, plan_tree
+from .plan import Unsettled, plan_tree
 
 if TYPE_CHECKING:
     from ..compel import Tracee
@@ -689,9 +689,9 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         copy = _start_copy(body, frozen, spares, until_started=False)
         try:
             plans, sysv, seized = keeper.fork_thread().run(_plan_and_seize, cg, body.init_pid)
-        except VforkInFlight:
-            # its child runs to its exec in short spells (_plan_settled), without the copy,
-            # which is made again once the plan is
+        except Unsettled:
+            # the group runs in short spells until the process is through (_plan_settled),
+            # without the copy, which is made again once the plan is
             before_thaw()
             plans, sysv = _plan_settled(cg, before_thaw), None
             copy = _start_copy(body, frozen, spares)
@@ -719,7 +719,7 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
 def _plan_and_seize(cg, init_pid: int) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
     """A frozen source's plan with its SysV objects, and its processes seized (_seize_source),
     in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
-    VforkInFlight: nothing seized."""
+    Unsettled: nothing seized."""
     plans = plan_tree(cg.pids())
     sysv = sysv_objects(init_pid, plans)
     return plans, sysv, _seize_source(cg, plans)
@@ -797,19 +797,18 @@ VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec
 
 
 def _plan_settled(cg, before_thaw: Callable[[], None] | None = None) -> list:
-    """The plan of a frozen group, thawed for short spells while a vfork is in flight: its
-    child usually execs within a millisecond, and until then the parent could not be seized.
-    ``before_thaw`` is called before each spell."""
+    """The plan of a frozen group, thawed for short spells while a process is Unsettled: a
+    vfork's child usually execs within a millisecond, and until then the parent could not be
+    seized; a process exiting is gone as soon. ``before_thaw`` is called before each spell."""
     deadline = time.monotonic() + VFORK_WAIT_S
     spell = 0.0005
     while True:
         try:
             return plan_tree(cg.pids())
-        except VforkInFlight as e:
+        except Unsettled as e:
             if time.monotonic() + spell > deadline:
                 raise ForkError(f"{e} after {VFORK_WAIT_S:g} s, and a fork cannot copy a process "
-                                "in that state: fork once it has (a vfork child should exec at "
-                                "once)", pid=e.pid, step="snapshot") from None
+                                f"in that state: {e.wait_for}", pid=e.pid, step="snapshot") from None
             log.debug("%s: letting it run %.1f ms", e, spell * 1e3)
             if before_thaw is not None:
                 before_thaw()
