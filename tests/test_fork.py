@@ -638,6 +638,7 @@ def test_close_on_exec_flags_of_many_descriptors_fdinfo_cannot_tell(ws, path):
     finally:
         kid.close()
 
+
 _PAUSER = r"""
 import signal
 woke = 0

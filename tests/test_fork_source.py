@@ -5,6 +5,7 @@ are new, and they see the files as they were at the fork while the source writes
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -214,7 +215,7 @@ def test_a_process_killed_as_the_fork_freezes_is_let_exit_first(ws, path):
     ws.spawn(["sleep", "1001"])
     host = _host_pid(ws, doomed)
     ws.cgroup.freeze()
-    os.kill(host, 9)  # frozen, it cannot take the signal yet
+    os.kill(host, signal.SIGKILL)  # frozen, it cannot take the signal yet
     if path == "ws_fork":
         (kid,) = ws.fork(1)
     else:
