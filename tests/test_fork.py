@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import signal_and_read, wait_file, wait_for_bytes, ws_status
+from conftest import fork_by, signal_and_read, wait_file, wait_for_bytes, ws_status
 
 import bunshin
 from bunshin.errors import ForkError
@@ -597,6 +597,46 @@ def test_close_on_exec_flags_survive_every_fork(ws):
                 kid.close()
     finally:
         tpl.close()
+
+
+_MANY_CLOEXEC_FDS = r"""
+import fcntl, os, signal
+# eventfds keep EFD_CLOEXEC in their file's flags, so fdinfo shows O_CLOEXEC on every one
+# whatever its descriptor has: the fork must ask each, more than one batch of calls can take
+fds = [os.eventfd(i, os.EFD_CLOEXEC) for i in range(60)]
+for fd in fds[::3]:
+    os.set_inheritable(fd, True)
+def report(*_):
+    flags = [fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC for fd in fds]
+    counts = [os.eventfd_read(fd) for fd in fds[1:4]]
+    for fd, n in zip(fds[1:4], counts):
+        os.eventfd_write(fd, n)
+    with open("/tmp/cloexec.new", "w") as f:
+        f.write(" ".join(map(str, flags + counts)))
+    os.rename("/tmp/cloexec.new", "/tmp/cloexec")
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
+def test_close_on_exec_flags_of_many_descriptors_fdinfo_cannot_tell(ws, path):
+    """Sixty descriptors whose FD_CLOEXEC /proc's fdinfo cannot tell (more than one batch of
+    the calls that read them in the template takes) keep theirs in the child, and in the
+    source, which runs on after the fork."""
+    ws.write_file("/fds.py", _MANY_CLOEXEC_FDS)
+    pid = ws.spawn(["python3", "/fds.py"])
+    wait_file(ws, "/tmp/cloexec")
+    want = ws.read_file("/tmp/cloexec")
+    assert want.split()[:6] == [b"0", b"1", b"1", b"0", b"1", b"1"] and want.split()[60:] == [b"1", b"2", b"3"]
+    kid = fork_by(ws, path)
+    try:
+        assert signal_and_read(kid, pid, 10, "/tmp/cloexec") == want
+        assert signal_and_read(ws, pid, 10, "/tmp/cloexec") == want
+    finally:
+        kid.close()
 
 
 _PAUSER = r"""

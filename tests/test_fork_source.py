@@ -5,6 +5,7 @@ are new, and they see the files as they were at the fork while the source writes
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -194,3 +195,36 @@ def test_a_workspace_with_live_forks_is_not_dumped(family, tmp_path):
     kid.close()
     criu.dump_workspace(ws, tmp_path / "img")
     assert ws.run("echo on").stdout == b"on\n"
+
+
+def _host_pid(ws: bunshin.Workspace, pid: int) -> int:
+    for host in ws.host_pids():
+        with open(f"/proc/{host}/status") as f:
+            nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+        if int(nspid[-1]) == pid:
+            return host
+    raise AssertionError(f"no process {pid} in {ws.id}")
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "snapshot"])
+def test_a_process_killed_as_the_fork_freezes_is_let_exit_first(ws, path):
+    """A process the freezer caught with a SIGKILL pending (killed just before the fork) dies
+    as soon as it runs: the fork lets the workspace run in short spells until it is gone, and
+    forks the rest; the source runs on without it."""
+    doomed = ws.spawn(["sleep", "1000"])
+    ws.spawn(["sleep", "1001"])
+    host = _host_pid(ws, doomed)
+    ws.cgroup.freeze()
+    os.kill(host, signal.SIGKILL)  # frozen, it cannot take the signal yet
+    if path == "ws_fork":
+        (kid,) = ws.fork(1)
+    else:
+        with ws.snapshot() as tpl:
+            (kid,) = tpl.fork(1)
+    try:
+        for w in (kid, ws):
+            sleeps = sorted(p.cmdline for p in w.processes() if p.cmdline[:1] == ["sleep"])
+            assert sleeps == [["sleep", "1001"]], w.id
+            assert w.run("echo ok").stdout == b"ok\n"
+    finally:
+        kid.close()

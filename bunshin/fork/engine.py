@@ -215,7 +215,10 @@ def discard_clone(c: Tracee) -> None:
 
 def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
     """Everything after the clone: its CPUs (``ctx.cpus``: first, so that the threads it gets
-    inherit them), namespaces, cwd, session, descriptors, threads."""
+    inherit them), namespaces, cwd, session, descriptors, threads; the template process's
+    answers to its questions are in (resources.ask_template)."""
+    from .resources import PROC_REGISTRY
+
     r = ctx.cloner.remote(child, f"process {proc.vpid} ({proc.name})")
     try:
         # queued (remote.py): up to the flush these run in one stop, but for what needs a result
@@ -245,8 +248,6 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         if len(proc.threads) > 1:  # before timers and signals, which may target a thread
             r.flush()  # the queue, before the Tracee is used directly
             child.clone_threads(ctx.shared["tracees"][proc.hostpid])
-        from .resources import PROC_REGISTRY
-
         for ops in PROC_REGISTRY:
             ops.fixup_proc(ctx, proc, r)
         ctx.cloner.after_fixups(ctx, proc, child)

@@ -75,6 +75,10 @@ class ProcPlan:
     vm_size: str = ""  # VmSize of /proc/PID/status ("" without an address space)
     # its clones are transplants (fork/transplant.py, check_caps): root until their last fixup
     transplanted: bool = False
+    exiting: bool = False  # on its way out (PF_EXITING): the plan is made again once it is gone
+    # /proc/PID files planning read (status_of, maps_of): read once for every module that asks,
+    # the process being frozen meanwhile, and dropped once the plan is made (plan_tree)
+    reads: dict = field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def name(self) -> str:
@@ -92,6 +96,22 @@ def proc_status(pid: int | str) -> dict[str, str]:
     # iterated line by line costs ~1.6x as much
     text = read_text(f"/proc/{pid}/status")
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def status_of(proc: ProcPlan) -> dict[str, str]:
+    """``proc``'s /proc/PID/status, as read by its plan."""
+    st = proc.reads.get("status")
+    if st is None:
+        st = proc.reads["status"] = proc_status(proc.hostpid)
+    return st
+
+
+def maps_of(proc: ProcPlan) -> str:
+    """``proc``'s /proc/PID/maps, read once while it is planned."""
+    text = proc.reads.get("maps")
+    if text is None:
+        text = proc.reads["maps"] = read_text(f"/proc/{proc.hostpid}/maps")
+    return text
 
 
 def read_text(path: str) -> str:
@@ -127,10 +147,12 @@ def _fdinfo(pid: int, fd: int) -> tuple[dict[str, str], list[Lock]]:
     return dict(lines), locks
 
 
-def _ns_ppid(host_ppid: int, level: int) -> int:
-    """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside."""
+def _ns_ppid(host_ppid: int, level: int, statuses: dict[int, dict[str, str]]) -> int:
+    """The parent's pid in the workspace's namespace (``level`` deep), 0 when it is outside
+    (``statuses``: those read already, by host pid)."""
     try:
-        nspid = proc_status(host_ppid)["NSpid"].split() if host_ppid > 0 else []
+        st = statuses.get(host_ppid) or proc_status(host_ppid) if host_ppid > 0 else {}
+        nspid = st["NSpid"].split() if st else []
     except (OSError, KeyError):
         return 0
     return int(nspid[-1]) if len(nspid) == level else 0
@@ -144,9 +166,11 @@ def _pty_index(tty_nr: int) -> int | None:
     return None
 
 
-def read_proc(hostpid: int) -> ProcPlan:
-    """Everything the engine needs to know about one (stopped) process."""
-    st = proc_status(hostpid)
+def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -> ProcPlan:
+    """Everything the engine needs to know about one (stopped) process (``statuses``: the
+    /proc/PID/status of the processes planned with it, by host pid)."""
+    statuses = statuses or {}
+    st = statuses.get(hostpid) or proc_status(hostpid)
     with open(f"/proc/{hostpid}/stat", "rb") as f:
         raw = f.read()
     rest = raw[raw.rindex(b")") + 2 :].split()
@@ -157,7 +181,8 @@ def read_proc(hostpid: int) -> ProcPlan:
     plan = ProcPlan(
         hostpid=hostpid,
         vpid=vpid,
-        ppid=_ns_ppid(int(st["PPid"]), len(nspid)),  # PPid is the host's pid
+        # PPid is the host's pid; a pid namespace's init has its parent outside it
+        ppid=0 if vpid == 1 else _ns_ppid(int(st["PPid"]), len(nspid), statuses),
         pgid=int(st["NSpgid"].split()[-1]),
         sid=int(st["NSsid"].split()[-1]),
         threads=[hostpid, *tids],
@@ -172,6 +197,12 @@ def read_proc(hostpid: int) -> ProcPlan:
         handled=(st["SigIgn"], st["SigCgt"]),
         vm_size=st.get("VmSize", ""),
     )
+    plan.reads["status"] = st
+    # after the comm: state ppid pgrp session tty_nr tpgid flags; a main thread that exited
+    # before its process's other threads is a zombie, and its process lives on. One frozen
+    # with a SIGKILL pending (its own queue shows a group kill too) dies as soon as it runs.
+    plan.exiting = (bool(int(rest[6]) & _PF_EXITING) and rest[0] != b"Z"
+                    or bool(int(st["SigPnd"], 16) & _SIGKILL_BIT))
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
         try:
@@ -188,11 +219,20 @@ def read_proc(hostpid: int) -> ProcPlan:
     return plan
 
 
-class VforkInFlight(ForkError):
+class Unsettled(ForkError):
+    """A process in a passing state a fork cannot copy: the plan is made again once it is over
+    (template._plan_settled), for a while (``wait_for``: what to do after it)."""
+
+    wait_for = ""
+
+
+class VforkInFlight(Unsettled):
     """A process shares its memory with its parent without being its thread: a vfork() (or
     posix_spawn) whose child has not called exec or _exit yet. The parent cannot reach a ptrace
     stop until its child does (it waits killable, not interruptible), and one address space
     cannot become two in a fork: the snapshot waits for the exec (template.snapshot_body)."""
+
+    wait_for = "fork once it has (a vfork child should exec at once)"
 
     def __init__(self, pairs: list[tuple[ProcPlan, ProcPlan]]) -> None:
         parent, child = pairs[0]
@@ -201,6 +241,21 @@ class VforkInFlight(ForkError):
             f"({child.name}) shares its memory and has not called exec or _exit",
             pid=child.hostpid, step="snapshot")
         self.pairs = pairs
+
+
+class Exiting(Unsettled):
+    """A process on its way out (killed just before the freeze, say): it would be gone before
+    it could be seized, and its zombie, once there, is its parent's to carry. Its exit runs
+    while the group is let run in short spells (template._plan_settled)."""
+
+    wait_for = "fork once it has exited"
+
+    def __init__(self, proc: ProcPlan) -> None:
+        super().__init__(f"process {proc.vpid} ({proc.name}) is exiting", pid=proc.hostpid, step="snapshot")
+
+
+_PF_EXITING = 0x00000004  # /proc/PID/stat's flags
+_SIGKILL_BIT = 1 << (9 - 1)
 
 
 _CLONE_CALLS = {"56", "58", "435"}  # clone, vfork, clone3 (x86_64)
@@ -406,13 +461,17 @@ def check_sharing(procs: list[ProcPlan], sharings=SHARINGS) -> None:
 
 def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
     """Plans for every process, init first; raises ForkError for what no handler supports
-    (VforkInFlight for a vfork not over yet)."""
+    (Unsettled for a vfork not over yet, a process exiting)."""
     from . import resources
     from .._core._syscalls import KCMP_FILE, kcmp
 
-    procs = sorted((read_proc(p) for p in hostpids), key=lambda p: p.vpid)
+    statuses = {p: proc_status(p) for p in hostpids}
+    procs = sorted((read_proc(p, statuses) for p in hostpids), key=lambda p: p.vpid)
     if not procs or not procs[0].is_init:
         raise ForkError("the workspace has no init process; it cannot be forked")
+    exiting = next((p for p in procs if p.exiting), None)
+    if exiting is not None:
+        raise Exiting(exiting)
     check_sharing(procs)  # none of them is a vfork: refused before one is waited for
     pairs = vfork_pairs(procs)
     if pairs:
@@ -433,6 +492,8 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
             f.handler = resources.handler_for(p, f)
     resources.check_tree(procs)
     resources.plan_procs(procs)
+    for p in procs:
+        p.reads.clear()
     return procs
 
 

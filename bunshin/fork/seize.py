@@ -107,8 +107,13 @@ def _stopped(pid: int) -> bool | None:
         return stop
     bit = 1 << (signal.SIGSTOP - 1)
     try:
-        if int(proc_status(pid)["ShdPnd"], 16) & bit or any(
-                int(proc_status(f"{pid}/task/{t}")["SigPnd"], 16) & bit for t in os.listdir(f"/proc/{pid}/task")):
+        # the process's status shows its main thread's own queue beside the shared one
+        st = proc_status(pid)
+        if (int(st["ShdPnd"], 16) | int(st["SigPnd"], 16)) & bit:
+            return True
+        if int(st["Threads"]) > 1 and any(
+                int(proc_status(f"{pid}/task/{t}")["SigPnd"], 16) & bit
+                for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)):
             return True
     except (OSError, KeyError, ValueError):
         pass

@@ -41,10 +41,10 @@ from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
-from . import cloners, earlyinit, engine, keeper, nspool, seize, slots
+from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots
 from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
-from .plan import VforkInFlight, plan_tree
+from .plan import Unsettled, plan_tree
 
 if TYPE_CHECKING:
     from ..compel import Tracee
@@ -71,7 +71,8 @@ class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
     def __init__(self, body: Body, plans, shells: list[tuple[int, int, str]],
-                 config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None) -> None:
+                 config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None,
+                 sysv: tuple | None = None) -> None:
         self.body = body  # frozen: its processes are the template
         # a copy of the running workspace's upper layer taken at the freeze: a source core's
         self.frozen_upper = frozen_upper
@@ -85,9 +86,9 @@ class TemplateCore(slots.Holder):
         own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
         self.lowers = _child_lowers(own, body)
         self.own_upper: Path | None = own if self.lowers[:1] == (own,) else None
-        self.sysv_segments = sysv_shm.segments(body.init_pid)
-        self.sysv_sets = sysv_sem.sets(body.init_pid, plans)
-        self.sysv_queues = sysv_msg.queues(body.init_pid)
+        # read with the plan (sysv_objects), or now
+        self.sysv_segments, self.sysv_sets, self.sysv_queues = (
+            sysv if sysv is not None else sysv_objects(body.init_pid, plans))
         self.id = body.id
         assert body.channel is not None  # a snapshot is of a running body
         self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
@@ -293,10 +294,16 @@ class TemplateCore(slots.Holder):
             if self.source:
                 self.body.cgroup.thaw()
             raise
-        self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
-        self.awake = True  # seize_all thawed the group
-        keeper.holding(self)
+        self.hold(tracees, pin)
+        assert self.held is not None
         return self.held, pin
+
+    def hold(self, tracees: dict, pin: seize.Pinned) -> None:
+        """Keep ``tracees`` (seized by the fork thread, pinned by ``pin``; the group thawed,
+        as seize_all leaves it) until a fork or :meth:`let_go` lets them go."""
+        self.held, self.pin, self.held_by = _Waking(tracees, self._wake), pin, os.getpid()
+        self.awake = True
+        keeper.holding(self)
 
     def _go(self, keep: bool) -> None:
         """After a fork: keep holding (refrozen once the engine is idle), or let go (a failed
@@ -385,7 +392,6 @@ class TemplateCore(slots.Holder):
                 for k, c in zip(kids, clones):
                     k.clones.append(c)
                 for k, c in zip(kids, clones):
-                    k.ready()
                     k.fix(pl, c)
             for k in kids:
                 k.finish()
@@ -427,7 +433,8 @@ class _Child:
         self.ci: Tracee | None = None  # the child's init, from here until abort()
         self.chan: Channel | None = None  # its control channel, until finish() gives it to the body
         self.ws = None
-        self.ctx: engine.ForkCtx | None = None  # made by ready()
+        self.ctx: engine.ForkCtx | None = None  # made by context()
+        self.copied = False  # the init is in its root with the template's /dev/shm and SysV objects (ready)
         self.body: Body | None = None
         self.pidfd = -1
         self.meta = None
@@ -489,8 +496,8 @@ class _Child:
     def ready(self) -> engine.ForkCtx:
         """The init settled, give it what the clones' fixups expect: /dev/shm and SysV
         segments. Returns the context of the fixups."""
-        if self.ctx is not None:
-            return self.ctx
+        if self.copied:
+            return self.context()
         core = self.core
         self.settle()
         tinit = core.body.init_pid
@@ -501,12 +508,19 @@ class _Child:
         sysv_shm.copy_segments(tinit, self.init_pid, core.sysv_segments)
         sysv_sem.copy_sets(self.init_pid, core.sysv_sets)
         sysv_msg.copy_queues(self.init_pid, core.sysv_queues)
-        self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
-                                  cloner=self.cloner,
-                                  shared={"tracees": self.tracees, "template-upper": str(core.own_upper or ""),
-                                          "pty_masters": self.masters, "thread_cpus": self.pin.of_thread},
-                                  cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
-        self.masters = {}
+        self.copied = True
+        return self.context()
+
+    def context(self) -> engine.ForkCtx:
+        """The context of the clones' fixups (its init need not be in its root yet)."""
+        if self.ctx is None:
+            core = self.core
+            self.ctx = engine.ForkCtx(init_hostpid=self.init_pid, plans={pl.vpid: pl for pl in core.plans},
+                                      cloner=self.cloner,
+                                      shared={"tracees": self.tracees, "template-upper": str(core.own_upper or ""),
+                                              "pty_masters": self.masters, "thread_cpus": self.pin.of_thread},
+                                      cpus=self.pin.of_pid if self.cloner.fixups_in_kernel else {})
+            self.masters = {}
         return self.ctx
 
     def take_mid(self, hostpid: int):
@@ -518,10 +532,14 @@ class _Child:
         return mid
 
     def fix(self, pl, c) -> None:
-        ctx, cg = self.ctx, self.cg
-        assert ctx is not None and cg is not None  # after ready(), before finish()
+        """Fix up ``c``, the clone of ``pl``. What needs not the init in its root comes first,
+        while it may still be moving there: the clone's cgroup, the template's answers."""
+        cg = self.cg
+        assert cg is not None  # before finish()
         if pl.hostpid not in self.born_in_cg and not self.cloner.in_child:
             cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
+        resources.ask_template(self.context(), pl)
+        ctx = self.ready()
         engine.fix_process(ctx, pl, c)
         if pl.hostpid not in ctx.cpus:  # not given back with its fixups
             self.pin.release_clone(pl.hostpid, c)
@@ -632,6 +650,12 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         raise
 
 
+def sysv_objects(init_pid: int, plans) -> tuple:
+    """The template's SysV segments, semaphore sets and message queues (sysv_sem refuses what
+    it cannot carry)."""
+    return sysv_shm.segments(init_pid), sysv_sem.sets(init_pid, plans), sysv_msg.queues(init_pid)
+
+
 def _child_lowers(own: Path, body: Body) -> tuple[Path, ...]:
     """The lower layers of a child of ``body`` whose upper layer, frozen, is ``own``: an
     empty one is left out."""
@@ -656,32 +680,74 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             _discard(copy, frozen)
             copy = None
 
+    seized: tuple[dict, seize.Pinned] | None = None
     try:
         # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
-        # the overlay mount on it are made while the plan reads /proc
-        copy = _start_copy(body, frozen, spares)
-        plans = _plan_settled(cg, before_thaw)
-        if copy is None:  # frozen again since
+        # the overlay mount on it are made in the copy's thread while the fork thread plans
+        # and seizes the processes (each stops before its next instruction: nothing it could
+        # write is missed by the copy)
+        copy = _start_copy(body, frozen, spares, until_started=False)
+        try:
+            plans, sysv, seized = keeper.fork_thread().run(_plan_and_seize, cg, body.init_pid)
+        except Unsettled:
+            # the group runs in short spells until the process is through (_plan_settled),
+            # without the copy, which is made again once the plan is
+            before_thaw()
+            plans, sysv = _plan_settled(cg, before_thaw), None
             copy = _start_copy(body, frozen, spares)
+            seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
-        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen)
+        core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen, sysv=sysv)
+        core.hold(*seized)
+        seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
             core.slots.append(slot)
     except BaseException:
         if copy is not None:
             _discard(copy, frozen)  # the source stays frozen until the copy is over
+        if seized is not None:
+            keeper.fork_thread().run(_release_source, cg, *seized)
         cg.thaw()
         raise
     body.hold()
     return core
 
 
-def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future:
-    """_copy_upper in the copy's thread, once that thread is in the copy's system call: a
-    thread waiting for the GIL while this one plans could wait for as long as the plan."""
+def _plan_and_seize(cg, init_pid: int) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
+    """A frozen source's plan with its SysV objects, and its processes seized (_seize_source),
+    in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
+    Unsettled: nothing seized."""
+    plans = plan_tree(cg.pids())
+    sysv = sysv_objects(init_pid, plans)
+    return plans, sysv, _seize_source(cg, plans)
+
+
+def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
+    """A source's processes seized and pinned, in the fork thread (TemplateCore._stop's
+    work, done while the copy is made; a source's init is not asked to ignore SIGCHLD)."""
+    tracees = seize.seize_all(cg, plans)
+    try:
+        return tracees, seize.Pinned(tracees)
+    except BaseException:
+        seize.release_all(cg, tracees)
+        raise
+
+
+def _release_source(cg, tracees: dict, pin: seize.Pinned) -> None:
+    """Let go of what _seize_source seized, for a source whose core was never made: left
+    frozen (the caller thaws it)."""
+    pin.restore()
+    seize.release_all(cg, tracees)
+
+
+def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None,
+                until_started: bool = True) -> Future:
+    """_copy_upper in the copy's thread; ``until_started``: returns once that thread is in the
+    copy's system call, for a caller that plans meanwhile (a thread waiting for the GIL while
+    this one plans could wait for as long as the plan)."""
     try:
         make = layers.prepare_freeze(body.dir.layer, frozen)
     except OSError as e:
@@ -690,7 +756,8 @@ def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None) -> Future
     pool = _copier.get()
     assert pool is not None  # its make() never turns it off
     copy = pool.submit(_copy_upper, make, started, body, frozen, spares)
-    started.wait()
+    if until_started:
+        started.wait()
     return copy
 
 
@@ -730,19 +797,18 @@ VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec
 
 
 def _plan_settled(cg, before_thaw: Callable[[], None] | None = None) -> list:
-    """The plan of a frozen group, thawed for short spells while a vfork is in flight: its
-    child usually execs within a millisecond, and until then the parent could not be seized.
-    ``before_thaw`` is called before each spell."""
+    """The plan of a frozen group, thawed for short spells while a process is Unsettled: a
+    vfork's child usually execs within a millisecond, and until then the parent could not be
+    seized; a process exiting is gone as soon. ``before_thaw`` is called before each spell."""
     deadline = time.monotonic() + VFORK_WAIT_S
     spell = 0.0005
     while True:
         try:
             return plan_tree(cg.pids())
-        except VforkInFlight as e:
+        except Unsettled as e:
             if time.monotonic() + spell > deadline:
                 raise ForkError(f"{e} after {VFORK_WAIT_S:g} s, and a fork cannot copy a process "
-                                "in that state: fork once it has (a vfork child should exec at "
-                                "once)", pid=e.pid, step="snapshot") from None
+                                f"in that state: {e.wait_for}", pid=e.pid, step="snapshot") from None
             log.debug("%s: letting it run %.1f ms", e, spell * 1e3)
             if before_thaw is not None:
                 before_thaw()

@@ -14,14 +14,16 @@ from ..plan import FdInfo, ProcPlan, kind_of
 from . import (control, devices, epoll, eventfd, files_reg, inotify, locks, memlock, namespaces, parent_death, pipes,
                ptys, shmem, signalfd, signals, sk_inet, sk_unix, subreaper, sysv_sem, sysv_shm, threads, timerfd,
                timers, unsupported, zombies)
+from .questions import Questions, ask_cloexec
 
 # Order matters: the first table that claims a descriptor owns it; "unsupported" is last.
 REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shmem.OPS, eventfd.OPS, signalfd.OPS,
             timerfd.OPS, inotify.OPS, epoll.OPS, sk_unix.OPS, sk_inet.OPS, namespaces.OPS, files_reg.OPS,
             unsupported.OPS]
 
-# Per-process state beyond descriptors: plan_proc(proc) at snapshot, fixup_proc(ctx, proc,
-# remote) in each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
+# Per-process state beyond descriptors: plan_proc(proc) at snapshot, ask(ctx, proc, questions)
+# of the template process before the fixups (questions.py), fixup_proc(ctx, proc, remote) in
+# each clone, finish(ctx) once the child is whole; check_tree(procs) as above.
 # memlock once every mapping is in place (one made again over a locked range is not locked).
 # Locks once every descriptor is in place (terminals included): a close of the file before them
 # would drop its POSIX locks. threads before timers and signals, which may target a thread;
@@ -31,6 +33,19 @@ REGISTRY = [control.OPS, files_reg.PATHS, ptys.OPS, pipes.OPS, devices.OPS, shme
 PROC_REGISTRY = [files_reg.CWD, epoll.PROC, inotify.PROC, shmem.MAPPINGS, sysv_shm.OPS, sysv_sem.OPS, memlock.OPS,
                  subreaper.OPS, parent_death.OPS, ptys.CTTY, locks.OPS, threads.OPS, timers.OPS, signals.OPS,
                  zombies.OPS]
+
+
+def ask_template(ctx, proc: ProcPlan) -> None:
+    """What the fixups of ``proc``'s clone need to know of its template process and /proc does
+    not show: its descriptors' close-on-exec flags and the questions of every module's
+    ``ask(ctx, proc, q)``, in one stop of it."""
+    q = Questions(lambda: ctx.shared["tracees"][proc.hostpid])
+    ask_cloexec(proc, q)
+    for ops in PROC_REGISTRY:
+        ask = getattr(ops, "ask", None)
+        if ask is not None:
+            ask(ctx, proc, q)
+    q.run()
 
 
 def handler_for(proc: ProcPlan, f: FdInfo):

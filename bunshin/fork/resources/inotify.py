@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from ...fdwait import readable
+from ..plan import maps_of
 from . import sharing
 
 log = logging.getLogger(__name__)
@@ -159,13 +160,12 @@ def _held(procs, ino: int, dev: int, handle: str) -> tuple[object, str] | None:
 def _mapped_only(procs, ino: int, dev: int, handle: str) -> str:
     """The path of deleted inode (ino, dev) if a mapping of the workspace is on it, else ""."""
     for p in procs:
-        with open(f"/proc/{p.hostpid}/maps") as fh:
-            for line in fh:
-                words = line.split(maxsplit=5)
-                if len(words) == 6 and int(words[4]) == ino and words[5].rstrip("\n").endswith(" (deleted)"):
-                    path = f"/proc/{p.hostpid}/map_files/{words[0]}"
-                    if _is(os.stat(path), path, ino, dev, handle, follow=True):
-                        return words[5].strip()
+        for line in maps_of(p).splitlines():
+            words = line.split(maxsplit=5)
+            if len(words) == 6 and int(words[4]) == ino and words[5].endswith(" (deleted)"):
+                path = f"/proc/{p.hostpid}/map_files/{words[0]}"
+                if _is(os.stat(path), path, ino, dev, handle, follow=True):
+                    return words[5].strip()
     return ""
 
 

@@ -17,7 +17,9 @@ import errno
 import mmap
 from types import SimpleNamespace
 
+from ...compel import Tracee
 from ...errors import ForkError
+from ..plan import status_of
 
 _MLOCK_ONFAULT = 1
 _MCL_FUTURE, _MCL_ONFAULT = 2, 4
@@ -46,45 +48,44 @@ def _locked_ranges(hostpid: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _locked_kb(hostpid: int) -> int:
-    with open(f"/proc/{hostpid}/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1])
-    return 0
-
-
 def plan_proc(proc) -> None:
     # smaps walks every page table: read only where something is locked
-    proc.locked = _locked_ranges(proc.hostpid) if _locked_kb(proc.hostpid) else []
+    locked_kb = int(status_of(proc).get("VmLck", "0 kB").split()[0])
+    proc.locked = _locked_ranges(proc.hostpid) if locked_kb else []
     proc.lock_future = None  # mlockall flags, asked of the template on the first fork
 
 
-def _future(proc, src) -> int:
-    """The template's mlockall(MCL_FUTURE) flags (0: none), by the probe (see the top)."""
-    with src.scratch() as vec:
-        got = src.calls([
+def ask(ctx, proc, q) -> None:
+    """The template's mlockall(MCL_FUTURE) flags (0: none), by the probe (see the top), once."""
+    if proc.lock_future is not None:
+        return
+
+    def build(vec: int, first: int):
+        mapped = Tracee.batch_ref(0)  # arg 0: the result of call `first`, the mmap
+        return [
             (_SYS_MMAP, (0, _PAGE, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, _NO_FD, 0), 0),
-            (_SYS_MADVISE, (0, _PAGE, mmap.MADV_DONTNEED), src.batch_ref(0) | src.BATCH_OK_ERR),
-            (_SYS_MINCORE, (0, _PAGE, vec), src.batch_ref(0) | src.BATCH_OK_ERR),
-            (_SYS_MUNMAP, (0, _PAGE), src.batch_ref(0)),
-        ])
+            (_SYS_MADVISE, (first, _PAGE, mmap.MADV_DONTNEED), mapped | Tracee.BATCH_OK_ERR),
+            (_SYS_MINCORE, (first, _PAGE, vec), mapped | Tracee.BATCH_OK_ERR),
+            (_SYS_MUNMAP, (first, _PAGE), mapped),
+        ]
+
+    def answer(got: list[int], vec: bytes) -> None:
         if len(got) < 4 or any(-4096 < g < 0 for g in (got[0], got[2], got[3])):
             raise ForkError(f"process {proc.vpid} ({proc.name}): cannot tell whether it called "
                             f"mlockall(MCL_FUTURE) (probe results {got})", pid=proc.hostpid, step="memlock")
         if got[1] != -errno.EINVAL:
-            return 0
-        populated = src.read(vec, 1)[0] & 1
-        return _MCL_FUTURE | (0 if populated else _MCL_ONFAULT)
+            proc.lock_future = 0
+        else:
+            proc.lock_future = _MCL_FUTURE | (0 if vec[0] & 1 else _MCL_ONFAULT)
+
+    q.ask(1, build, answer)
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    if proc.lock_future is None:
-        proc.lock_future = _future(proc, ctx.shared["tracees"][proc.hostpid])
     if proc.lock_future:
         r.queue("mlockall", proc.lock_future)
     for start, end, how in proc.locked:
         r.queue("mlock2", start, end - start, how)
 
 
-OPS = SimpleNamespace(kind="locked-memory", plan_proc=plan_proc, fixup_proc=fixup_proc)
+OPS = SimpleNamespace(kind="locked-memory", plan_proc=plan_proc, ask=ask, fixup_proc=fixup_proc)

@@ -1,6 +1,6 @@
 """PR_SET_PDEATHSIG: the signal a process gets when its parent ends. fork(2) clears it, so a
 clone of a template process that set one sets it again. /proc does not show it: subreaper.ask
-reads it from the template on the first fork, with the subreaper flag.
+asks it of the template on the first fork, with the subreaper flag.
 
 It is a thread's, and so is the parent it watches (the thread that forked it): the main
 thread's is carried. Without the kernel module a clone's parent is the child's init, so the
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from . import subreaper
-
 _PR_SET_PDEATHSIG = 1
 
 
@@ -21,8 +19,6 @@ def plan_proc(proc) -> None:
 
 
 def fixup_proc(ctx, proc, r) -> None:
-    if proc.pdeath_signal is None:
-        subreaper.ask(proc, ctx.shared["tracees"][proc.hostpid])
     if proc.pdeath_signal:
         r.queue("prctl", _PR_SET_PDEATHSIG, proc.pdeath_signal)
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import maps_of
 from ..remote import ANY_ERROR
 from . import sharing
 
@@ -51,22 +53,22 @@ def _prot(perms: str) -> int:
             | (mmap.PROT_EXEC if perms[2] == "x" else 0))
 
 
+# a line of /proc/PID/maps whose mapping is shared (permissions "rw-s")
+_SHARED = re.compile(r"^\S+ \S{3}s .*$", re.M)
+
+
 def plan_proc(proc) -> None:
     """Find the shared mappings of ``proc`` (called at snapshot time, processes frozen)."""
     maps = []
-    with open(f"/proc/{proc.hostpid}/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            perms = parts[1]
-            if perms[3] != "s":
-                continue
-            path = parts[5].strip() if len(parts) > 5 else ""
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            if path.startswith("/SYSV"):
-                continue  # sysv_shm.py
-            st = os.stat(f"/proc/{proc.hostpid}/map_files/{parts[0]}")
-            maps.append(SharedMap(start, end, _prot(perms), int(parts[2], 16), path, st.st_dev,
-                                  st.st_ino, st.st_size))
+    for line in _SHARED.findall(maps_of(proc)):
+        parts = line.split(None, 5)
+        path = parts[5].strip() if len(parts) > 5 else ""
+        if path.startswith("/SYSV"):
+            continue  # sysv_shm.py
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        st = os.stat(f"/proc/{proc.hostpid}/map_files/{parts[0]}")
+        maps.append(SharedMap(start, end, _prot(parts[1]), int(parts[2], 16), path, st.st_dev,
+                              st.st_ino, st.st_size))
     proc.shared_maps = maps
 
 

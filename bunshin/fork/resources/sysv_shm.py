@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import maps_of
 from .sysv_ipc import IPC_CREAT, IPC_EXCL, in_ipc_ns, libc
 
 _libc = libc
@@ -71,13 +72,14 @@ def copy_segments(template_init: int, child_init: int, segs: list[Segment]) -> N
 
 def plan_proc(proc) -> None:
     maps = []
-    with open(f"/proc/{proc.hostpid}/maps") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 6 and parts[5].startswith("/SYSV"):
-                start, _ = (int(x, 16) for x in parts[0].split("-"))
-                shmid = int(parts[4])  # the inode of a SysV mapping is its shmid
-                maps.append((start, shmid, "w" not in parts[1]))
+    text = maps_of(proc)
+    # most processes attach no segment: their maps are not split line by line
+    for line in text.splitlines() if "/SYSV" in text else ():
+        parts = line.split()
+        if len(parts) >= 6 and parts[5].startswith("/SYSV"):
+            start, _ = (int(x, 16) for x in parts[0].split("-"))
+            shmid = int(parts[4])  # the inode of a SysV mapping is its shmid
+            maps.append((start, shmid, "w" not in parts[1]))
     proc.sysv_maps = maps
 
 

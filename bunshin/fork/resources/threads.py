@@ -14,12 +14,14 @@ import os
 import struct
 from types import SimpleNamespace
 
+from ...compel import Tracee
 from ...errors import ForkError
 from ..remote import set_affinity
 
 _SS_DISABLE, _SS_ONSTACK = 2, 1
 _STACK_T = struct.Struct("QiiQ")  # ss_sp, ss_flags, (padding), ss_size
 _TASK_COMM_LEN = 16
+_SYS_SIGALTSTACK = 131
 
 
 def vtid(hostpid: int, tid: int) -> int:
@@ -38,11 +40,28 @@ def _comm(hostpid: int, tid: int) -> bytes:
 
 def plan_proc(proc) -> None:
     # A frozen template runs none of its own code again: what is read here stays true.
-    proc.thread_vtids = {t: vtid(proc.hostpid, t) for t in proc.threads}
+    # the main thread's tid is the process's pid
+    proc.thread_vtids = {t: proc.vpid if t == proc.hostpid else vtid(proc.hostpid, t) for t in proc.threads}
     main = _comm(proc.hostpid, proc.hostpid)
     proc.thread_names = {proc.thread_vtids[t]: name for t in proc.threads[1:]
                          if (name := _comm(proc.hostpid, t)) != main}
-    proc.main_altstack = None  # read on the first fork, in the template (an injection)
+    # read on the first fork, in the template (by injection: ask; by ptrace)
+    proc.main_altstack = proc.main_rseq = None
+
+
+def ask(ctx, proc, q) -> None:
+    """The main thread's alternate signal stack, for clones that lose it (fixup_proc), once."""
+    if not ctx.cloner.through_intermediates or proc.main_altstack is not None:
+        return
+
+    def answer(got: list[int], raw: bytes) -> None:
+        if got != [0]:
+            raise ForkError(f"process {proc.vpid} ({proc.name}): sigaltstack() to read its "
+                            f"alternate signal stack failed ({got})", pid=proc.hostpid, step="state")
+        sp, flags, _pad, size = _STACK_T.unpack(raw)
+        proc.main_altstack = (sp, flags, size)
+
+    q.ask(_STACK_T.size, lambda addr, first: [(_SYS_SIGALTSTACK, (0, addr), Tracee.BATCH_OK_ERR)], answer)
 
 
 def fixup_proc(ctx, proc, r) -> None:
@@ -50,10 +69,8 @@ def fixup_proc(ctx, proc, r) -> None:
     # CLONE_VM child); one forked straight from its source (the module's FORK, REPARENT-only
     # injection) kept them, and queuing them there would only take its fixups out of RUN.
     if ctx.cloner.through_intermediates:
-        if proc.main_altstack is None:
-            src = ctx.shared["tracees"][proc.hostpid]
-            proc.main_altstack = src.thread_altstack(proc.hostpid)
-            proc.main_rseq = src.thread_state(proc.hostpid).rseq
+        if proc.main_rseq is None:
+            proc.main_rseq = ctx.shared["tracees"][proc.hostpid].thread_state(proc.hostpid).rseq
         sp, flags, size = proc.main_altstack
         if not flags & _SS_DISABLE:
             # SS_ONSTACK is not a setting: the kernel tells it from the stack pointer
@@ -72,4 +89,4 @@ def fixup_proc(ctx, proc, r) -> None:
         r.queue("close", fd)
 
 
-OPS = SimpleNamespace(kind="thread-state", plan_proc=plan_proc, fixup_proc=fixup_proc)
+OPS = SimpleNamespace(kind="thread-state", plan_proc=plan_proc, ask=ask, fixup_proc=fixup_proc)

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from ...compel import Tracee
 from ...errors import ForkError
 from . import signals
 
@@ -60,6 +61,7 @@ def plan_proc(proc) -> None:
     # can start again and later forks need not look (an armed one keeps counting down, though,
     # and is read by every fork).
     proc.itimers_idle = False
+    proc.itimers = None
     proc.timers_refired = set()  # of this fork: those whose pending signal they queue again
     try:
         with open(f"/proc/{proc.hostpid}/timers") as f:
@@ -72,22 +74,35 @@ def plan_proc(proc) -> None:
                         pid=proc.hostpid, step="plan")
 
 
-def fixup_proc(ctx, proc, r) -> None:
-    if proc.itimers_idle and not proc.posix_timers:
+def ask(ctx, proc, q) -> None:
+    """The setitimer() timers, read in the template (getitimer) at every fork until one
+    finds none running: what is left of an armed one changes."""
+    proc.itimers = None  # of this fork: (the getitimer results, their itimervals)
+    if proc.itimers_idle:
         return
-    src = ctx.shared["tracees"][proc.hostpid]
-    with src.scratch() as addr:
-        # the three getitimers in the template, in one stop; one that fails is left unset
-        bufs = [addr + i * _ITV.size for i in range(len(_ITIMERS))]
-        got = src.calls([(36, (which, buf), src.BATCH_OK_ERR) for which, buf in zip(_ITIMERS, bufs)])
-        raw = src.read(addr, len(_ITIMERS) * _ITV.size)
+
+    def answer(got: list[int], raw: bytes) -> None:
+        proc.itimers = (got, raw)
+
+    q.ask(len(_ITIMERS) * _ITV.size,
+          lambda addr, first: [(36, (which, addr + i * _ITV.size), Tracee.BATCH_OK_ERR)
+                               for i, which in enumerate(_ITIMERS)], answer)
+
+
+def fixup_proc(ctx, proc, r) -> None:
+    if proc.itimers is not None:
+        got, raw = proc.itimers
+        proc.itimers = None
         armed = False
-        for i, which in enumerate(_ITIMERS):
-            if got[i] == 0 and any(_ITV.unpack_from(raw, i * _ITV.size)):
+        for i, which in enumerate(_ITIMERS):  # one whose getitimer failed is left unset
+            if i < len(got) and got[i] == 0 and any(_ITV.unpack_from(raw, i * _ITV.size)):
                 armed = True
                 r.call("setitimer", which, r.put(raw[i * _ITV.size:(i + 1) * _ITV.size]), 0)
-        proc.itimers_idle = not armed and all(g == 0 for g in got)
-        _posix_timers(proc, r, src, addr + len(_ITIMERS) * _ITV.size)
+        proc.itimers_idle = not armed and len(got) == len(_ITIMERS) and all(g == 0 for g in got)
+    if proc.posix_timers:
+        src = ctx.shared["tracees"][proc.hostpid]
+        with src.scratch() as addr:
+            _posix_timers(proc, r, src, addr)
 
 
 def _posix_timers(proc, r, src, scratch: int) -> None:
@@ -128,4 +143,4 @@ def _fire_now(its: bytes, clock: int) -> bytes:
     return _ITS.pack(isec, insec, at // 10**9, at % 10**9)
 
 
-OPS = SimpleNamespace(kind="timers", plan_proc=plan_proc, fixup_proc=fixup_proc)
+OPS = SimpleNamespace(kind="timers", plan_proc=plan_proc, ask=ask, fixup_proc=fixup_proc)

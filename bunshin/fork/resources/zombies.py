@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ..plan import status_of
 from .signals import PTRACE_CONT, ptrace, set_sigmask, sigmask
 
 _SYS_RT_SIGACTION, _SYS_SETPGID, _SYS_SETSID, _SYS_RT_SIGTIMEDWAIT = 13, 109, 112, 128
@@ -87,10 +88,11 @@ def _what(proc, vpid: int) -> str:
 def _zombie(proc, hostpid: int, level: int) -> Zombie | None:
     """The zombie at ``hostpid``, a child of ``proc``; None when it is not one (any more)."""
     try:
-        fields, st = _stat(hostpid), _status(hostpid)
+        fields = _stat(hostpid)
+        if fields[0] != b"Z":
+            return None
+        st = _status(hostpid)
     except (FileNotFoundError, ProcessLookupError, ValueError):
-        return None
-    if fields[0] != b"Z":
         return None
     nspid = st["NSpid"].split()
     vpid = int(nspid[-1])
@@ -114,7 +116,7 @@ def _zombie(proc, hostpid: int, level: int) -> Zombie | None:
 def check_tree(procs) -> None:
     """Each process's zombies, into ``proc.zombies``; refuses those that cannot be made."""
     planned = {p.hostpid for p in procs}
-    level = len(_status(procs[0].hostpid)["NSpid"].split()) if procs else 0
+    level = len(status_of(procs[0])["NSpid"].split()) if procs else 0
     for p in procs:
         p.zombies = []
         if p.is_init:
@@ -127,7 +129,7 @@ def check_tree(procs) -> None:
                 p.zombies.append(z)
         if not p.zombies:
             continue
-        st = _status(p.hostpid)
+        st = status_of(p)
         if int(st["SigIgn"], 16) & _SIGCHLD_BIT:
             raise ForkError(f"{_what(p, p.zombies[0].vpid)}: the process ignores SIGCHLD, so the "
                             "kernel would reap a zombie of its clone as it is made; wait for it "
