@@ -37,9 +37,6 @@ _KNOWN = {
 if os.environ.get("BUNSHIN_KMOD") != "1":  # REPARENT and JOIN_SESSION make the tree and sessions
     _KNOWN["tree"] = ("stock kernel: every process is a child of the child's init (its getppid, "
                       "wait() for a live child and session differ; zombies and PDEATHSIG are carried)")
-if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlayfs O_TMPFILE is 6.6's
-    _KNOWN["deleted_file"] = ("before Linux 6.6 a deleted file's copy is made in /dev/shm (no O_TMPFILE on "
-                              "overlayfs), and /proc names it so")
 KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
     (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
 

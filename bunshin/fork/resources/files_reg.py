@@ -6,6 +6,7 @@ directory too (CWD)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from ..plan import kind_of
+from ..remote import ANY_ERROR
 from . import sharing, shmem
 
 _DELETED = " (deleted)"
@@ -21,6 +23,8 @@ _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
 _AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x100, 0x200, 0x400
 # open() takes these but they act once, at the open, and the file was there already
 _NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
+# a new file at a name the plan found free, never through a symlink made there since
+_AT_PATH_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
 def claims(proc, f) -> bool:
@@ -152,43 +156,96 @@ def _remake_symlink(proc, r, f, flags: int):
 def _copy_deleted(proc, r, f, flags: int):
     """An unlinked file lives only in the template; the child gets its own unlinked copy,
     with the file's mode and owner, opened with its flags. Where its name is free (plan: a way
-    to it), the copy is linked there, opened and unlinked: /proc shows the same name."""
+    to it), the copy is made at that name, opened and unlinked, so /proc shows the same name
+    (O_TMPFILE is not asked for: overlayfs has it only from Linux 6.6); by the trainer, in the
+    child's root, for a clone that may not write there (sharing.by_trainer). Elsewhere it is
+    an O_TMPFILE (_tmpfile), which /proc names by its inode number."""
     path = f.target[: -len(_DELETED)]
-    parent = os.path.dirname(path) or "/"
     way = getattr(f, "way", None)
+    if way is not None and sharing.by_trainer(proc):
+        return _copy_at_path_by_trainer(proc, r, f, path, way, flags)
     if way is not None:
         make_way(r, way)
-    tmp = -1
-    for d in (parent, "/tmp", "/dev/shm"):
-        tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
-                     ok_errnos=tuple(range(1, 200)))
-        if tmp >= 0:
-            break
-    if tmp < 0:
-        raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}")
+        tmp = r.call("openat", _AT_FDCWD, r.path(path), _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                     ok_errnos=ANY_ERROR)
+        if tmp < 0:  # a file system that takes no new file (read-only): the copy goes elsewhere
+            drop_way(r, way)
+            way = None
+    if way is None:
+        tmp = _tmpfile(proc, r, f, os.path.dirname(path) or "/")
     with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
             open(f"/proc/{r.t.pid}/fd/{tmp}", "r+b") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
         st = os.fstat(src.fileno())
-    # the trainer gives the copy away only once linked and opened: a clone that lacks
-    # CAP_FOWNER may not link a file it does not own (fs.protected_hardlinks)
-    by_trainer = sharing.by_trainer(proc)
-    if not by_trainer:
-        _owner(proc, r, tmp, st)
-    if d == parent and way is not None:
-        r.queue("linkat", _AT_FDCWD, r.queue_path(f"/proc/self/fd/{tmp}"), _AT_FDCWD, r.queue_path(path),
-                _AT_SYMLINK_FOLLOW)
+    _owner(proc, r, tmp, st)
+    if way is not None:
         newfd = sharing.queue_open(r, proc, path, flags)
         r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
         drop_way(r, way)
     else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
         newfd = sharing.queue_open(r, proc, f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
-        if way is not None:  # the copy went elsewhere: the directories made for it go
-            drop_way(r, way)
-    if by_trainer:
-        _owner(proc, r, tmp, st)
     r.queue("close", tmp)
     return newfd
+
+
+def _tmpfile(proc, r, f, parent: str) -> int:
+    """An unnamed file for a copy of ``f`` in the clone behind ``r``: in its directory
+    ``parent`` where the file system and the clone's rights allow."""
+    for d in (parent, "/tmp", "/dev/shm"):
+        tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                     ok_errnos=ANY_ERROR)
+        if tmp >= 0:
+            return tmp
+    raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}",
+                    pid=proc.hostpid, step="fixup")
+
+
+def _copy_at_path_by_trainer(proc, r, f, path: str, way: list[str], flags: int) -> int:
+    """_copy_deleted's copy made by the trainer at ``path`` in the child's root (after the
+    directories ``way``), then opened with ``flags`` and handed over (sharing.open_for), then
+    unlinked: for a clone under another uid, which may not create a file in a directory it
+    cannot write (the template process opened it before it was unlinked, or before the
+    directory changed hands)."""
+    r.flush()  # what the clone has queued in its root comes first
+    made: list[str] = []
+    try:
+        try:
+            for d in way:
+                with _dir_in_root(r.t.pid, os.path.dirname(d)) as parent:
+                    os.mkdir(os.path.basename(d), 0o700, dir_fd=parent)
+                made.append(d)
+            with _dir_in_root(r.t.pid, os.path.dirname(path)) as parent:
+                copy = os.open(os.path.basename(path), _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                               dir_fd=parent)
+                try:
+                    with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
+                            open(copy, "r+b", closefd=False) as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                        st = os.fstat(src.fileno())
+                    os.fchown(copy, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+                    os.fchmod(copy, stat.S_IMODE(st.st_mode))
+                    return sharing.open_for(r, path, flags)
+                finally:
+                    os.close(copy)
+                    os.unlink(os.path.basename(path), dir_fd=parent)
+        finally:
+            for d in reversed(made):
+                with _dir_in_root(r.t.pid, os.path.dirname(d)) as parent:
+                    os.rmdir(os.path.basename(d), dir_fd=parent)
+    except OSError as e:
+        raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: a copy of deleted file {f.target}, "
+                        f"made for it by the trainer: {e.strerror}", pid=proc.hostpid, step="fixup",
+                        errno=e.errno) from None
+
+
+@contextlib.contextmanager
+def _dir_in_root(hostpid: int, path: str):
+    """A descriptor of directory ``path`` as process ``hostpid`` sees it (in its root)."""
+    fd = sharing.open_in_root(hostpid, path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def plan_proc(proc) -> None:

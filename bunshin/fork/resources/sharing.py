@@ -116,7 +116,7 @@ def open_for(r, path: str, flags: int) -> int:
     m = _PROC_FD.fullmatch(path)
     try:
         if m is None:
-            here = _open_in_root(r.t.pid, path, flags)
+            here = open_in_root(r.t.pid, path, flags)
         else:
             here = os.open(f"/proc/{_on_host(r, m[1])}/fd/{m[2]}", flags | os.O_CLOEXEC)
     except OSError as e:
@@ -128,7 +128,8 @@ def open_for(r, path: str, flags: int) -> int:
         os.close(here)
 
 
-def _open_in_root(hostpid: int, path: str, flags: int) -> int:
+def open_in_root(hostpid: int, path: str, flags: int) -> int:
+    """``path`` opened by the trainer as process ``hostpid`` would (in its root)."""
     root = os.open(f"/proc/{hostpid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
