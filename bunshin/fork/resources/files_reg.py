@@ -91,7 +91,7 @@ def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
         newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags,
-                            os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"), f.way)
+                            os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"), f.way, f"fd {f.fd}: deleted directory {f.target}")
     elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
         newfd = _remake_symlink(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
@@ -121,9 +121,23 @@ def _owner(proc, r, fd, st: os.stat_result) -> None:
     r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
 
 
-def _remake_dir(proc, r, path: str, flags: int, st: os.stat_result, way: list[str]):
+def _remake_dir(proc, r, path: str, flags: int, st: os.stat_result, way: list[str], what: str):
     """A directory made at ``path`` (after ``way``), opened with ``flags`` and removed: the
-    process sees it deleted, with its mode and owner."""
+    process sees it deleted, with its mode and owner. By the trainer where the clone may not
+    make it (sharing.by_trainer)."""
+    if sharing.by_trainer(proc):
+        with _in_childs_root(proc, r, what, path, way) as (parent, name):
+            os.mkdir(name, 0o700, dir_fd=parent)
+            try:
+                helper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent)
+                try:
+                    os.fchown(helper, st.st_uid, st.st_gid)
+                    os.fchmod(helper, stat.S_IMODE(st.st_mode))
+                finally:
+                    os.close(helper)
+                return sharing.open_for(r, path, flags)
+            finally:
+                os.rmdir(name, dir_fd=parent)
     make_way(r, way)
     r.queue("mkdirat", _AT_FDCWD, r.queue_path(path), 0o700)
     helper = r.queue_openat(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -144,6 +158,14 @@ def _remake_symlink(proc, r, f, flags: int):
         st = os.fstat(held)
     finally:
         os.close(held)
+    if sharing.by_trainer(proc):
+        with _in_childs_root(proc, r, f"fd {f.fd}: deleted symlink {f.target}", path, f.way) as (parent, name):
+            os.symlink(content, name, dir_fd=parent)
+            try:
+                os.chown(name, st.st_uid, st.st_gid, dir_fd=parent, follow_symlinks=False)
+                return sharing.open_for(r, path, flags)
+            finally:
+                os.unlink(name, dir_fd=parent)
     make_way(r, f.way)
     r.queue("symlinkat", r.queue_path(content), _AT_FDCWD, r.queue_path(path))
     r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, _AT_SYMLINK_NOFOLLOW)
@@ -201,11 +223,29 @@ def _tmpfile(proc, r, f, parent: str) -> int:
 
 
 def _copy_at_path_by_trainer(proc, r, f, path: str, way: list[str], flags: int) -> int:
-    """_copy_deleted's copy made by the trainer at ``path`` in the child's root (after the
-    directories ``way``), then opened with ``flags`` and handed over (sharing.open_for), then
-    unlinked: for a clone under another uid, which may not create a file in a directory it
-    cannot write (the template process opened it before it was unlinked, or before the
-    directory changed hands)."""
+    """_copy_deleted's copy made by the trainer at ``path`` in the child's root, opened with
+    ``flags``, handed over (sharing.open_for) and unlinked."""
+    with _in_childs_root(proc, r, f"fd {f.fd}: deleted file {f.target}", path, way) as (parent, name):
+        copy = os.open(name, _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=parent)
+        try:
+            with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, open(copy, "r+b", closefd=False) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+                st = os.fstat(src.fileno())
+            os.fchown(copy, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+            os.fchmod(copy, stat.S_IMODE(st.st_mode))
+            return sharing.open_for(r, path, flags)
+        finally:
+            os.close(copy)
+            os.unlink(name, dir_fd=parent)
+
+
+@contextlib.contextmanager
+def _in_childs_root(proc, r, what: str, path: str, way: list[str]):
+    """For the trainer, which makes a deleted thing again at ``path`` in the child's root for
+    a clone that may not (it runs under another uid, in a directory it cannot write, or
+    dropped CAP_DAC_OVERRIDE): the directory ``path`` goes in (made after the directories
+    ``way``, removed again after) and the name to give it there. Its failures are ForkErrors
+    saying ``what``."""
     r.flush()  # what the clone has queued in its root comes first
     made: list[str] = []
     try:
@@ -215,27 +255,14 @@ def _copy_at_path_by_trainer(proc, r, f, path: str, way: list[str], flags: int) 
                     os.mkdir(os.path.basename(d), 0o700, dir_fd=parent)
                 made.append(d)
             with _dir_in_root(r.t.pid, os.path.dirname(path)) as parent:
-                copy = os.open(os.path.basename(path), _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600,
-                               dir_fd=parent)
-                try:
-                    with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
-                            open(copy, "r+b", closefd=False) as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-                        st = os.fstat(src.fileno())
-                    os.fchown(copy, st.st_uid, st.st_gid)  # first: it drops set-user-ID
-                    os.fchmod(copy, stat.S_IMODE(st.st_mode))
-                    return sharing.open_for(r, path, flags)
-                finally:
-                    os.close(copy)
-                    os.unlink(os.path.basename(path), dir_fd=parent)
+                yield parent, os.path.basename(path)
         finally:
             for d in reversed(made):
                 with _dir_in_root(r.t.pid, os.path.dirname(d)) as parent:
                     os.rmdir(os.path.basename(d), dir_fd=parent)
     except OSError as e:
-        raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: a copy of deleted file {f.target}, "
-                        f"made for it by the trainer: {e.strerror}", pid=proc.hostpid, step="fixup",
-                        errno=e.errno) from None
+        raise ForkError(f"process {proc.vpid} ({proc.name}) {what}, made again for it by the trainer: "
+                        f"{e.strerror}", pid=proc.hostpid, step="fixup", errno=e.errno) from None
 
 
 @contextlib.contextmanager
@@ -269,7 +296,8 @@ def fixup_proc(ctx, proc, r) -> None:
     if st is None:
         return
     path = proc.cwd[: -len(_DELETED)]
-    helper = _remake_dir(proc, r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
+    helper = _remake_dir(proc, r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way,
+                         f"working directory {proc.cwd}")
     r.queue("fchdir", helper)
     r.queue("close", helper)
 
