@@ -1,8 +1,9 @@
 """Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
 child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
-private copy with the same mode and owner (one copy for all its opens); a deleted directory
-(or symlink, held O_PATH) is made again at its path, opened and removed; a deleted working
-directory too (CWD)."""
+private copy with the same mode and owner (one copy for all its opens), made at its path,
+opened and removed; a deleted directory (or symlink, held O_PATH) is made again at its path,
+opened and removed; a deleted working directory too (CWD). For a clone that may not make
+them there (sharing.by_trainer) the trainer makes them in the child's root."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from . import sharing, shmem
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
-_AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x100, 0x200, 0x400
+_AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR = 0x100, 0x200
 # open() takes these but they act once, at the open, and the file was there already
 _NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
 # a new file at a name the plan found free, never through a symlink made there since
@@ -90,8 +91,8 @@ def check_tree(procs) -> None:
 def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
-        newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags,
-                            os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"), f.way, f"fd {f.fd}: deleted directory {f.target}")
+        newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),
+                            f.way, f"fd {f.fd}: deleted directory {f.target}")
     elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
         newfd = _remake_symlink(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
