@@ -453,8 +453,11 @@ os.symlink("somewhere", "/work/locked/link")
 fds["locked/link"] = os.open("/work/locked/link", os.O_PATH | os.O_NOFOLLOW)
 os.makedirs("/work/locked/cwd")
 os.chdir("/work/locked/cwd")
-for name in ("dir", "link", "cwd"):
-    (os.unlink if name == "link" else os.rmdir)(f"/work/locked/{name}")
+os.mkfifo("/work/locked/fifo", 0o640)
+fds["locked/fifo"] = os.open("/work/locked/fifo", os.O_RDWR | os.O_NONBLOCK)
+os.write(fds["locked/fifo"], b"queued")
+for name in ("dir", "link", "cwd", "fifo"):
+    (os.rmdir if name in ("dir", "cwd") else os.unlink)(f"/work/locked/{name}")
 os.rmdir("/work/locked/sub")
 os.chown("/work/locked", 1234, 1234)  # root may write it no more, once it drops the caps below
 # root without CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER in its effective set
@@ -470,6 +473,8 @@ def report():
     for k in ("locked/gone", "locked/sub/gone", "again"):
         r[k]["bytes"] = os.pread(fds[k], 100, 0).decode()
     r["link-to"] = os.readlink("", dir_fd=fds["locked/link"])
+    r["fifo-read"] = os.read(fds["locked/fifo"], 100).decode()
+    os.write(fds["locked/fifo"], r["fifo-read"].encode())  # back, for the next report
     r["cwd"] = os.readlink("/proc/self/cwd")
     r["again-same"] = os.fstat(fds["again"]).st_ino == os.fstat(fds["locked/gone"]).st_ino
     try:
@@ -483,7 +488,7 @@ serve(report)
 
 
 @pytest.mark.parametrize("how", HOWS)
-def test_deleted_files_dirs_and_cwd_of_a_process_that_may_not_write_their_directory(family, how):
+def test_deleted_files_dirs_fifos_and_cwd_of_a_process_that_may_not_write_their_directory(family, how):
     before, src, kid, child = _reports(family, WITHOUT_DAC, how)
     for name in ("locked/gone", "locked/sub/gone"):
         f = before[name]
@@ -492,6 +497,7 @@ def test_deleted_files_dirs_and_cwd_of_a_process_that_may_not_write_their_direct
     assert before["again"]["link"] == "/work/locked/gone (deleted)" and before["again-same"]
     assert before["locked/dir"]["link"] == "/work/locked/dir (deleted)" and before["locked/dir"]["mode"] == 0o751
     assert before["locked/link"]["link"] == "/work/locked/link (deleted)" and before["link-to"] == "somewhere"
+    assert before["locked/fifo"]["link"] == "/work/locked/fifo (deleted)" and before["fifo-read"] == "queued"
     assert before["cwd"] == "/work/locked/cwd (deleted)" and before["locked"] == "EACCES"
     assert src == before and kid == before
     assert child.run("ls /work/locked").stdout == b""  # made again and removed

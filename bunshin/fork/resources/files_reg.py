@@ -127,7 +127,7 @@ def _remake_dir(proc, r, path: str, flags: int, st: os.stat_result, way: list[st
     process sees it deleted, with its mode and owner. By the trainer where the clone may not
     make it (sharing.by_trainer)."""
     if sharing.by_trainer(proc):
-        with _in_childs_root(proc, r, what, path, way) as (parent, name):
+        with in_childs_root(proc, r, what, path, way) as (parent, name):
             os.mkdir(name, 0o700, dir_fd=parent)
             try:
                 helper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent)
@@ -160,7 +160,7 @@ def _remake_symlink(proc, r, f, flags: int):
     finally:
         os.close(held)
     if sharing.by_trainer(proc):
-        with _in_childs_root(proc, r, f"fd {f.fd}: deleted symlink {f.target}", path, f.way) as (parent, name):
+        with in_childs_root(proc, r, f"fd {f.fd}: deleted symlink {f.target}", path, f.way) as (parent, name):
             os.symlink(content, name, dir_fd=parent)
             try:
                 os.chown(name, st.st_uid, st.st_gid, dir_fd=parent, follow_symlinks=False)
@@ -226,7 +226,7 @@ def _tmpfile(proc, r, f, parent: str) -> int:
 def _copy_at_path_by_trainer(proc, r, f, path: str, way: list[str], flags: int) -> int:
     """_copy_deleted's copy made by the trainer at ``path`` in the child's root, opened with
     ``flags``, handed over (sharing.open_for) and unlinked."""
-    with _in_childs_root(proc, r, f"fd {f.fd}: deleted file {f.target}", path, way) as (parent, name):
+    with in_childs_root(proc, r, f"fd {f.fd}: deleted file {f.target}", path, way) as (parent, name):
         copy = os.open(name, _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=parent)
         try:
             with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, open(copy, "r+b", closefd=False) as dst:
@@ -241,7 +241,7 @@ def _copy_at_path_by_trainer(proc, r, f, path: str, way: list[str], flags: int) 
 
 
 @contextlib.contextmanager
-def _in_childs_root(proc, r, what: str, path: str, way: list[str]):
+def in_childs_root(proc, r, what: str, path: str, way: list[str]):
     """For the trainer, which makes a deleted thing again at ``path`` in the child's root for
     a clone that may not (it runs under another uid, in a directory it cannot write, or
     dropped CAP_DAC_OVERRIDE): the directory ``path`` goes in (made after the directories
