@@ -33,6 +33,9 @@ VERDICT_TIMEOUT = 10.0
 # expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
 _KNOWN = {
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
+    "pdeath_thread": ("a parent-death signal set by a thread other than the main one is not carried (only an "
+                      "injected prctl in that very thread reads it, and that left a stopped template's child "
+                      "thread stopped after SIGCONT in the module guest)"),
 }
 if os.environ.get("BUNSHIN_KMOD") != "1":  # REPARENT and JOIN_SESSION make the tree and sessions
     _KNOWN["tree"] = ("stock kernel: every process is a child of the child's init (its getppid, "
