@@ -436,6 +436,73 @@ def test_deleted_directories_held_open_and_as_working_directory(family, how):
     assert child.run("ls /work/dd").stdout == b""  # made again and removed
 
 
+WITHOUT_DAC = r"""
+import ctypes
+os.makedirs("/work/locked/sub")
+fds = {}
+for name in ("locked/gone", "locked/sub/gone"):
+    fds[name] = os.open(f"/work/{name}", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+    os.write(fds[name], name.encode())
+    os.fchown(fds[name], 77, 78)
+    os.unlink(f"/work/{name}")
+fds["again"] = os.open(f"/proc/self/fd/{fds['locked/gone']}", os.O_RDONLY)  # one file, two opens
+os.makedirs("/work/locked/dir")
+os.chmod("/work/locked/dir", 0o751)
+fds["locked/dir"] = os.open("/work/locked/dir", os.O_RDONLY | os.O_DIRECTORY)
+os.symlink("somewhere", "/work/locked/link")
+fds["locked/link"] = os.open("/work/locked/link", os.O_PATH | os.O_NOFOLLOW)
+os.makedirs("/work/locked/cwd")
+os.chdir("/work/locked/cwd")
+os.mkfifo("/work/locked/fifo", 0o640)
+fds["locked/fifo"] = os.open("/work/locked/fifo", os.O_RDWR | os.O_NONBLOCK)
+os.write(fds["locked/fifo"], b"queued")
+for name in ("dir", "link", "cwd", "fifo"):
+    (os.rmdir if name in ("dir", "cwd") else os.unlink)(f"/work/locked/{name}")
+os.rmdir("/work/locked/sub")
+os.chown("/work/locked", 1234, 1234)  # root may write it no more, once it drops the caps below
+# root without CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER in its effective set
+# (a service's bounding of itself): it keeps what a stock kernel's fork needs (CAP_SYS_ADMIN,
+# CAP_SYS_CHROOT), but its clone may not make a file in /work/locked: the trainer does
+libc = ctypes.CDLL(None, use_errno=True)
+head, data = struct.pack("Ii", 0x20080522, 0), ctypes.create_string_buffer(24)
+assert libc.capget(head, data) == 0
+eff, prm, inh, eff_hi, prm_hi, inh_hi = struct.unpack("6I", data.raw)
+assert libc.capset(head, struct.pack("6I", eff & ~0xF, prm, inh, eff_hi, prm_hi, inh_hi)) == 0
+def report():
+    r = {k: fd_facts(fd) for k, fd in fds.items()}
+    for k in ("locked/gone", "locked/sub/gone", "again"):
+        r[k]["bytes"] = os.pread(fds[k], 100, 0).decode()
+    r["link-to"] = os.readlink("", dir_fd=fds["locked/link"])
+    r["fifo-read"] = os.read(fds["locked/fifo"], 100).decode()
+    os.write(fds["locked/fifo"], r["fifo-read"].encode())  # back, for the next report
+    r["cwd"] = os.readlink("/proc/self/cwd")
+    r["again-same"] = os.fstat(fds["again"]).st_ino == os.fstat(fds["locked/gone"]).st_ino
+    try:
+        open("/work/locked/mine", "w")
+        r["locked"] = "writable"
+    except PermissionError:
+        r["locked"] = "EACCES"
+    return r
+serve(report)
+"""
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_deleted_files_dirs_fifos_and_cwd_of_a_process_that_may_not_write_their_directory(family, how):
+    before, src, kid, child = _reports(family, WITHOUT_DAC, how)
+    for name in ("locked/gone", "locked/sub/gone"):
+        f = before[name]
+        assert f["link"] == f"/work/{name} (deleted)" and f["bytes"] == name, f
+        assert (f["mode"], f["uid"], f["gid"]) == (0o640, 77, 78) and f["fl"] & os.O_APPEND
+    assert before["again"]["link"] == "/work/locked/gone (deleted)" and before["again-same"]
+    assert before["locked/dir"]["link"] == "/work/locked/dir (deleted)" and before["locked/dir"]["mode"] == 0o751
+    assert before["locked/link"]["link"] == "/work/locked/link (deleted)" and before["link-to"] == "somewhere"
+    assert before["locked/fifo"]["link"] == "/work/locked/fifo (deleted)" and before["fifo-read"] == "queued"
+    assert before["cwd"] == "/work/locked/cwd (deleted)" and before["locked"] == "EACCES"
+    assert src == before and kid == before
+    assert child.run("ls /work/locked").stdout == b""  # made again and removed
+
+
 NAMESPACES = r"""
 kinds = ("net", "uts", "ipc", "mnt", "pid", "user", "cgroup")
 fds = {k: os.open(f"/proc/self/ns/{k}", os.O_RDONLY) for k in kinds}

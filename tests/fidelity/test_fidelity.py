@@ -33,13 +33,13 @@ VERDICT_TIMEOUT = 10.0
 # expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
 _KNOWN = {
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
+    "pdeath_thread": ("a parent-death signal set by a thread other than the main one is not carried (only an "
+                      "injected prctl in that very thread reads it, and that left a stopped template's child "
+                      "thread stopped after SIGCONT in the module guest)"),
 }
 if os.environ.get("BUNSHIN_KMOD") != "1":  # REPARENT and JOIN_SESSION make the tree and sessions
     _KNOWN["tree"] = ("stock kernel: every process is a child of the child's init (its getppid, "
                       "wait() for a live child and session differ; zombies and PDEATHSIG are carried)")
-if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlayfs O_TMPFILE is 6.6's
-    _KNOWN["deleted_file"] = ("before Linux 6.6 a deleted file's copy is made in /dev/shm (no O_TMPFILE on "
-                              "overlayfs), and /proc names it so")
 KNOWN_CHILD_FAILS: dict[tuple[str, str], str] = {
     (victim, path): why for victim, why in _KNOWN.items() for path in ("ws_fork", "tpl_fork")}
 

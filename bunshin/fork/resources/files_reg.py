@@ -1,11 +1,13 @@
 """Regular files, directories and O_PATH descriptors of the workspace: reopened by path in the
 child's root (its own overlay) with the same flags and offset. A deleted-but-open file gets a
-private copy with the same mode and owner (one copy for all its opens); a deleted directory
-(or symlink, held O_PATH) is made again at its path, opened and removed; a deleted working
-directory too (CWD)."""
+private copy with the same mode and owner (one copy for all its opens), made at its path,
+opened and removed; a deleted directory (or symlink, held O_PATH) is made again at its path,
+opened and removed; a deleted working directory too (CWD). For a clone that may not make
+them there (sharing.by_trainer) the trainer makes them in the child's root."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -13,14 +15,17 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from ..plan import kind_of
+from ..remote import ANY_ERROR
 from . import sharing, shmem
 
 _DELETED = " (deleted)"
 _O_TMPFILE = 0o20000000 | os.O_DIRECTORY
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
-_AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR, _AT_SYMLINK_FOLLOW = 0x100, 0x200, 0x400
+_AT_SYMLINK_NOFOLLOW, _AT_REMOVEDIR = 0x100, 0x200
 # open() takes these but they act once, at the open, and the file was there already
 _NOT_KEPT = os.O_CREAT | os.O_TRUNC | os.O_EXCL
+# a new file at a name the plan found free, never through a symlink made there since
+_AT_PATH_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
 def claims(proc, f) -> bool:
@@ -86,8 +91,8 @@ def check_tree(procs) -> None:
 def fixup(ctx, proc, r, f) -> None:
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
-        newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags,
-                            os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"), f.way)
+        newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),
+                            f.way, f"fd {f.fd}: deleted directory {f.target}")
     elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
         newfd = _remake_symlink(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
@@ -117,9 +122,23 @@ def _owner(proc, r, fd, st: os.stat_result) -> None:
     r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
 
 
-def _remake_dir(proc, r, path: str, flags: int, st: os.stat_result, way: list[str]):
+def _remake_dir(proc, r, path: str, flags: int, st: os.stat_result, way: list[str], what: str):
     """A directory made at ``path`` (after ``way``), opened with ``flags`` and removed: the
-    process sees it deleted, with its mode and owner."""
+    process sees it deleted, with its mode and owner. By the trainer where the clone may not
+    make it (sharing.by_trainer)."""
+    if sharing.by_trainer(proc):
+        with in_childs_root(proc, r, what, path, way) as (parent, name):
+            os.mkdir(name, 0o700, dir_fd=parent)
+            try:
+                helper = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent)
+                try:
+                    os.fchown(helper, st.st_uid, st.st_gid)
+                    os.fchmod(helper, stat.S_IMODE(st.st_mode))
+                finally:
+                    os.close(helper)
+                return sharing.open_for(r, path, flags)
+            finally:
+                os.rmdir(name, dir_fd=parent)
     make_way(r, way)
     r.queue("mkdirat", _AT_FDCWD, r.queue_path(path), 0o700)
     helper = r.queue_openat(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -140,6 +159,14 @@ def _remake_symlink(proc, r, f, flags: int):
         st = os.fstat(held)
     finally:
         os.close(held)
+    if sharing.by_trainer(proc):
+        with in_childs_root(proc, r, f"fd {f.fd}: deleted symlink {f.target}", path, f.way) as (parent, name):
+            os.symlink(content, name, dir_fd=parent)
+            try:
+                os.chown(name, st.st_uid, st.st_gid, dir_fd=parent, follow_symlinks=False)
+                return sharing.open_for(r, path, flags)
+            finally:
+                os.unlink(name, dir_fd=parent)
     make_way(r, f.way)
     r.queue("symlinkat", r.queue_path(content), _AT_FDCWD, r.queue_path(path))
     r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, _AT_SYMLINK_NOFOLLOW)
@@ -152,43 +179,101 @@ def _remake_symlink(proc, r, f, flags: int):
 def _copy_deleted(proc, r, f, flags: int):
     """An unlinked file lives only in the template; the child gets its own unlinked copy,
     with the file's mode and owner, opened with its flags. Where its name is free (plan: a way
-    to it), the copy is linked there, opened and unlinked: /proc shows the same name."""
+    to it), the copy is made at that name, opened and unlinked, so /proc shows the same name
+    (O_TMPFILE is not asked for: overlayfs has it only from Linux 6.6); by the trainer, in the
+    child's root, for a clone that may not write there (sharing.by_trainer). Elsewhere it is
+    an O_TMPFILE (_tmpfile), which /proc names by its inode number."""
     path = f.target[: -len(_DELETED)]
-    parent = os.path.dirname(path) or "/"
     way = getattr(f, "way", None)
+    if way is not None and sharing.by_trainer(proc):
+        return _copy_at_path_by_trainer(proc, r, f, path, way, flags)
     if way is not None:
         make_way(r, way)
-    tmp = -1
-    for d in (parent, "/tmp", "/dev/shm"):
-        tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
-                     ok_errnos=tuple(range(1, 200)))
-        if tmp >= 0:
-            break
-    if tmp < 0:
-        raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}")
+        tmp = r.call("openat", _AT_FDCWD, r.path(path), _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                     ok_errnos=ANY_ERROR)
+        if tmp < 0:  # a file system that takes no new file (read-only): the copy goes elsewhere
+            drop_way(r, way)
+            way = None
+    if way is None:
+        tmp = _tmpfile(proc, r, f, os.path.dirname(path) or "/")
     with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, \
             open(f"/proc/{r.t.pid}/fd/{tmp}", "r+b") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
         st = os.fstat(src.fileno())
-    # the trainer gives the copy away only once linked and opened: a clone that lacks
-    # CAP_FOWNER may not link a file it does not own (fs.protected_hardlinks)
-    by_trainer = sharing.by_trainer(proc)
-    if not by_trainer:
-        _owner(proc, r, tmp, st)
-    if d == parent and way is not None:
-        r.queue("linkat", _AT_FDCWD, r.queue_path(f"/proc/self/fd/{tmp}"), _AT_FDCWD, r.queue_path(path),
-                _AT_SYMLINK_FOLLOW)
+    _owner(proc, r, tmp, st)
+    if way is not None:
         newfd = sharing.queue_open(r, proc, path, flags)
         r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
         drop_way(r, way)
     else:  # O_NOFOLLOW would refuse the /proc link: the only flag not carried then
         newfd = sharing.queue_open(r, proc, f"/proc/self/fd/{tmp}", flags & ~os.O_NOFOLLOW)
-        if way is not None:  # the copy went elsewhere: the directories made for it go
-            drop_way(r, way)
-    if by_trainer:
-        _owner(proc, r, tmp, st)
     r.queue("close", tmp)
     return newfd
+
+
+def _tmpfile(proc, r, f, parent: str) -> int:
+    """An unnamed file for a copy of ``f`` in the clone behind ``r``: in its directory
+    ``parent`` where the file system and the clone's rights allow."""
+    for d in (parent, "/tmp", "/dev/shm"):
+        tmp = r.call("openat", _AT_FDCWD, r.path(d), _O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                     ok_errnos=ANY_ERROR)
+        if tmp >= 0:
+            return tmp
+    raise ForkError(f"process {proc.vpid} fd {f.fd}: no place for a copy of deleted file {f.target}",
+                    pid=proc.hostpid, step="fixup")
+
+
+def _copy_at_path_by_trainer(proc, r, f, path: str, way: list[str], flags: int) -> int:
+    """_copy_deleted's copy made by the trainer at ``path`` in the child's root, opened with
+    ``flags``, handed over (sharing.open_for) and unlinked."""
+    with in_childs_root(proc, r, f"fd {f.fd}: deleted file {f.target}", path, way) as (parent, name):
+        copy = os.open(name, _AT_PATH_CREATE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=parent)
+        try:
+            with open(f"/proc/{proc.hostpid}/fd/{f.fd}", "rb") as src, open(copy, "r+b", closefd=False) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+                st = os.fstat(src.fileno())
+            os.fchown(copy, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+            os.fchmod(copy, stat.S_IMODE(st.st_mode))
+            return sharing.open_for(r, path, flags)
+        finally:
+            os.close(copy)
+            os.unlink(name, dir_fd=parent)
+
+
+@contextlib.contextmanager
+def in_childs_root(proc, r, what: str, path: str, way: list[str]):
+    """For the trainer, which makes a deleted thing again at ``path`` in the child's root for
+    a clone that may not (it runs under another uid, in a directory it cannot write, or
+    dropped CAP_DAC_OVERRIDE): the directory ``path`` goes in (made after the directories
+    ``way``, removed again after) and the name to give it there. Its failures are ForkErrors
+    saying ``what``."""
+    r.flush()  # what the clone has queued in its root comes first
+    made: list[str] = []
+    try:
+        try:
+            for d in way:
+                with _dir_in_root(r.t.pid, os.path.dirname(d)) as parent:
+                    os.mkdir(os.path.basename(d), 0o700, dir_fd=parent)
+                made.append(d)
+            with _dir_in_root(r.t.pid, os.path.dirname(path)) as parent:
+                yield parent, os.path.basename(path)
+        finally:
+            for d in reversed(made):
+                with _dir_in_root(r.t.pid, os.path.dirname(d)) as parent:
+                    os.rmdir(os.path.basename(d), dir_fd=parent)
+    except OSError as e:
+        raise ForkError(f"process {proc.vpid} ({proc.name}) {what}, made again for it by the trainer: "
+                        f"{e.strerror}", pid=proc.hostpid, step="fixup", errno=e.errno) from None
+
+
+@contextlib.contextmanager
+def _dir_in_root(hostpid: int, path: str):
+    """A descriptor of directory ``path`` as process ``hostpid`` sees it (in its root)."""
+    fd = sharing.open_in_root(hostpid, path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def plan_proc(proc) -> None:
@@ -212,7 +297,8 @@ def fixup_proc(ctx, proc, r) -> None:
     if st is None:
         return
     path = proc.cwd[: -len(_DELETED)]
-    helper = _remake_dir(proc, r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way)
+    helper = _remake_dir(proc, r, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, st, proc.cwd_way,
+                         f"working directory {proc.cwd}")
     r.queue("fchdir", helper)
     r.queue("close", helper)
 

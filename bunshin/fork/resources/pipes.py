@@ -10,7 +10,8 @@ so the copy is closed on that side too: readers still get the bytes, then EOF.
 
 A FIFO is opened while the clone holds it open for reading and writing too, so that no open
 waits or fails for want of a peer (a write-only one alone); an unlinked FIFO is made again at
-its path, opened and unlinked.
+its path, opened and unlinked (by the trainer, in the child's root, for a clone that may not
+make it there: sharing.by_trainer).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from types import SimpleNamespace
 
 from ...errors import ForkError
 from . import sharing
-from .files_reg import drop_way, make_way, way_to
+from .files_reg import drop_way, in_childs_root, make_way, way_to
 
 _DELETED = " (deleted)"
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
@@ -102,20 +103,42 @@ def fixup(ctx, proc, r, f) -> None:
         made[key] = (proc.vpid, f.fd)
     else:  # a named FIFO: the child's own, at the same path in its own root
         path = f.target.removesuffix(_DELETED)
-        if f.target.endswith(_DELETED):  # plan: the name is free
+        if not f.target.endswith(_DELETED):
+            newfd = _open_named_fifo(r, proc, path, f)
+        elif sharing.by_trainer(proc):  # a clone that may not make it there: the trainer does
+            newfd = _remake_fifo_by_trainer(r, proc, path, f)
+        else:  # plan: the name is free
             st = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}")
             make_way(r, f.way)
             r.queue("mknodat", _AT_FDCWD, r.queue_path(path), stat.S_IFIFO | 0o600, 0)
             r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
             r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
-        newfd = _open_fifo(r, proc, path, f, lambda helper: _copy_buffer(
-            proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{sharing.number(helper)}"))
-        if f.target.endswith(_DELETED):
+            newfd = _open_named_fifo(r, proc, path, f)
             r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
             drop_way(r, f.way)
         made[key] = (proc.vpid, f.fd)
     r.queue("fcntl", newfd, 4, f.flags & (os.O_NONBLOCK | os.O_APPEND))  # F_SETFL: original flags
     r.install(newfd, f)
+
+
+def _open_named_fifo(r, proc, path: str, f):
+    """The child's FIFO at ``path`` opened as ``f`` was, holding a copy of its bytes."""
+    return _open_fifo(r, proc, path, f, lambda helper: _copy_buffer(
+        proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{sharing.number(helper)}"))
+
+
+def _remake_fifo_by_trainer(r, proc, path: str, f):
+    """An unlinked FIFO made again at ``path`` by the trainer in the child's root, opened for
+    the clone and unlinked."""
+    st = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}")
+    with in_childs_root(proc, r, f"fd {f.fd}: unlinked fifo {f.target}", path, f.way) as (parent, name):
+        os.mkfifo(name, 0o600, dir_fd=parent)
+        try:
+            os.chown(name, st.st_uid, st.st_gid, dir_fd=parent)
+            os.chmod(name, stat.S_IMODE(st.st_mode), dir_fd=parent)
+            return _open_named_fifo(r, proc, path, f)  # the trainer's opens: done by now
+        finally:
+            os.unlink(name, dir_fd=parent)
 
 
 def _open_fifo(r, proc, path: str, f, fill=None):

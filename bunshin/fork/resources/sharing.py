@@ -28,6 +28,7 @@ _libc.syscall.restype = ctypes.c_long
 _SYS_PIDFD_GETFD = 438
 _SYS_OPENAT2 = 437
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_IN_ROOT = 0x02, 0x10
+_O_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PROC_FD = re.compile(r"/proc/(\d+|self)/fd/(\d+)")
 # what lets a process open, take or chown what is not its own: CAP_CHOWN, CAP_DAC_OVERRIDE,
 # CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_SYS_PTRACE
@@ -117,7 +118,7 @@ def open_for(r, path: str, flags: int) -> int:
     m = _PROC_FD.fullmatch(path)
     try:
         if m is None:
-            here = _open_in_root(r.t.pid, path, flags)
+            here = open_in_root(r.t.pid, path, flags)
         else:
             here = os.open(f"/proc/{_on_host(r, m[1])}/fd/{m[2]}", flags | os.O_CLOEXEC)
     except OSError as e:
@@ -129,7 +130,10 @@ def open_for(r, path: str, flags: int) -> int:
         os.close(here)
 
 
-def _open_in_root(hostpid: int, path: str, flags: int) -> int:
+def open_in_root(hostpid: int, path: str, flags: int) -> int:
+    """``path`` opened by the trainer as process ``hostpid`` would (in its root)."""
+    if flags & os.O_PATH:  # open() ignores the others there; openat2 refuses them (EINVAL)
+        flags &= _O_PATH_FLAGS
     root = os.open(f"/proc/{hostpid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         how = struct.pack("QQQ", flags | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
