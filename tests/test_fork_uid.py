@@ -482,7 +482,7 @@ def test_a_transplant_that_fails_midway_leaves_nothing_and_the_source_runs_on(fa
     assert not ws.cgroup.frozen()
     _check(ws, pid, "dropped", prm)
     kid = fork_one(family, ws)  # and it forks afterwards
-    _check(kid, pid, "dropped", prm, child=True)
+    _check(kid, pid, "dropped", prm)
 
 
 # 64 MiB written by a process as root (cloned: shared copy-on-write) and under uid 1001
