@@ -178,6 +178,17 @@ def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -
     vpid = nspid[-1]
     tids = sorted(int(t) for t in os.listdir(f"/proc/{hostpid}/task"))
     tids.remove(hostpid)
+    # after the comm: state ppid pgrp session tty_nr tpgid flags; a main thread that exited
+    # before its process's other threads is a zombie, and its process lives on. One frozen
+    # with a SIGKILL pending (its own queue shows a group kill too) dies as soon as it runs.
+    exiting = (bool(int(rest[6]) & _PF_EXITING) and rest[0] != b"Z"
+               or bool(int(st["SigPnd"], 16) & _SIGKILL_BIT))
+    try:
+        cwd = os.readlink(f"/proc/{hostpid}/cwd")
+    except FileNotFoundError:
+        if not exiting:
+            raise
+        cwd = ""  # dropped on its way out: the plan is made again once it is gone
     plan = ProcPlan(
         hostpid=hostpid,
         vpid=vpid,
@@ -186,7 +197,7 @@ def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -
         pgid=int(st["NSpgid"].split()[-1]),
         sid=int(st["NSsid"].split()[-1]),
         threads=[hostpid, *tids],
-        cwd=os.readlink(f"/proc/{hostpid}/cwd"),
+        cwd=cwd,
         is_init=vpid == 1,
         seccomp_filters=seccomp_filters(st),
         ctty=_pty_index(int(rest[4])),  # after the comm: state ppid pgrp session tty_nr
@@ -198,11 +209,7 @@ def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -
         vm_size=st.get("VmSize", ""),
     )
     plan.reads["status"] = st
-    # after the comm: state ppid pgrp session tty_nr tpgid flags; a main thread that exited
-    # before its process's other threads is a zombie, and its process lives on. One frozen
-    # with a SIGKILL pending (its own queue shows a group kill too) dies as soon as it runs.
-    plan.exiting = (bool(int(rest[6]) & _PF_EXITING) and rest[0] != b"Z"
-                    or bool(int(st["SigPnd"], 16) & _SIGKILL_BIT))
+    plan.exiting = exiting
     for name in os.listdir(f"/proc/{hostpid}/fd"):
         fd = int(name)
         try:
