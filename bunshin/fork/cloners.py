@@ -40,6 +40,7 @@ import os
 import signal
 from collections.abc import Callable
 
+from .. import config
 from .._core.kmod import FORK_MAX_CHILDREN, Backend, Kmod, backend
 from .._core.kmod import why as kmod_why
 from ..compel import Tracee
@@ -77,6 +78,11 @@ class Cloner:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+    def exact_tree(self) -> bool:
+        """Whether each clone is made by its parent's clone (tree.py), the child's tree and
+        sessions then the template's; here the kernel moves clones instead (reparent)."""
+        return False
 
     def cannot_enter(self, proc: ProcPlan) -> str | None:
         """Why ``proc``, which lacks the capabilities of plan.CLONE_CAPS, cannot be forked by
@@ -197,6 +203,9 @@ class Injection(Cloner):
 
     name = "injection"
     through_intermediates = True
+
+    def exact_tree(self) -> bool:
+        return config.fork_tree() == "exact"
 
     def _clone(self, source, proc, child_inits, tmp_pid, ahead, mids, sibling, out) -> None:
         for i, ci in enumerate(child_inits):

@@ -226,7 +226,9 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         if owed is not None:
             r.queue("set_robust_list", *owed)
         enter_namespaces(r, proc.cwd, setns=not ctx.cloner.in_child)
-        if proc.sid == proc.vpid:
+        if proc.vpid in ctx.shared.get("tree-led", ()):
+            pass  # in its session and group since before its children were made (tree.py)
+        elif proc.sid == proc.vpid:
             r.queue("setsid")
         elif proc.pgid == proc.vpid:
             r.queue("setpgid", 0, 0)

@@ -388,6 +388,14 @@ def make(donor: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> Tracee:
     return blank
 
 
+def become(t: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> None:
+    """``t``, a clone in the child holding another process's memory (tree.py: the clone of a
+    parent, made with its child's memory so that it could make that child's clone), made into
+    ``proc`` (seized as ``src``, read as ``s``) as :func:`make` makes a blank: its children
+    stay. Its credentials are still to set (:func:`set_credentials`)."""
+    _become(_Blank(t, f"process {proc.vpid} ({proc.name})"), src, s)
+
+
 def _become(b: _Blank, src: Tracee, s: Source) -> None:
     t = b.t
     own = read_vmas(t.pid, smaps=False)

@@ -451,14 +451,14 @@ def fixup(ctx, proc, r, f) -> None:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
         r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
     elif f.target == _CURRENT:  # a leader's (check_tree): its terminal first, then /dev/tty is it
-        _set_ctty(ctx, proc, r)
+        take_terminal(ctx, proc, r)
         r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
     else:
         _ensure_master(ctx, proc, r, int(f.target[9:]))
         r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
 
 
-def _set_ctty(ctx, proc, r) -> None:
+def take_terminal(ctx, proc, r) -> None:
     """Session leader ``proc``'s clone (setsid left it no terminal) takes its pty again."""
     _ensure_master(ctx, proc, r, proc.ctty)
     fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -468,12 +468,20 @@ def _set_ctty(ctx, proc, r) -> None:
 
 def fixup_proc(ctx, proc, r) -> None:
     """The clone's controlling terminal: its pty again for a session leader; none for another
-    process, whose terminal is still the template's (see the module's docstring)."""
-    if proc.ctty is None:
-        return
-    if proc.sid == proc.vpid:
-        _set_ctty(ctx, proc, r)
-        return
+    process, whose terminal is still the template's (see the module's docstring), but for one
+    its parent's clone made in its session (tree.py), which has that session's."""
+    from ..tree import INHERITED
+
+    if proc.ctty is not None and proc.sid == proc.vpid:
+        take_terminal(ctx, proc, r)
+    elif proc.vpid in ctx.shared.get(INHERITED, ()):
+        if proc.ctty is None:  # it had left the terminal its session has
+            _drop_terminal(r)
+    elif proc.ctty is not None:
+        _drop_terminal(r)
+
+
+def _drop_terminal(r) -> None:
     # no /dev/tty in the child's root, or a terminal hung up: nothing reachable to drop
     fd = r.queue("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, r.queue_path("/dev/tty"),
                  os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC, 0, ok_errnos=ANY_ERROR)
