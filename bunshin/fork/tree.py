@@ -63,10 +63,11 @@ class Shape:
 
 
 def _private(proc: ProcPlan) -> int:
-    """Bytes of the process's own memory a copy would write (dirty private pages and swap)."""
+    """Bytes a copy of the process's memory would write: its anonymous pages, present (shared
+    copy-on-write or not: a template's are the source's) or swapped."""
     total = 0
     for line in read_text(f"/proc/{proc.hostpid}/smaps_rollup").splitlines():
-        if line.startswith(("Private_Dirty:", "Swap:")):
+        if line.startswith(("Anonymous:", "Swap:")):
             total += int(line.split()[1]) << 10
     return total
 
