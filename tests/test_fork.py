@@ -281,9 +281,11 @@ def test_bad_fork_arguments(ws):
 def test_a_pipeline_job_keeps_its_process_group(family):
     """A shell's pipeline job is one process group; in a fork its second process joins the
     group its first one's clone made again, so signalling the group reaches both. With the
-    module (JOIN_SESSION) both are in the shell's clone's session too; without it they stay in
-    the template shell's session, outside the child (NSsid 0)."""
+    module (JOIN_SESSION), or made by the shell's clone (fork/tree.py), both are in the shell's
+    clone's session too; in a flat tree they stay in the template shell's session, outside the
+    child (NSsid 0)."""
     from bunshin._core import backend
+    from bunshin.fork.cloners import cloner
 
     ws = bunshin.Workspace.create()
     family.append(ws)
@@ -299,7 +301,7 @@ def test_a_pipeline_job_keeps_its_process_group(family):
     assert ws_status(ws, other, "NSpgid") == str(lead)
     (kid,) = ws.fork(1)
     family.append(kid)
-    sid = str(sh.pid) if backend().join_session is not None else "0"
+    sid = str(sh.pid) if backend().join_session is not None or cloner().exact_tree() else "0"
     for pid in (lead, other):
         assert (ws_status(kid, pid, "NSpgid"), ws_status(kid, pid, "NSsid")) == (str(lead), sid), pid
     kid.run(f"kill -TERM -{lead}")

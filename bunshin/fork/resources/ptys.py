@@ -6,10 +6,11 @@ master opened inside the child by whichever clone needs the pty first and fetche
 others (pidfd_getfd), with the template's packet mode and lock. The slave keeps its owner and
 mode. A session leader that had the terminal as its controlling tty gets it again (setsid +
 TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template
-(another foreground group is refused). Any other process's clone keeps its template's session
-(outside the child, without the module), whose terminal is the template's: it is dropped, so no
-child reaches the template's pty, nor another child's, through /dev/tty (the module's
-JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
+(another foreground group is refused). A process made by its parent's clone (tree.py) is in
+its session and has its terminal, as in the template. Any other process's clone keeps its
+template's session (outside the child, in a flat tree), whose terminal is the template's: it is
+dropped, so no child reaches the template's pty, nor another child's, through /dev/tty (the
+module's JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
 master is inside the workspace are carried, both ways, unless in packet mode (whose reads would
 take status bytes too): those for the master written again with the output processing off, those
 for the slave's reader stuffed into its input with the input processing and echo off, in
