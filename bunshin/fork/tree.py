@@ -38,7 +38,7 @@ import signal
 from dataclasses import dataclass, field
 
 from ..compel import Tracee
-from ..errors import ForkError
+from ..errors import BunshinError, ForkError
 from . import earlyinit, engine, transplant
 from .plan import ProcPlan, proc_status, read_text
 from .remote import ANY_ERROR, enter_namespaces
@@ -217,16 +217,23 @@ class Maker:
             except ForkError as e:
                 raise _clone_failed(p, "its clone", p.vpid, e) from None
         core, src = self.core, image  # OWN, LINEAGE: through an intermediate of ``image``
-        mids: list[int] = []
-        c = Injection._through(lambda: self.tracees[src.hostpid], p, k.init_pid,
-                               core.tmp_pids[src.hostpid], mids, k.take_mid(src.hostpid),
-                               core.mids_reap_themselves(src))
-        if mids:
-            try:
+        mids: list[int] = []  # the dead intermediate, to reap in its template process
+        c = None
+        try:
+            c = Injection._through(lambda: self.tracees[src.hostpid], p, k.init_pid,
+                                   core.tmp_pids[src.hostpid], mids, k.take_mid(src.hostpid),
+                                   core.mids_reap_themselves(src))
+            if mids:
                 engine.reap_in(self.tracees[src.hostpid], mids)
-            except BaseException:
+        except BaseException:
+            if c is not None:
                 engine.discard_clone(c)
-                raise
+            elif mids:
+                try:
+                    engine.reap_in(self.tracees[src.hostpid], mids)
+                except BunshinError:
+                    pass  # the template process is what failed: the fork says so already
+            raise
         return c
 
     def _lead(self, ctx: engine.ForkCtx, p: ProcPlan, c: Tracee) -> None:
