@@ -58,7 +58,7 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
                     os.kill(c.pid, 9)  # dies before its children and fixups
                 return c
 
-            def fix(ctx, proc, c):  # the k-th fixup (a parent's clone may be fixed after its children's)
+            def fix(ctx, proc, c):  # the k-th fixup (an exact tree's come after all its clones)
                 calls["fixed"] = calls.get("fixed", 0) + 1
                 if where == "fixup" and calls["fixed"] == k:
                     os.kill(c.pid, 9)

@@ -164,7 +164,8 @@ class Maker:
         return self._reads[proc.hostpid]
 
     def child(self, k) -> None:
-        """Every clone of child ``k`` (template._Child), fixed up; its clones in plan order."""
+        """Every clone of child ``k`` (template._Child), then each fixed up; its clones in plan
+        order."""
         ctx = k.ready()
         ctx.shared.setdefault(LED, set())
         ctx.shared.setdefault(INHERITED, set())
@@ -173,6 +174,10 @@ class Maker:
             self._make(k, ctx, p, None, made)
         earlyinit.drop_mids(k.mids, self.tracees)  # those of clones made by their parents'
         k.clones[:] = [made[pl.vpid] for pl in self.core.plans[1:]]
+        # fixed once all exist, in plan order as a flat tree's: the resources that share a file
+        # between processes count on its first holder's clone being fixed first
+        for pl in self.core.plans[1:]:
+            k.fix(pl, made[pl.vpid])
 
     def _make(self, k, ctx: engine.ForkCtx, p: ProcPlan, parent: Tracee | None,
               made: dict[int, Tracee]) -> None:
@@ -195,7 +200,6 @@ class Maker:
             read = self._read(p)
             transplant.become(c, self.tracees[p.hostpid], read, p)
             c.transplanted = read  # type: ignore[attr-defined]  # credentials: finish_child
-        k.fix(p, c)
 
     def _clone(self, k, p: ProcPlan, how: str, image: ProcPlan, parent: Tracee | None) -> Tracee:
         from .cloners import Injection, _clone_failed
