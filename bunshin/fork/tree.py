@@ -184,10 +184,11 @@ class Maker:
         s = self.shape
         how, image = s.how[p.vpid], s.image[p.vpid]
         by_parent = parent if p.vpid in s.parent_made else None
-        c = self._clone(k, p, how, image, by_parent)
+        c, born_in_cg = self._clone(k, p, how, image, by_parent)
         k.clones.append(c)  # abort() discards it from here on
         made[p.vpid] = c
-        k.cg.add(c.pid)  # before its children and threads, which are then born there
+        if not born_in_cg:
+            k.cg.add(c.pid)  # before its children and threads, which are then born there
         k.born_in_cg.add(p.hostpid)
         if by_parent is not None:
             ctx.shared[INHERITED].add(p.vpid)
@@ -201,7 +202,10 @@ class Maker:
             transplant.become(c, self.tracees[p.hostpid], read, p)
             c.transplanted = read  # type: ignore[attr-defined]  # credentials: finish_child
 
-    def _clone(self, k, p: ProcPlan, how: str, image: ProcPlan, parent: Tracee | None) -> Tracee:
+    def _clone(self, k, p: ProcPlan, how: str, image: ProcPlan,
+               parent: Tracee | None) -> tuple[Tracee, bool]:
+        """The clone, and whether it was born in the child's cgroup: made there by its parent's
+        clone or the child's init, or through an intermediate made ahead (into it)."""
         from .cloners import Injection, _clone_failed
 
         if how == COPY:
@@ -213,19 +217,20 @@ class Maker:
                 if parent is None:
                     donor.detach()
             c.transplanted = read  # type: ignore[attr-defined]
-            return c
+            return c, True
         if how == HEIR:
             assert parent is not None
             try:
-                return parent.clone(set_tid=p.vpid, owe_robust=True)
+                return parent.clone(set_tid=p.vpid, owe_robust=True), True
             except ForkError as e:
                 raise _clone_failed(p, "its clone", p.vpid, e) from None
         core, src = self.core, image  # OWN, LINEAGE: through an intermediate of ``image``
         mids: list[int] = []  # the dead intermediate, to reap in its template process
         c = None
+        ahead = k.take_mid(src.hostpid)
         try:
             c = Injection._through(lambda: self.tracees[src.hostpid], p, k.init_pid,
-                                   core.tmp_pids[src.hostpid], mids, k.take_mid(src.hostpid),
+                                   core.tmp_pids[src.hostpid], mids, ahead,
                                    core.mids_reap_themselves(src))
             if mids:
                 engine.reap_in(self.tracees[src.hostpid], mids)
@@ -238,7 +243,7 @@ class Maker:
                 except BunshinError:
                     pass  # the template process is what failed: the fork says so already
             raise
-        return c
+        return c, ahead is not None
 
     def _lead(self, ctx: engine.ForkCtx, p: ProcPlan, c: Tracee) -> None:
         """Before ``p``'s clone makes its children: in the child's namespaces, in ``p``'s
