@@ -52,11 +52,11 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
                 return cs
 
             def make(maker, child, proc, *rest):  # an exact tree's (fork/tree.py): one clone
-                c = real_make(maker, child, proc, *rest)
+                made = real_make(maker, child, proc, *rest)
                 calls["n"] += 1
                 if where == "clone" and calls["n"] == k:
-                    os.kill(c.pid, 9)  # dies before its children and fixups
-                return c
+                    os.kill(made[0].pid, 9)  # dies before its children and fixups
+                return made
 
             def fix(ctx, proc, c):  # the k-th fixup (an exact tree's come after all its clones)
                 calls["fixed"] = calls.get("fixed", 0) + 1
