@@ -13,7 +13,7 @@ the child's pid namespace); bash' then becomes bash.
 How each clone is made (:class:`Shape`):
 
 - ``OWN``: through an intermediate of its own template process, a child of the child's init (a
-  child of the init; or, as :data:`FLAT` notes, one that cannot be made under its parent's).
+  child of the init; or one that cannot be made under its parent's clone, Shape.flat).
 - ``LINEAGE``: a child of the init with an heir: through an intermediate of its lineage's
   leaf, then transplanted.
 - ``HEIR``: injected clone3 in its parent's clone, which holds its lineage's memory;
@@ -22,18 +22,20 @@ How each clone is made (:class:`Shape`):
   the process, its memory copied): a process under another uid, and a parent's other children.
 
 Deviations, each a process made ``OWN`` (or, under another uid, ``COPY`` by the child's init),
-so a child of the child's init (:data:`FLAT`): one whose parent has seccomp filters (its
+so a child of the child's init (Shape.flat, logged): one whose parent has seccomp filters (its
 blank would keep them beside its own), one with another exit signal than SIGCHLD, one in
 neither its parent's session nor one of its own (its parent left that session), and a process
 under the init's uid a transplant cannot make (transplant.refusal).
 
 Sessions: a parent's clone joins its session and group (setsid with the terminal of a
 session leader, ptys.take_terminal; setpgid) before it makes its children, who so inherit
-them as in the template; ptys.fixup_proc leaves such a child its terminal.
+them as in the template; ptys.fixup_proc leaves such a child its terminal. The fixups
+(engine.fix_process) run once every clone exists, in plan order, as in a flat tree.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 from dataclasses import dataclass, field
 
@@ -43,11 +45,9 @@ from . import earlyinit, engine, transplant
 from .plan import ProcPlan, proc_status, read_text
 from .remote import ANY_ERROR, enter_namespaces
 
+log = logging.getLogger("bunshin.fork")
+
 OWN, LINEAGE, HEIR, COPY = "own", "lineage", "heir", "copy"
-FLAT = (
-    "made a child of the child's init: its parent has seccomp filters, or it has another exit "
-    "signal than SIGCHLD, or it is not in its parent's session nor leads its own, or a "
-    "transplant cannot make it")
 LED = "tree-led"  # ctx.shared: vpids whose clone joined its session before its children
 INHERITED = "tree-inherited"  # ctx.shared: vpids whose clone has its session from its parent's
 
@@ -59,6 +59,7 @@ class Shape:
     how: dict[int, str] = field(default_factory=dict)
     image: dict[int, ProcPlan] = field(default_factory=dict)  # whose memory its clone is made with
     parent_made: set[int] = field(default_factory=set)  # vpids made by their parent's clone
+    flat: dict[int, str] = field(default_factory=dict)  # vpid -> why it is the init's child
     kids: dict[int, list[ProcPlan]] = field(default_factory=dict)  # by the vpid that makes them
 
 
@@ -85,10 +86,13 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
     kids: dict[int, list[ProcPlan]] = {p.vpid: [] for p in plans}
     for p in plans[1:]:  # under its parent, or (None) the init
         parent = by.get(p.ppid) if p.ppid != init.vpid else None
-        if parent is not None and not (
-                parent.seccomp_filters == 0 and p.exit_signal == signal.SIGCHLD
-                and p.sid in (parent.sid, p.vpid)):
-            parent = None
+        why = None if parent is None else (
+            "its parent has seccomp filters (a blank of it would keep them)"
+            if parent.seccomp_filters else
+            f"its exit signal is {p.exit_signal}, not SIGCHLD" if p.exit_signal != signal.SIGCHLD
+            else "its parent has left its session" if p.sid not in (parent.sid, p.vpid) else None)
+        if why is not None:
+            s.flat[p.vpid], parent = why, None
         kids[parent.vpid if parent is not None else init.vpid].append(p)
     s.kids = kids
     refusals: dict[int, str | None] = {}
@@ -124,7 +128,8 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
         elif parent is not None and becomes(p):
             s.how[p.vpid], s.image[p.vpid] = COPY, p
         else:
-            if parent is not None:  # a transplant cannot make it: under the init
+            if parent is not None:
+                s.flat[p.vpid] = f"a transplant cannot make it: it {refusals[p.vpid]}"
                 parent = None
             s.how[p.vpid], s.image[p.vpid] = OWN, p
         if parent is not None:
@@ -147,6 +152,10 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
 
     for p in kids[init.vpid]:
         place(p, None, None)
+    for p in plans[1:]:
+        if p.vpid in s.flat:
+            log.info("process %d (%s): a child of the child's init, not of its parent's clone: %s",
+                     p.vpid, p.name, s.flat[p.vpid])
     return s
 
 
