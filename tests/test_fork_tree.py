@@ -185,7 +185,7 @@ def test_a_zombie_a_clone_cannot_have_is_refused(family, why, says):
     assert ws.run("echo on").stdout == b"on\n"
 
 
-# A shell's jobs (tree.py): job 1 holds 64 MiB of its own and exits 7 once /tmp/go exists,
+# A shell's jobs in an exact tree (BUNSHIN_TREE=exact, fork/tree.py): job 1 holds 64 MiB of its own and exits 7 once /tmp/go exists,
 # job 2 sleeps. A child's shell waits for them as the source's does, and job 1 is made from
 # the source's pages (copy-on-write), the shell alone copied.
 _BIG = """
@@ -198,7 +198,8 @@ sys.exit(7)
 """
 
 
-def _shell_with_jobs(family):
+def _shell_with_jobs(family, monkeypatch):
+    monkeypatch.setenv("BUNSHIN_TREE", "exact")
     ws = bunshin.Workspace.create()
     family.append(ws)
     ws.write_file("/big.py", _BIG)
@@ -228,8 +229,8 @@ def _check_jobs(sh, copied: bool) -> None:
     assert sh.run("jobs").stdout.strip() == b""
 
 
-def test_a_shells_jobs_are_its_children_in_a_fork(family):
-    ws, sh = _shell_with_jobs(family)
+def test_a_shells_jobs_are_its_children_in_a_fork(family, monkeypatch):
+    ws, sh = _shell_with_jobs(family, monkeypatch)
     before = ws.host_pids()
     kids = ws.fork(2)
     family.extend(kids)
@@ -240,8 +241,8 @@ def test_a_shells_jobs_are_its_children_in_a_fork(family):
     _check_jobs(sh, copied=False)
 
 
-def test_a_shells_jobs_are_its_children_in_a_templates_fork(family):
-    ws, sh = _shell_with_jobs(family)
+def test_a_shells_jobs_are_its_children_in_a_templates_fork(family, monkeypatch):
+    ws, sh = _shell_with_jobs(family, monkeypatch)
     tpl = ws.snapshot()
     try:
         kids = tpl.fork(2)
