@@ -5,10 +5,9 @@ is cloned into new pid/mnt/net/ipc/uts namespaces and told (REROOT) to move into
 every other process is cloned into the child's pid namespace with its own PID by the fork's
 Cloner (cloners.py: through an intermediate without the kernel module, in the kernel with it),
 its parent the child's init, or, without the module and with BUNSHIN_TREE=exact, its parent's
-clone (tree.py); then each
-clone joins the child's namespaces and every descriptor is recreated by its resource's fixup.
-Once all exist the Cloner makes the child's process tree and sessions the template's where the
-module can.
+clone (tree.py); then each clone joins the child's namespaces and every descriptor is
+recreated by its resource's fixup. Once all exist the Cloner makes the child's process tree
+and sessions the template's where the module can.
 All ptrace work for one fork happens in the calling thread (REPARENT of a traced clone must
 come from its tracer). Stopping the template's processes and letting them go is seize.py's.
 """
@@ -228,7 +227,7 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         if owed is not None:
             r.queue("set_robust_list", *owed)
         enter_namespaces(r, proc.cwd, setns=not ctx.cloner.in_child)
-        if proc.vpid in ctx.shared.get("tree-led", ()):
+        if proc.vpid in ctx.shared.get("tree-led", ()):  # tree.LED
             pass  # in its session and group since before its children were made (tree.py)
         elif proc.sid == proc.vpid:
             r.queue("setsid")
