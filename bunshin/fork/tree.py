@@ -112,7 +112,7 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
                       and _status(c, "NoNewPrivs") == _status(p, "NoNewPrivs")]
         if not candidates or not becomes(p):
             return _private(p), p, None
-        best = (_private(p), p, None)
+        best: tuple[int, ProcPlan, ProcPlan | None] = (_private(p), p, None)
         for c in candidates:
             size, leaf, _ = lineage(c)
             if size > best[0]:
@@ -221,12 +221,12 @@ class Maker:
             read = self._read(p)
             donor = parent if parent is not None else Tracee.seize(k.init_pid)
             try:
-                c = transplant.make(donor, self.tracees[p.hostpid], read, p)
+                blank = transplant.make(donor, self.tracees[p.hostpid], read, p)
             finally:
                 if parent is None:
                     donor.detach()
-            c.transplanted = read  # type: ignore[attr-defined]
-            return c, True
+            blank.transplanted = read  # type: ignore[attr-defined]
+            return blank, True
         if how == HEIR:
             assert parent is not None
             try:
@@ -235,7 +235,7 @@ class Maker:
                 raise _clone_failed(p, "its clone", p.vpid, e) from None
         core, src = self.core, image  # OWN, LINEAGE: through an intermediate of ``image``
         mids: list[int] = []  # the dead intermediate, to reap in its template process
-        c = None
+        c: Tracee | None = None
         ahead = k.take_mid(src.hostpid)
         try:
             c = Injection._through(lambda: self.tracees[src.hostpid], p, k.init_pid,
