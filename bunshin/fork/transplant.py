@@ -451,7 +451,12 @@ def _kept(v: Vma) -> bool:
     and it is not a SysV segment (its clone attaches the child's copy at the same address,
     resources/sysv_shm.py, as a clone's does)."""
     return (v.path not in _SPECIAL and v.path != "[vsyscall]" and "dc" not in v.flags
-            and not (v.perms[3] == "s" and v.path.startswith("/SYSV")))
+            and not _sysv(v))
+
+
+def _sysv(v: Vma) -> bool:
+    """Whether it is a SysV segment's attachment."""
+    return v.perms[3] == "s" and v.path.startswith("/SYSV")
 
 
 def _anon_name(v: Vma) -> str | None:
@@ -483,6 +488,10 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
             os.close(fd)
     calls: list[tuple[str, tuple[int, ...]]] = []
     for v in s.vmas:
+        if _sysv(v):  # held for its attachment (shmat SHM_REMAP replaces it): compel's
+            # scratch, mapped where the process has nothing, must not land there first
+            calls.append(("mmap", (v.start, v.end - v.start, 0, _MAP_PRIVATE | _MAP_ANON | _MAP_FIXED,
+                                   _ALL, 0)))
         if not _kept(v):
             continue
         flags = (_MAP_SHARED if v.perms[3] == "s" else _MAP_PRIVATE) | _MAP_FIXED

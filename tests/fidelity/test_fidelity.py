@@ -40,7 +40,6 @@ _FLAT = {  # a flat tree's, without the module (fork/tree.py makes them exact: E
 _EXACT = {  # BUNSHIN_TREE=exact's: a parent's clone is transplanted, its memory copied
     "cow": ("an exact tree copies a parent's memory: the pages it shared copy-on-write with its "
             "children are no longer shared"),
-    "shared_mem": "an exact tree: a transplanted parent's SysV attachment is not the child's segment",
 }
 if os.environ.get("BUNSHIN_KMOD") == "1":  # REPARENT and JOIN_SESSION make the tree and sessions
     _KNOWN["ctty"] = _FLAT["ctty"]
