@@ -212,10 +212,10 @@ class Injection(Cloner):
     def _clone(self, source, proc, child_inits, tmp_pid, ahead, mids, sibling, out) -> None:
         for i, ci in enumerate(child_inits):
             mid, ahead[i] = ahead[i], None
-            out.append(self._through(source, proc, ci, tmp_pid, mids, mid, sibling))
+            out.append(self.through(source, proc, ci, tmp_pid, mids, mid, sibling))
 
     @staticmethod
-    def _through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
+    def through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
                  mids: list[int], mid: Tracee | None, sibling: bool) -> Tracee:
         """The clone through an intermediate (``mid`` when one was made ahead); the dead
         intermediate goes into ``mids`` for the caller to reap, with the others of the call."""
@@ -224,11 +224,11 @@ class Injection(Cloner):
             try:
                 mid = engine.make_mid(tp, child_init, tmp_pid, sibling)
             except ForkError as e:
-                raise _clone_failed(proc, "its intermediate", tmp_pid, e) from None
+                raise clone_failed(proc, "its intermediate", tmp_pid, e) from None
         try:
             return mid.clone(set_tid=proc.vpid, owe_robust=True)  # fix_process sets it
         except ForkError as e:
-            raise _clone_failed(proc, "its clone", proc.vpid, e) from None
+            raise clone_failed(proc, "its clone", proc.vpid, e) from None
         finally:
             engine.end_mid(mid, mids)
 
@@ -245,7 +245,7 @@ class Injection(Cloner):
             mid.learn()  # what its clone in the fork will need
 
 
-def _clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
+def clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
     """compel's error for a clone, which knows only a host pid and a step, said of the
     template process it was for."""
     name = f"process {proc.vpid} ({proc.name})"
@@ -277,7 +277,7 @@ class Reparent(Cloner):
         try:
             child = tp.clone(pidns_owner=child_init, set_tid=proc.vpid)
         except ForkError as e:
-            raise _clone_failed(proc, "its clone", proc.vpid, e) from None
+            raise clone_failed(proc, "its clone", proc.vpid, e) from None
         try:
             self._k.reparent(child.pid, child_init, traced=True)
         except OSError as e:

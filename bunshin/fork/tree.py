@@ -215,7 +215,7 @@ class Maker:
                parent: Tracee | None) -> tuple[Tracee, bool]:
         """The clone, and whether it was born in the child's cgroup: made there by its parent's
         clone or the child's init, or through an intermediate made ahead (into it)."""
-        from .cloners import Injection, _clone_failed
+        from .cloners import Injection, clone_failed
 
         if how == COPY:
             read = self._read(p)
@@ -232,13 +232,13 @@ class Maker:
             try:
                 return parent.clone(set_tid=p.vpid, owe_robust=True), True
             except ForkError as e:
-                raise _clone_failed(p, "its clone", p.vpid, e) from None
+                raise clone_failed(p, "its clone", p.vpid, e) from None
         core, src = self.core, image  # OWN, LINEAGE: through an intermediate of ``image``
         mids: list[int] = []  # the dead intermediate, to reap in its template process
         c: Tracee | None = None
         ahead = k.take_mid(src.hostpid)
         try:
-            c = Injection._through(lambda: self.tracees[src.hostpid], p, k.init_pid,
+            c = Injection.through(lambda: self.tracees[src.hostpid], p, k.init_pid,
                                    core.tmp_pids[src.hostpid], mids, ahead,
                                    core.mids_reap_themselves(src))
             if mids:

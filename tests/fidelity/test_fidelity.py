@@ -37,15 +37,9 @@ _FLAT = {  # a flat tree's, without the module (fork/tree.py makes them exact: E
     "tree": ("a flat tree: every process is a child of the child's init (its getppid, wait() for "
              "a live child and session differ; zombies and PDEATHSIG are carried)"),
 }
-_EXACT = {  # BUNSHIN_TREE=exact's: a parent's clone is transplanted, its memory copied
-    "cow": ("an exact tree copies a parent's memory: the pages it shared copy-on-write with its "
-            "children are no longer shared"),
-}
 if os.environ.get("BUNSHIN_KMOD") == "1":  # REPARENT and JOIN_SESSION make the tree and sessions
     _KNOWN["ctty"] = _FLAT["ctty"]
-elif os.environ.get("BUNSHIN_TREE", "").strip().lower() == "exact":
-    _KNOWN.update(_EXACT)
-else:
+elif os.environ.get("BUNSHIN_TREE", "").strip().lower() != "exact":
     _KNOWN.update(_FLAT)
 if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlayfs O_TMPFILE is 6.6's
     _KNOWN["deleted_file"] = ("before Linux 6.6 a deleted file's copy is made in /dev/shm (no O_TMPFILE on "
