@@ -171,12 +171,12 @@ def kmod_mode() -> str:
 
 
 def fork_tree() -> str:
-    """``flat`` (the default) or ``exact``: how a fork without the kernel module makes the
-    child's process tree: ``flat`` every clone a child of the child's init, ``exact`` each made
-    by its parent's clone (fork/tree.py; a parent's memory is then copied, and with it the pages
-    it shared copy-on-write with its children). Read here but not yet in KNOBS: its README row
-    is to come."""
-    v = os.environ.get("BUNSHIN_TREE", "").strip().lower() or "flat"
+    """``exact`` (the default) or ``flat``: how a fork without the kernel module makes the
+    child's process tree: ``exact`` each clone made by its parent's clone (fork/tree.py: a
+    parent's memory is copied, but for the pages it shares with the child its clone was made
+    from), ``flat`` every clone a child of the child's init (a parent's memory shared
+    copy-on-write too). Read here but not yet in KNOBS: its README row is to come."""
+    v = os.environ.get("BUNSHIN_TREE", "").strip().lower() or "exact"
     if v not in ("exact", "flat"):
         raise ConfigError(f"BUNSHIN_TREE={os.environ['BUNSHIN_TREE']!r}: expected one of exact, flat")
     return v

@@ -185,7 +185,7 @@ def test_a_zombie_a_clone_cannot_have_is_refused(family, why, says):
     assert ws.run("echo on").stdout == b"on\n"
 
 
-# A shell's jobs in an exact tree (BUNSHIN_TREE=exact, fork/tree.py): job 1 holds 64 MiB of
+# A shell's jobs in an exact tree (fork/tree.py, the default): job 1 holds 64 MiB of
 # its own and exits 7 once /tmp/go exists, job 2 sleeps. A child's shell waits for them as the
 # source's does, and job 1 is made from the source's pages (copy-on-write), the shell alone
 # copied.

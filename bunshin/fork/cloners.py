@@ -18,9 +18,9 @@ copied; Cloner.transplants, finish_child):
   which the clone is made before the intermediate is killed, and its orphan adopted by the
   child's init. Intermediates can be made ahead into a slot, in the child's cgroup, so that
   the clone is born there (earlyinit.py). So made, every clone is a child of the child's
-  init, in the template's session; with ``BUNSHIN_TREE=exact`` each is made by its parent's
-  clone instead (tree.py: a parent's clone holds its heir's memory until it has made its
-  children, then is transplanted), the child's tree and sessions then the template's.
+  init, in the template's session (``BUNSHIN_TREE=flat``); by default each is made by its
+  parent's clone instead (tree.py: a parent's clone holds its heir's memory until it has made
+  its children, then is transplanted), the child's tree and sessions then the template's.
 - :class:`Reparent` (the module's REPARENT, without FORK or with ``BUNSHIN_KMOD_FORK=0``):
   one injected clone3 straight from the template process into the child's pid namespace, the
   clone moved under the child's init while still stopped. Once all exist, each is moved

@@ -39,7 +39,7 @@ _FLAT = {  # a flat tree's, without the module (fork/tree.py makes them exact: E
 }
 if os.environ.get("BUNSHIN_KMOD") == "1":  # REPARENT and JOIN_SESSION make the tree and sessions
     _KNOWN["ctty"] = _FLAT["ctty"]
-elif os.environ.get("BUNSHIN_TREE", "").strip().lower() != "exact":
+elif os.environ.get("BUNSHIN_TREE", "").strip().lower() == "flat":
     _KNOWN.update(_FLAT)
 if tuple(int(x) for x in platform.release().split(".")[:2]) < (6, 6):  # overlayfs O_TMPFILE is 6.6's
     _KNOWN["deleted_file"] = ("before Linux 6.6 a deleted file's copy is made in /dev/shm (no O_TMPFILE on "
@@ -261,8 +261,8 @@ def test_fidelity_under_another_uid(victim, path, binaries, family, tmp_path):
     assert source["outcome"] == "PASS", source
 
 
-# Classes a stock kernel's exact tree (BUNSHIN_TREE=exact, fork/tree.py) carries, in both fork
-# paths; not recorded in the table (its rows are the default's).
+# Classes a stock kernel's exact tree (fork/tree.py; BUNSHIN_TREE=flat turns it off) carries, in
+# both fork paths, whatever the environment says; not recorded in the table.
 EXACT_TREE = ["ctty", "tree"]
 
 

@@ -4,9 +4,9 @@ reads it from the template on the first fork, with the subreaper flag.
 
 It is a thread's, and so is the parent it watches (the thread that forked it): the main
 thread's is carried. A clone's parent is the clone of its template process's parent (moved
-under it with REPARENT; made by it without the module with BUNSHIN_TREE=exact, tree.py), as in
-the template; in a flat tree (the default without the module, or a deviation tree.py names) it
-is the child's init, so the signal comes when that init ends, with the child workspace."""
+under it with REPARENT; made by it without the module, tree.py), as in the template; in a flat
+tree (BUNSHIN_TREE=flat, or a deviation tree.py names) it is the child's init, so the signal
+comes when that init ends, with the child workspace."""
 
 from __future__ import annotations
 
