@@ -380,7 +380,7 @@ class TemplateCore(slots.Holder):
                 for k in kids:  # the clones are made in their init's root: it must be there
                     k.settle()
             if cl.exact_tree():  # each clone made by its parent's (tree.py)
-                maker = tree.Maker(self, tracees, tree.shape(self.plans, cl.transplants))
+                maker = tree.maker(self, tracees, cl.transplants)
                 for k in kids:
                     maker.child(k)
             else:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import weakref
 from dataclasses import dataclass, field
 
 from ..compel import Tracee
@@ -159,15 +160,28 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
     return s
 
 
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # template -> (Shape, reads)
+
+
+def maker(core, tracees, transplants) -> Maker:
+    """The Maker of a fork of template ``core`` (template.TemplateCore): its shape and what its
+    transplants read are kept for its next forks (a held template's processes do not run
+    between them: ~2 ms a fork with a shell and its job)."""
+    kept = _KEPT.get(core)
+    if kept is None:
+        kept = _KEPT[core] = (shape(core.plans, transplants), {})
+    return Maker(core, tracees, *kept)
+
+
 class Maker:
     """The clones of one fork's children made as :class:`Shape` says."""
 
-    def __init__(self, core, tracees, shape: Shape) -> None:
+    def __init__(self, core, tracees, shape: Shape, reads: dict[int, transplant.Source]) -> None:
         self.core, self.tracees, self.shape = core, tracees, shape
-        self._reads: dict[int, transplant.Source] = {}
+        self._reads = reads
 
     def _read(self, proc: ProcPlan) -> transplant.Source:
-        """What a transplant of ``proc`` takes, read once per fork."""
+        """What a transplant of ``proc`` takes, read once per template."""
         if proc.hostpid not in self._reads:
             self._reads[proc.hostpid] = transplant.read_source(self.tracees[proc.hostpid], proc)
         return self._reads[proc.hostpid]
