@@ -253,3 +253,16 @@ def test_a_shells_jobs_are_its_children_in_a_templates_fork(family, monkeypatch)
     for k in kids:
         _check_jobs(k.shells[0], copied=True)
     _check_jobs(sh, copied=False)
+
+
+def test_a_flat_tree_is_there_for_the_asking(family, monkeypatch):
+    """BUNSHIN_TREE=flat: every clone a child of the child's init (no parent copied), the
+    source's own tree untouched."""
+    ws, sh = _shell_with_jobs(family, monkeypatch)
+    monkeypatch.setenv("BUNSHIN_TREE", "flat")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    big, sleeper = kid.shells[0].run("jobs -p").stdout.split()
+    for job in (big, sleeper):
+        assert kid.run(f"ps -o ppid= -p {job.decode()}").stdout.strip() == b"1"
+    _check_jobs(sh, copied=False)
