@@ -195,7 +195,11 @@ while True:
         assert json.loads(_wait(w, "/tmp/out")) == [0, 1, 5]  # EIO: a locked pty's slave
 
 
-def test_foreground_group_other_than_the_leaders_is_refused(family):
+@pytest.mark.parametrize("tree", ["exact", "flat"])
+def test_foreground_group_other_than_the_leaders(family, monkeypatch, tree):
+    """Carried in an exact tree (fork/tree.py: the job's clone is in its leader's clone's
+    session), refused in a flat one (the job's clone would be outside it)."""
+    monkeypatch.setenv("BUNSHIN_TREE", tree)
     ws = start_script(family, """
 import pty, signal
 pid, master = pty.fork()
@@ -212,6 +216,12 @@ if pid == 0:   # the session leader hands its terminal to a job in a group of it
 time.sleep(1000)
 """, "/tmp/ready")
     job = ws.read_file("/tmp/ready").decode()
+    if tree == "exact" and cloner().exact_tree():
+        (kid,) = ws.fork(1)
+        family.append(kid)
+        for w in (kid, ws):
+            assert w.run(f"ps -o tpgid=,pgid= -p {job}").stdout.split() == [job.encode()] * 2
+        return
     with pytest.raises(ForkError, match=rf"process \d+ \(python3\): its controlling terminal /dev/pts/0 has "
                                         rf"group {job} as its foreground process group"):
         ws.fork(1)

@@ -201,6 +201,11 @@ class Maker:
         # between processes count on its first holder's clone being fixed first
         for pl in self.core.plans[1:]:
             k.fix(pl, made[pl.vpid])
+        from .resources import ptys
+
+        for pl in self.core.plans[1:]:
+            if getattr(pl, "foreground", None) is not None:  # ptys.check_tree
+                ptys.give_foreground(ctx, pl, made[pl.vpid])
 
     def _make(self, k, ctx: engine.ForkCtx, p: ProcPlan, parent: Tracee | None,
               made: dict[int, Tracee]) -> None:

@@ -5,8 +5,9 @@ inside the workspace (script, tmux, expect, a REPL driver) is recreated the same
 master opened inside the child by whichever clone needs the pty first and fetched by the
 others (pidfd_getfd), with the template's packet mode and lock. The slave keeps its owner and
 mode. A session leader that had the terminal as its controlling tty gets it again (setsid +
-TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template
-(another foreground group is refused). A process made by its parent's clone (tree.py) is in
+TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template;
+another foreground group is given the terminal once all clones exist in an exact tree
+(tree.py, give_foreground), and refused in a flat one. A process made by its parent's clone (tree.py) is in
 its session and has its terminal, as in the template. Any other process's clone keeps its
 template's session (outside the child, in a flat tree), whose terminal is the template's: it is
 dropped, so no child reaches the template's pty, nor another child's, through /dev/tty (the
@@ -138,6 +139,9 @@ def check_tree(procs) -> None:
         st = _stat(p.hostpid)
         if st[5] != st[2]:
             fg = group_of.get(int(st[5]))
+            if fg is not None and _exact_tree():  # its clone's children are in its session:
+                p.foreground = fg  # give_foreground, once they are all there
+                continue
             raise ForkError(f"{what} has {'no' if fg is None else f'group {fg}'} as its foreground process "
                             f"group, not the session leader's: a fork gives the terminal back to the leader "
                             "alone", pid=p.hostpid, step="plan")
@@ -465,6 +469,25 @@ def take_terminal(ctx, proc, r) -> None:
     fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     r.queue("ioctl", fd, _TIOCSCTTY, 0)  # 0 also when it is already its own
     r.queue("close", fd)
+
+
+def _exact_tree() -> bool:
+    from ..cloners import cloner
+
+    return cloner().exact_tree()
+
+
+def give_foreground(ctx, proc, clone) -> None:
+    """Session leader ``proc``'s terminal to the foreground group its template's has (tree.py,
+    once every clone is made and fixed: the group is then in the clone's session)."""
+    r = ctx.cloner.remote(clone, f"process {proc.vpid} ({proc.name})")
+    try:
+        fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        r.queue("ioctl", fd, termios.TIOCSPGRP, r.queue_put(struct.pack("i", proc.foreground)))
+        r.queue("close", fd)
+        r.flush()
+    finally:
+        r.release()
 
 
 def fixup_proc(ctx, proc, r) -> None:
