@@ -27,6 +27,7 @@ __all__ = [
     "early_init",
     "favor_dynmods",
     "fork_slots",
+    "fork_tree",
     "freezer_on",
     "kmod_fork",
     "kmod_mode",
@@ -167,6 +168,18 @@ def kmod_mode() -> str:
     """``auto``, ``0`` or ``1`` as given (lowercase); ``bunshin._core.kmod`` judges it (a
     ``KmodUnavailable`` names a bad value)."""
     return _raw("BUNSHIN_KMOD").lower()
+
+
+def fork_tree() -> str:
+    """``exact`` (the default) or ``flat``: how a fork without the kernel module makes the
+    child's process tree: ``exact`` each clone made by its parent's clone (fork/tree.py: a
+    parent's memory is copied, but for the pages it shares with the child its clone was made
+    from), ``flat`` every clone a child of the child's init (a parent's memory shared
+    copy-on-write too). Read here but not yet in KNOBS: its README row is to come."""
+    v = os.environ.get("BUNSHIN_TREE", "").strip().lower() or "exact"
+    if v not in ("exact", "flat"):
+        raise ConfigError(f"BUNSHIN_TREE={os.environ['BUNSHIN_TREE']!r}: expected one of exact, flat")
+    return v
 
 
 def kmod_fork() -> bool:

@@ -71,9 +71,12 @@ def test_the_stock_kernel_clones_by_injection(env, no_leaks, monkeypatch):
     assert type(cl) is cloners.Injection
     assert cl.through_intermediates and not cl.in_child and not cl.fixups_in_kernel
     used = []
-    real = cloners.Injection._clone
+    real, real_through = cloners.Injection._clone, cloners.Injection.through
     monkeypatch.setattr(cloners.Injection, "_clone",
                         lambda self, *a: used.append(self) or real(self, *a))
+    # an exact tree's clones that are not made by their parents' (fork/tree.py)
+    monkeypatch.setattr(cloners.Injection, "through",
+                        staticmethod(lambda *a: used.append(cloners.cloner()) or real_through(*a)))
     _forks_a_shell_with_a_job()
     assert used and all(c is cl for c in used)
 

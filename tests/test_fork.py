@@ -281,9 +281,11 @@ def test_bad_fork_arguments(ws):
 def test_a_pipeline_job_keeps_its_process_group(family):
     """A shell's pipeline job is one process group; in a fork its second process joins the
     group its first one's clone made again, so signalling the group reaches both. With the
-    module (JOIN_SESSION) both are in the shell's clone's session too; without it they stay in
-    the template shell's session, outside the child (NSsid 0)."""
+    module (JOIN_SESSION), or made by the shell's clone (fork/tree.py), both are in the shell's
+    clone's session too; in a flat tree they stay in the template shell's session, outside the
+    child (NSsid 0)."""
     from bunshin._core import backend
+    from bunshin.fork.cloners import cloner
 
     ws = bunshin.Workspace.create()
     family.append(ws)
@@ -299,7 +301,7 @@ def test_a_pipeline_job_keeps_its_process_group(family):
     assert ws_status(ws, other, "NSpgid") == str(lead)
     (kid,) = ws.fork(1)
     family.append(kid)
-    sid = str(sh.pid) if backend().join_session is not None else "0"
+    sid = str(sh.pid) if backend().join_session is not None or cloner().exact_tree() else "0"
     for pid in (lead, other):
         assert (ws_status(kid, pid, "NSpgid"), ws_status(kid, pid, "NSsid")) == (str(lead), sid), pid
     kid.run(f"kill -TERM -{lead}")
@@ -311,14 +313,16 @@ def test_a_pipeline_job_keeps_its_process_group(family):
 
 
 def test_parent_links(family):
-    """With the kernel module (REPARENT) a child workspace's process tree is the source's: a
-    shell's background job is its child in every fork, and `wait` works. Without it a clone
-    cannot be created under the clone of its parent: every process of a child workspace is a
-    child of the child's init, so getppid() is 1 and a shell's `wait` does not see its old
-    background jobs (they still run and can be signalled)."""
+    """A child workspace's process tree is the source's (with the kernel module's REPARENT;
+    without it each clone is made by its parent's clone, fork/tree.py): a shell's background
+    job is its child in every fork, and `wait` works. In a flat tree (BUNSHIN_TREE=flat)
+    every process of a child workspace is a child of the child's init, so getppid() is 1 and
+    a shell's `wait` does not see its old background jobs (they still run and can be
+    signalled)."""
     from bunshin._core import backend
+    from bunshin.fork.cloners import cloner
 
-    exact = backend().reparent is not None
+    exact = backend().reparent is not None or cloner().exact_tree()
     ws = bunshin.Workspace.create()
     family.append(ws)
     sh = ws.shell()
@@ -418,11 +422,12 @@ def test_a_workspace_at_the_nesting_limit_goes_back_to_the_top_and_forks_on(fami
     assert ws.run(f"kill -0 {py} && echo alive").stdout == b"alive\n"
 
 
-def test_a_workspace_criu_cannot_move_back_to_the_top_says_why_and_runs_on(family):
-    """A shell job started before a fork keeps the template's session in its clone, which
-    CRIU refuses to dump: at the limit the fork says so (checked without trying CRIU), and
-    the workspace runs on as it was."""
+def test_a_workspace_criu_cannot_move_back_to_the_top_says_why_and_runs_on(family, monkeypatch):
+    """In a flat tree a shell job started before a fork keeps the template's session in its
+    clone, which CRIU refuses to dump: at the limit the fork says so (checked without trying
+    CRIU), and the workspace runs on as it was."""
     _need_criu()
+    monkeypatch.setenv("BUNSHIN_TREE", "flat")
     ws = bunshin.Workspace.create()
     family.append(ws)
     sh = ws.shell()

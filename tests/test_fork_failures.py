@@ -14,7 +14,7 @@ import pytest
 
 import bunshin
 from bunshin.errors import BunshinError, ForkError
-from bunshin.fork import cloners, engine
+from bunshin.fork import cloners, engine, tree
 from bunshin.fork.plan import proc_status
 from conftest import leaks, ws_status
 
@@ -42,6 +42,7 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
         for k in range(1, len(procs)):  # every non-init process is a kill point
             calls = {"n": 0}
             real_clone, real_fix = cloners.Cloner.clone, engine.fix_process
+            real_make = tree.Maker._clone
 
             def clone(cl, source, proc, child_inits, tmp, *rest):
                 cs = real_clone(cl, source, proc, child_inits, tmp, *rest)  # one per child of the call
@@ -50,19 +51,29 @@ def test_killed_at_every_point_of_a_fork(no_leaks, monkeypatch, where):
                     os.kill(cs[-1].pid, 9)  # dies between clone and fixup
                 return cs
 
-            def fix(ctx, proc, c):
-                if where == "fixup" and calls["n"] == k:
+            def make(maker, child, proc, *rest):  # an exact tree's (fork/tree.py): one clone
+                made = real_make(maker, child, proc, *rest)
+                calls["n"] += 1
+                if where == "clone" and calls["n"] == k:
+                    os.kill(made[0].pid, 9)  # dies before its children and fixups
+                return made
+
+            def fix(ctx, proc, c):  # the k-th fixup (an exact tree's come after all its clones)
+                calls["fixed"] = calls.get("fixed", 0) + 1
+                if where == "fixup" and calls["fixed"] == k:
                     os.kill(c.pid, 9)
                 real_fix(ctx, proc, c)
-                if where == "detach-time" and calls["n"] == k:
+                if where == "detach-time" and calls["fixed"] == k:
                     os.kill(ctx.init_hostpid, 9)  # the child's init dies before the child is whole
                     raise ForkError("child init died")
 
             monkeypatch.setattr(cloners.Cloner, "clone", clone)
+            monkeypatch.setattr(tree.Maker, "_clone", make)
             monkeypatch.setattr(engine, "fix_process", fix)
             with pytest.raises(BunshinError):
                 ws.fork(1)
             monkeypatch.setattr(cloners.Cloner, "clone", real_clone)
+            monkeypatch.setattr(tree.Maker, "_clone", real_make)
             monkeypatch.setattr(engine, "fix_process", real_fix)
             # the source is intact and running; the dead child's init is reaped by the
             # source's init (its parent) as soon as it runs again

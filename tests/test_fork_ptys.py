@@ -18,6 +18,7 @@ from conftest import wait_file as _wait
 import bunshin
 from bunshin._core.kmod import backend
 from bunshin.errors import ForkError
+from bunshin.fork.cloners import cloner
 
 
 @pytest.fixture(params=["ws.fork", "tpl.fork", "slot"])
@@ -89,9 +90,9 @@ while True:
 
 def test_shell_job_never_reaches_the_templates_terminal(family, fork):
     """A shell's background job is not a session leader: the module's JOIN_SESSION gives its
-    clone the child's terminal; without it the clone keeps the template's session (outside
-    the child) and has no terminal, rather than the template's pty, which every child would
-    share."""
+    clone the child's terminal, and so does the shell's clone that makes it (fork/tree.py); in
+    a flat tree the clone keeps the template's session (outside the child) and has no terminal,
+    rather than the template's pty, which every child would share."""
     ws = bunshin.Workspace.create()
     family.append(ws)
     ws.write_file("/t.py", SCRIPT_PRELUDE + JOB)
@@ -102,7 +103,7 @@ def test_shell_job_never_reaches_the_templates_terminal(family, fork):
     tty_nr, sid, tty = _report(ws, job)
     assert (sid, tty[1:]) == (shell_pid, [shell_pid, shell_pid]) and tty_nr != 0
     kid = fork(ws)
-    joined = "user space" not in backend().uses["fork sessions"]
+    joined = "user space" not in backend().uses["fork sessions"] or cloner().exact_tree()
     for w in (kid, ws):
         if joined or w is ws:  # the source keeps its own
             assert _report(w, job) == [tty_nr, sid, tty]
@@ -194,7 +195,11 @@ while True:
         assert json.loads(_wait(w, "/tmp/out")) == [0, 1, 5]  # EIO: a locked pty's slave
 
 
-def test_foreground_group_other_than_the_leaders_is_refused(family):
+@pytest.mark.parametrize("tree", ["exact", "flat"])
+def test_foreground_group_other_than_the_leaders(family, monkeypatch, tree):
+    """Carried in an exact tree (fork/tree.py: the job's clone is in its leader's clone's
+    session), refused in a flat one (the job's clone would be outside it)."""
+    monkeypatch.setenv("BUNSHIN_TREE", tree)
     ws = start_script(family, """
 import pty, signal
 pid, master = pty.fork()
@@ -211,6 +216,12 @@ if pid == 0:   # the session leader hands its terminal to a job in a group of it
 time.sleep(1000)
 """, "/tmp/ready")
     job = ws.read_file("/tmp/ready").decode()
+    if tree == "exact" and cloner().exact_tree():
+        (kid,) = ws.fork(1)
+        family.append(kid)
+        for w in (kid, ws):
+            assert w.run(f"ps -o tpgid=,pgid= -p {job}").stdout.split() == [job.encode()] * 2
+        return
     with pytest.raises(ForkError, match=rf"process \d+ \(python3\): its controlling terminal /dev/pts/0 has "
                                         rf"group {job} as its foreground process group"):
         ws.fork(1)

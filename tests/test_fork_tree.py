@@ -11,7 +11,7 @@ import pytest
 
 import bunshin
 from bunshin.errors import ForkError
-from conftest import signal_and_read, start_script
+from conftest import signal_and_read, start_script, wait_file
 
 # Zombies of each kind (an exit code, a signal's default action, SIGKILL, one that left its
 # parent's process group), PDEATHSIG on the parent. Its SIGCHLD: counted by a handler (the
@@ -183,3 +183,86 @@ def test_a_zombie_a_clone_cannot_have_is_refused(family, why, says):
     assert ws.host_pids() == before
     assert "Z" in ws.run(f"ps -o stat= -p {zombie}").stdout.decode()
     assert ws.run("echo on").stdout == b"on\n"
+
+
+# A shell's jobs in an exact tree (fork/tree.py, the default): job 1 holds 64 MiB of
+# its own and exits 7 once /tmp/go exists, job 2 sleeps. A child's shell waits for them as the
+# source's does, and job 1 is made from the source's pages (copy-on-write), the shell alone
+# copied.
+_BIG = """
+import os, sys, time
+b = bytearray(b"x" * (64 << 20))
+open("/tmp/big.ready", "w").close()
+while not os.path.exists("/tmp/go"):
+    time.sleep(0.05)
+sys.exit(7)
+"""
+
+
+def _shell_with_jobs(family, monkeypatch):
+    monkeypatch.setenv("BUNSHIN_TREE", "exact")
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    ws.write_file("/big.py", _BIG)
+    sh = ws.shell()
+    sh.run("python3 /big.py &")
+    sh.run("sleep 300 &")
+    wait_file(ws, "/tmp/big.ready")
+    return ws, sh
+
+
+def _private_dirty(sh, pid: bytes) -> int:
+    out = sh.run(f"grep Private_Dirty /proc/{pid.decode()}/smaps_rollup").stdout.split()
+    return int(out[1]) << 10
+
+
+def _check_jobs(sh, copied: bool) -> None:
+    assert sh.run("jobs").stdout.count(b"Running") == 2
+    big, sleeper = sh.run("jobs -p").stdout.split()
+    me = sh.run("echo $$").stdout.strip()
+    for job in (big, sleeper):
+        assert sh.run(f"ps -o ppid= -p {job.decode()}").stdout.strip() == me
+    if copied:  # the job's pages are still the source's (a shell's clone copies its own alone)
+        assert _private_dirty(sh, big) < 16 << 20
+    assert sh.run("touch /tmp/go; wait %1; echo $?").stdout.strip().endswith(b"7")
+    assert sh.run("kill %2; wait; echo $?").stdout.strip().endswith(b"0")
+    assert sh.run(f"ps -o pid= -p {sleeper.decode()} || echo gone").stdout.strip() == b"gone"
+    assert sh.run("jobs").stdout.strip() == b""
+
+
+def test_a_shells_jobs_are_its_children_in_a_fork(family, monkeypatch):
+    ws, sh = _shell_with_jobs(family, monkeypatch)
+    before = ws.host_pids()
+    kids = ws.fork(2)
+    family.extend(kids)
+    assert ws.host_pids() == before
+    for k in kids:
+        _check_jobs(k.shells[0], copied=True)
+    ws.run("rm -f /tmp/go")
+    _check_jobs(sh, copied=False)
+
+
+def test_a_shells_jobs_are_its_children_in_a_templates_fork(family, monkeypatch):
+    ws, sh = _shell_with_jobs(family, monkeypatch)
+    tpl = ws.snapshot()
+    try:
+        kids = tpl.fork(2)
+        family.extend(kids)
+    finally:
+        tpl.close()
+    for k in kids:
+        _check_jobs(k.shells[0], copied=True)
+    _check_jobs(sh, copied=False)
+
+
+def test_a_flat_tree_is_there_for_the_asking(family, monkeypatch):
+    """BUNSHIN_TREE=flat: every clone a child of the child's init (no parent copied), the
+    source's own tree untouched."""
+    ws, sh = _shell_with_jobs(family, monkeypatch)
+    monkeypatch.setenv("BUNSHIN_TREE", "flat")
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    big, sleeper = kid.shells[0].run("jobs -p").stdout.split()
+    for job in (big, sleeper):
+        assert kid.run(f"ps -o ppid= -p {job.decode()}").stdout.strip() == b"1"
+    _check_jobs(sh, copied=False)

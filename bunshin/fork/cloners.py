@@ -17,8 +17,10 @@ copied; Cloner.transplants, finish_child):
   template process (nothing copied) in the child's pid namespace (engine.make_mid), from
   which the clone is made before the intermediate is killed, and its orphan adopted by the
   child's init. Intermediates can be made ahead into a slot, in the child's cgroup, so that
-  the clone is born there (earlyinit.py). Every clone stays a child of the child's init, in
-  the template's session: only the module can move them.
+  the clone is born there (earlyinit.py). So made, every clone is a child of the child's
+  init, in the template's session (``BUNSHIN_TREE=flat``); by default each is made by its
+  parent's clone instead (tree.py: a parent's clone holds its heir's memory until it has made
+  its children, then is transplanted), the child's tree and sessions then the template's.
 - :class:`Reparent` (the module's REPARENT, without FORK or with ``BUNSHIN_KMOD_FORK=0``):
   one injected clone3 straight from the template process into the child's pid namespace, the
   clone moved under the child's init while still stopped. Once all exist, each is moved
@@ -40,6 +42,7 @@ import os
 import signal
 from collections.abc import Callable
 
+from .. import config
 from .._core.kmod import FORK_MAX_CHILDREN, Backend, Kmod, backend
 from .._core.kmod import why as kmod_why
 from ..compel import Tracee
@@ -77,6 +80,11 @@ class Cloner:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+    def exact_tree(self) -> bool:
+        """Whether each clone is made by its parent's clone (tree.py), the child's tree and
+        sessions then the template's; here the kernel moves clones instead (reparent)."""
+        return False
 
     def cannot_enter(self, proc: ProcPlan) -> str | None:
         """Why ``proc``, which lacks the capabilities of plan.CLONE_CAPS, cannot be forked by
@@ -206,13 +214,16 @@ class Injection(Cloner):
     name = "injection"
     through_intermediates = True
 
+    def exact_tree(self) -> bool:
+        return config.fork_tree() == "exact"
+
     def _clone(self, source, proc, child_inits, tmp_pid, ahead, mids, sibling, out) -> None:
         for i, ci in enumerate(child_inits):
             mid, ahead[i] = ahead[i], None
-            out.append(self._through(source, proc, ci, tmp_pid, mids, mid, sibling))
+            out.append(self.through(source, proc, ci, tmp_pid, mids, mid, sibling))
 
     @staticmethod
-    def _through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
+    def through(source: Callable[[], Tracee], proc: ProcPlan, child_init: int, tmp_pid: int,
                  mids: list[int], mid: Tracee | None, sibling: bool) -> Tracee:
         """The clone through an intermediate (``mid`` when one was made ahead); the dead
         intermediate goes into ``mids`` for the caller to reap, with the others of the call."""
@@ -221,11 +232,11 @@ class Injection(Cloner):
             try:
                 mid = engine.make_mid(tp, child_init, tmp_pid, sibling)
             except ForkError as e:
-                raise _clone_failed(proc, "its intermediate", tmp_pid, e) from None
+                raise clone_failed(proc, "its intermediate", tmp_pid, e) from None
         try:
             return mid.clone(set_tid=proc.vpid, owe_robust=True)  # fix_process sets it
         except ForkError as e:
-            raise _clone_failed(proc, "its clone", proc.vpid, e) from None
+            raise clone_failed(proc, "its clone", proc.vpid, e) from None
         finally:
             engine.end_mid(mid, mids)
 
@@ -242,7 +253,7 @@ class Injection(Cloner):
             mid.learn()  # what its clone in the fork will need
 
 
-def _clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
+def clone_failed(proc: ProcPlan, what: str, pid: int, e: ForkError) -> ForkError:
     """compel's error for a clone, which knows only a host pid and a step, said of the
     template process it was for."""
     name = f"process {proc.vpid} ({proc.name})"
@@ -274,7 +285,7 @@ class Reparent(Cloner):
         try:
             child = tp.clone(pidns_owner=child_init, set_tid=proc.vpid)
         except ForkError as e:
-            raise _clone_failed(proc, "its clone", proc.vpid, e) from None
+            raise clone_failed(proc, "its clone", proc.vpid, e) from None
         try:
             self._k.reparent(child.pid, child_init, traced=True)
         except OSError as e:

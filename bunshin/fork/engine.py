@@ -2,11 +2,12 @@
 
 Per child: a detached overlay root is built from the template's layers; the template's init
 is cloned into new pid/mnt/net/ipc/uts namespaces and told (REROOT) to move into that root;
-every other process is cloned into the child's pid namespace with its own PID, its parent
-the child's init, by the fork's Cloner (cloners.py: through an intermediate without the
-kernel module, in the kernel with it); then each clone joins the child's namespaces and
-every descriptor is recreated by its resource's fixup. Once all exist the Cloner makes the
-child's process tree and sessions the template's where the module can.
+every other process is cloned into the child's pid namespace with its own PID by the fork's
+Cloner (cloners.py: through an intermediate without the kernel module, in the kernel with it),
+its parent the child's init, or, without the module, its parent's clone (tree.py); then each
+clone joins the child's namespaces and every descriptor is recreated by its resource's fixup.
+Once all exist the Cloner makes the child's process tree and sessions the template's where the
+module can.
 All ptrace work for one fork happens in the calling thread (REPARENT of a traced clone must
 come from its tracer). Stopping the template's processes and letting them go is seize.py's.
 """
@@ -229,7 +230,9 @@ def fix_process(ctx: ForkCtx, proc: ProcPlan, child: Tracee) -> None:
         if owed is not None:
             r.queue("set_robust_list", *owed)
         enter_namespaces(r, proc.cwd, setns=not ctx.cloner.in_child)
-        if proc.sid == proc.vpid:
+        if proc.vpid in ctx.shared.get("tree-led", ()):  # tree.LED
+            pass  # in its session and group since before its children were made (tree.py)
+        elif proc.sid == proc.vpid:
             r.queue("setsid")
         elif proc.pgid == proc.vpid:
             r.queue("setpgid", 0, 0)

@@ -41,7 +41,7 @@ from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
-from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots
+from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots, tree
 from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
 from .plan import Unsettled, plan_tree
@@ -373,7 +373,8 @@ class TemplateCore(slots.Holder):
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
                    done: list, unrun: bool = False) -> None:
         """Every child's init first, then each template process cloned into all the children
-        at once (one FORK call with the module), then each child finished and handed out
+        at once (one FORK call with the module; or, for an exact tree without it, each child's
+        clones made by their parents' clones, tree.py), then each child finished and handed out
         into ``done``. On failure the children not yet handed out are removed completely; the
         ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
         start = time.perf_counter()
@@ -385,14 +386,20 @@ class TemplateCore(slots.Holder):
             if cl.in_child and len(self.plans) > 1:
                 for k in kids:  # the clones are made in their init's root: it must be there
                     k.settle()
-            for pl in self.plans[1:]:
-                clones = cl.clone(functools.partial(tracees.__getitem__, pl.hostpid),
-                                  pl, [k.init_pid for k in kids], self.tmp_pids[pl.hostpid],
-                                  [k.take_mid(pl.hostpid) for k in kids], self.mids_reap_themselves(pl))
-                for k, c in zip(kids, clones):
-                    k.clones.append(c)
-                for k, c in zip(kids, clones):
-                    k.fix(pl, c)
+            if cl.exact_tree():  # each clone made by its parent's (tree.py)
+                maker = tree.maker(self, tracees, cl.transplants)
+                for k in kids:
+                    maker.child(k)
+            else:
+                for pl in self.plans[1:]:
+                    clones = cl.clone(functools.partial(tracees.__getitem__, pl.hostpid),
+                                      pl, [k.init_pid for k in kids], self.tmp_pids[pl.hostpid],
+                                      [k.take_mid(pl.hostpid) for k in kids],
+                                      self.mids_reap_themselves(pl))
+                    for k, c in zip(kids, clones):
+                        k.clones.append(c)
+                    for k, c in zip(kids, clones):
+                        k.fix(pl, c)
             for k in kids:
                 k.finish()
             while kids:

@@ -58,6 +58,7 @@ _NR = {
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_GROWSDOWN = 0x01, 0x02, 0x10, 0x20, 0x0100
 _MAP_FIXED_NOREPLACE = 0x100000
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_MADV_DONTNEED = 4
 _PROT = {"r": 1, "w": 2, "x": 4}
 _RWX = 7
 _SS_ONSTACK, _SS_DISABLE = 1, 2
@@ -388,9 +389,18 @@ def make(donor: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> Tracee:
     return blank
 
 
+def become(t: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> None:
+    """``t``, a clone in the child holding another process's memory (tree.py: the clone of a
+    parent, made with its child's memory so that it could make that child's clone), made into
+    ``proc`` (seized as ``src``, read as ``s``) as :func:`make` makes a blank: its children
+    stay. Its credentials are still to set (:func:`set_credentials`)."""
+    _become(_Blank(t, f"process {proc.vpid} ({proc.name})"), src, s)
+
+
 def _become(b: _Blank, src: Tracee, s: Source) -> None:
     t = b.t
-    own = read_vmas(t.pid, smaps=False)
+    own = read_vmas(t.pid)
+    alike = _alike(own, s.vmas)
     specials = {v.path: v for v in own if v.path in _SPECIAL}
     moved = sum(v.end - v.start for v in specials.values())
     addr = _free_range(_Region.SIZE + moved, own, s.vmas)
@@ -405,7 +415,8 @@ def _become(b: _Blank, src: Tracee, s: Source) -> None:
     t.replace(dict(mine.regs, rip=addr + 2, orig_rax=39, rax=0, rsp=addr + reg.STACK))
     b.region = reg
     b.batch([("munmap", (v.start, v.end - v.start)) for v in own
-             if v.path not in _SPECIAL and v.path != "[vsyscall]" and v.start != addr])
+             if v.path not in _SPECIAL and v.path != "[vsyscall]" and v.start != addr
+             and (v.start, v.end) not in alike])
     # the kernel's mappings to the process's addresses, through a spare place of the region's
     # (a move onto another's place would unmap it)
     spare = addr + reg.SIZE
@@ -424,9 +435,10 @@ def _become(b: _Blank, src: Tracee, s: Source) -> None:
         moves.append(("mremap", (v.start, v.end - v.start, v.end - v.start,
                                  _MREMAP_MAYMOVE | _MREMAP_FIXED, w.start)))
     b.batch(moves)
-    _map(b, src, s)
+    _map(b, src, s, alike)
     start = time.perf_counter()
-    copied = _copy_pages(src.pid, t.pid, s.vmas)
+    copied, stale = _copy_pages(src.pid, t.pid, s.vmas, alike)
+    b.batch([("madvise", (at, end - at, _MADV_DONTNEED)) for at, end in stale])
     log.debug("%s: transplant copied %.1f MiB in %.1f ms", b.what, copied / (1 << 20),
               (time.perf_counter() - start) * 1e3)
     _task_state(b, src, s)
@@ -443,7 +455,12 @@ def _kept(v: Vma) -> bool:
     and it is not a SysV segment (its clone attaches the child's copy at the same address,
     resources/sysv_shm.py, as a clone's does)."""
     return (v.path not in _SPECIAL and v.path != "[vsyscall]" and "dc" not in v.flags
-            and not (v.perms[3] == "s" and v.path.startswith("/SYSV")))
+            and not _sysv(v))
+
+
+def _sysv(v: Vma) -> bool:
+    """Whether it is a SysV segment's attachment."""
+    return v.perms[3] == "s" and v.path.startswith("/SYSV")
 
 
 def _anon_name(v: Vma) -> str | None:
@@ -458,13 +475,13 @@ def _file_key(v: Vma) -> tuple[str, int, bool]:
     return v.dev, v.ino, v.perms[3] == "s" and "w" in v.perms
 
 
-def _map(b: _Blank, src: Tracee, s: Source) -> None:
-    """The process's mappings at their addresses: each file's through a descriptor of the
-    trainer's (/proc/PID/map_files) handed over."""
+def _map(b: _Blank, src: Tracee, s: Source, alike: set[tuple[int, int]]) -> None:
+    """The process's mappings at their addresses (but those the blank has ``alike``): each
+    file's through a descriptor of the trainer's (/proc/PID/map_files) handed over."""
     files: dict[tuple[str, int, bool], int] = {}
     for v in s.vmas:
         key = _file_key(v)
-        if _kept(v) and not v.anon and key not in files:
+        if _kept(v) and (v.start, v.end) not in alike and not v.anon and key not in files:
             files[key] = os.open(f"/proc/{src.pid}/map_files/{v.start:x}-{v.end:x}",
                                  (os.O_RDWR if key[2] else os.O_RDONLY) | os.O_CLOEXEC)
     try:
@@ -475,7 +492,11 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
             os.close(fd)
     calls: list[tuple[str, tuple[int, ...]]] = []
     for v in s.vmas:
-        if not _kept(v):
+        if _sysv(v):  # held for its attachment (shmat SHM_REMAP replaces it): compel's
+            # scratch, mapped where the process has nothing, must not land there first
+            calls.append(("mmap", (v.start, v.end - v.start, 0, _MAP_PRIVATE | _MAP_ANON | _MAP_FIXED,
+                                   _ALL, 0)))
+        if not _kept(v) or (v.start, v.end) in alike:
             continue
         flags = (_MAP_SHARED if v.perms[3] == "s" else _MAP_PRIVATE) | _MAP_FIXED
         if v.anon:
@@ -498,11 +519,15 @@ def _map(b: _Blank, src: Tracee, s: Source) -> None:
     b.batch(calls)
 
 
-def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
+def _copy_pages(frm: int, to: int, vmas: list[Vma],
+                alike: set[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
     """The process's private pages (present or swapped, not the file's own) written into the
-    blank; returns bytes copied. process_vm_readv/writev copy once; a mapping they may not
-    touch (not readable, or not writable in the blank) goes through /proc/PID/mem, which
-    writes read-only mappings too (FOLL_FORCE) but one page at a time, through a bounce page."""
+    blank; returns bytes copied, and the ranges of the blank's own pages to drop (MADV_DONTNEED)
+    in its mappings ``alike``, where a page the blank shares with the process (the same frame,
+    copy-on-write) is kept rather than copied. process_vm_readv/writev copy once; a mapping
+    they may not touch (not readable, or not writable in the blank) goes through
+    /proc/PID/mem, which writes read-only mappings too (FOLL_FORCE) but one page at a time,
+    through a bounce page."""
     import ctypes
 
     import numpy as np
@@ -511,7 +536,9 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
 
     zero, huge_lo, huge_hi = zero_pfns()
     copied = 0
+    stale: list[tuple[int, int]] = []
     pm = os.open(f"/proc/{frm}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    own = os.open(f"/proc/{to}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
     src = os.open(f"/proc/{frm}/mem", os.O_RDONLY | os.O_CLOEXEC)
     dst = os.open(f"/proc/{to}/mem", os.O_WRONLY | os.O_CLOEXEC)
     buf = (ctypes.c_char * _COPY_CHUNK)()
@@ -527,6 +554,15 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
             # a page only read maps the zero page: it stays untouched in the blank too
             pfn = np.where((ent & np.uint64(_PM_PRESENT)) != 0, ent & np.uint64(_PFN_MASK), 0)
             want &= (pfn != zero) & ((pfn < huge_lo) | (pfn >= huge_hi))
+            if (v.start, v.end) in alike:
+                mine = np.frombuffer(os.pread(own, n * 8, v.start // PAGE * 8), dtype=np.uint64)
+                present = (ent & np.uint64(_PM_PRESENT)) != 0
+                same = present & ((mine & np.uint64(_PM_PRESENT)) != 0) & (
+                    (mine & np.uint64(_PFN_MASK)) == pfn)
+                want &= ~same
+                has = ((mine & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & (
+                    (mine & np.uint64(_PM_FILE)) == 0)
+                stale += _ranges(v.start, has & ~want & ~same)
             if not want.any():
                 continue
             edges = np.flatnonzero(np.diff(np.concatenate(([0], want.astype(np.int8), [0]))))
@@ -548,9 +584,33 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma]) -> int:
                     copied += size
                     at += size
     finally:
-        for fd in (pm, src, dst):
+        for fd in (pm, own, src, dst):
             os.close(fd)
-    return copied
+    return copied, stale
+
+
+def _ranges(start: int, pages) -> list[tuple[int, int]]:
+    """The address ranges of the runs of True in ``pages`` (a numpy bool array, one a page
+    from ``start``)."""
+    import numpy as np
+
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], pages.astype(np.int8), [0]))))
+    return [(start + int(a) * PAGE, start + int(e) * PAGE) for a, e in zip(edges[::2], edges[1::2])]
+
+
+def _alike(own: list[Vma], theirs: list[Vma]) -> set[tuple[int, int]]:
+    """The private mappings the blank has as the process has them (same range, protection,
+    object and flags): a parent's clone made with its child's memory keeps them, and with
+    them the pages both still share copy-on-write (tree.py)."""
+    mine = {(v.start, v.end): v for v in own}
+    out = set()
+    for v in theirs:
+        w = mine.get((v.start, v.end))
+        if (w is not None and _kept(v) and v.perms[3] == "p" and not {"wf", "lo"} & v.flags
+                and (w.perms, w.offset, w.dev, w.ino, w.path, w.flags)
+                == (v.perms, v.offset, v.dev, v.ino, v.path, v.flags)):
+            out.add((v.start, v.end))
+    return out
 
 
 def _vm_call(name: str):

@@ -3,9 +3,10 @@ clone of a template process that set one sets it again. /proc does not show it: 
 asks it of the template on the first fork, with the subreaper flag.
 
 It is a thread's, and so is the parent it watches (the thread that forked it): the main
-thread's is carried. Without the kernel module a clone's parent is the child's init, so the
-signal comes when that init ends, with the child workspace; with REPARENT it is the clone of
-the template process's parent, as in the template."""
+thread's is carried. A clone's parent is the clone of its template process's parent (moved
+under it with REPARENT; made by it without the module, tree.py), as in the template; in a flat
+tree (BUNSHIN_TREE=flat, or a deviation tree.py names) it is the child's init, so the signal
+comes when that init ends, with the child workspace."""
 
 from __future__ import annotations
 

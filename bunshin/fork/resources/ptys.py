@@ -5,11 +5,13 @@ inside the workspace (script, tmux, expect, a REPL driver) is recreated the same
 master opened inside the child by whichever clone needs the pty first and fetched by the
 others (pidfd_getfd), with the template's packet mode and lock. The slave keeps its owner and
 mode. A session leader that had the terminal as its controlling tty gets it again (setsid +
-TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template
-(another foreground group is refused). Any other process's clone keeps its template's session
-(outside the child, without the module), whose terminal is the template's: it is dropped, so no
-child reaches the template's pty, nor another child's, through /dev/tty (the module's
-JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
+TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template;
+another foreground group is given the terminal once all clones exist in an exact tree
+(tree.py, give_foreground), and refused in a flat one. A process made by its parent's clone (tree.py) is in
+its session and has its terminal, as in the template. Any other process's clone keeps its
+template's session (outside the child, in a flat tree), whose terminal is the template's: it is
+dropped, so no child reaches the template's pty, nor another child's, through /dev/tty (the
+module's JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
 master is inside the workspace are carried, both ways, unless in packet mode (whose reads would
 take status bytes too): those for the master written again with the output processing off, those
 for the slave's reader stuffed into its input with the input processing and echo off, in
@@ -137,6 +139,9 @@ def check_tree(procs) -> None:
         st = _stat(p.hostpid)
         if st[5] != st[2]:
             fg = group_of.get(int(st[5]))
+            if fg is not None and _exact_tree():  # its clone's children are in its session:
+                p.foreground = fg  # give_foreground, once they are all there
+                continue
             raise ForkError(f"{what} has {'no' if fg is None else f'group {fg}'} as its foreground process "
                             f"group, not the session leader's: a fork gives the terminal back to the leader "
                             "alone", pid=p.hostpid, step="plan")
@@ -451,14 +456,14 @@ def fixup(ctx, proc, r, f) -> None:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
         r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
     elif f.target == _CURRENT:  # a leader's (check_tree): its terminal first, then /dev/tty is it
-        _set_ctty(ctx, proc, r)
+        take_terminal(ctx, proc, r)
         r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
     else:
         _ensure_master(ctx, proc, r, int(f.target[9:]))
         r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
 
 
-def _set_ctty(ctx, proc, r) -> None:
+def take_terminal(ctx, proc, r) -> None:
     """Session leader ``proc``'s clone (setsid left it no terminal) takes its pty again."""
     _ensure_master(ctx, proc, r, proc.ctty)
     fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -466,14 +471,41 @@ def _set_ctty(ctx, proc, r) -> None:
     r.queue("close", fd)
 
 
+def _exact_tree() -> bool:
+    from ..cloners import cloner
+
+    return cloner().exact_tree()
+
+
+def give_foreground(ctx, proc, clone) -> None:
+    """Session leader ``proc``'s terminal to the foreground group its template's has (tree.py,
+    once every clone is made and fixed: the group is then in the clone's session)."""
+    r = ctx.cloner.remote(clone, f"process {proc.vpid} ({proc.name})")
+    try:
+        fd = r.queue_openat(f"/dev/pts/{proc.ctty}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        r.queue("ioctl", fd, termios.TIOCSPGRP, r.queue_put(struct.pack("i", proc.foreground)))
+        r.queue("close", fd)
+        r.flush()
+    finally:
+        r.release()
+
+
 def fixup_proc(ctx, proc, r) -> None:
     """The clone's controlling terminal: its pty again for a session leader; none for another
-    process, whose terminal is still the template's (see the module's docstring)."""
-    if proc.ctty is None:
-        return
-    if proc.sid == proc.vpid:
-        _set_ctty(ctx, proc, r)
-        return
+    process, whose terminal is still the template's (see the module's docstring), but for one
+    its parent's clone made in its session (tree.py), which has that session's."""
+    from ..tree import INHERITED
+
+    if proc.ctty is not None and proc.sid == proc.vpid:
+        take_terminal(ctx, proc, r)
+    elif proc.vpid in ctx.shared.get(INHERITED, ()):
+        if proc.ctty is None:  # it had left the terminal its session has
+            _drop_terminal(r)
+    elif proc.ctty is not None:
+        _drop_terminal(r)
+
+
+def _drop_terminal(r) -> None:
     # no /dev/tty in the child's root, or a terminal hung up: nothing reachable to drop
     fd = r.queue("openat", AT_FDCWD & 0xFFFFFFFFFFFFFFFF, r.queue_path("/dev/tty"),
                  os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC, 0, ok_errnos=ANY_ERROR)
