@@ -70,6 +70,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BUNSHIN_KMOD", "auto", "choice",
          "`auto`: use /dev/bunshin when loaded; `0`: never; `1`: require it",
          ("auto", "0", "1")),
+    Knob("BUNSHIN_TREE", "exact", "choice",
+         "without the kernel module: `flat` makes every clone a child of the child's init (no "
+         "parent copied into its clone; `getppid()` is 1, jobs leave their shell's session)",
+         ("exact", "flat")),
     Knob("BUNSHIN_KMOD_FORK", "1", "switch",
          "0: keep the module but clone (and fix clones up) by injection (A/B runs)"),
     Knob("BUNSHIN_KMOD_RUN", "1", "switch",
@@ -175,11 +179,8 @@ def fork_tree() -> str:
     child's process tree: ``exact`` each clone made by its parent's clone (fork/tree.py: a
     parent's memory is copied, but for the pages it shares with the child its clone was made
     from), ``flat`` every clone a child of the child's init (a parent's memory shared
-    copy-on-write too). Read here but not yet in KNOBS: its README row is to come."""
-    v = os.environ.get("BUNSHIN_TREE", "").strip().lower() or "exact"
-    if v not in ("exact", "flat"):
-        raise ConfigError(f"BUNSHIN_TREE={os.environ['BUNSHIN_TREE']!r}: expected one of exact, flat")
-    return v
+    copy-on-write too)."""
+    return _choice("BUNSHIN_TREE")
 
 
 def kmod_fork() -> bool:

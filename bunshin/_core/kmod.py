@@ -201,8 +201,8 @@ def _uses(k: Kmod | None, fork_wanted: bool = True, run_wanted: bool = True) -> 
     if k is None:
         return {"fork clones": "user space: injected clone3 through an intermediate process",
                 "fork fixups": "user space: injected system calls",
-                "fork sessions": "user space: clones keep the template's sessions (outside the child)",
-                "fork parents": "user space: clones are parented to the workspace's init",
+                "fork sessions": "user space: each clone joins its session as its parent's clone makes it",
+                "fork parents": "user space: each clone made by its parent's clone (BUNSHIN_TREE)",
                 "memory accounting": "user space: /proc/PID/pagemap"}
     v = ".".join(map(str, k.module_version))
     if not k.serves("FORK"):
