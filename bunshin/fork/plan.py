@@ -181,7 +181,9 @@ def read_proc(hostpid: int, statuses: dict[int, dict[str, str]] | None = None) -
     # after the comm: state ppid pgrp session tty_nr tpgid flags; a main thread that exited
     # before its process's other threads is a zombie, and its process lives on. One frozen
     # with a SIGKILL pending (its own queue shows a group kill too) dies as soon as it runs.
-    exiting = (bool(int(rest[6]) & _PF_EXITING) and rest[0] != b"Z"
+    # A process that died since the cgroup listed it (a zombie with no thread left) is one too:
+    # its parent reaps it while the workspace runs.
+    exiting = (bool(int(rest[6]) & _PF_EXITING) and (rest[0] != b"Z" or not tids)
                or bool(int(st["SigPnd"], 16) & _SIGKILL_BIT))
     try:
         cwd = os.readlink(f"/proc/{hostpid}/cwd")

@@ -71,6 +71,7 @@ _F_DUPFD_CLOEXEC, _F_GETFD = 1030, 1
  _PR_SET_NO_NEW_PRIVS, _PR_GET_TID_ADDRESS, _PR_CAP_AMBIENT) = (
     1, 3, 4, 15, 24, 27, 28, 30, 29, 35, 38, 40, 47)
 _PR_SET_MM_MAP = 14
+_NO_EXE = 0xFFFFFFFF  # PR_SET_MM_MAP's exe_fd: keep the executable
 _PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42
 _PR_SET_MDWE, _PR_GET_MDWE = 65, 66
 _PR_SET_MEMORY_MERGE, _PR_GET_MEMORY_MERGE = 67, 68
@@ -644,7 +645,12 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     reg.reset()
     t = b.t
     with open(f"/proc/{src.pid}/exe", "rb") as fh:  # its executable, for PR_SET_MM_MAP
-        (exe,) = _hand_over(b, [fh.fileno()])
+        mine = os.stat(f"/proc/{t.pid}/exe")
+        theirs = os.fstat(fh.fileno())
+        # the blank's already (a parent's clone made from a child that did not exec): kept, as
+        # Linux before 6.? refuses a new one while the old is mapped (EBUSY), even the same file
+        same = (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+        (exe,) = (_NO_EXE,) if same else _hand_over(b, [fh.fileno()])
     for r, lim in s.rlimits.items():  # before the bounds: RLIMIT_DATA judges them
         try:
             resource.prlimit(t.pid, r, lim)
@@ -656,8 +662,9 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     code, end_code, data, end_data, start_brk, stack, arg, end_arg, env, end_env = s.mm
     mm = reg.put(t, struct.pack("11QQII", code, end_code, data, end_data, start_brk, s.brk, stack,
                                 arg, end_arg, env, end_env, auxv, len(s.auxv), exe))
-    calls: list[tuple[str, tuple[int, ...]]] = [
-        ("prctl", (_PR_SET_MM, _PR_SET_MM_MAP, mm, 104, 0)), ("close", (exe,))]
+    calls: list[tuple[str, tuple[int, ...]]] = [("prctl", (_PR_SET_MM, _PR_SET_MM_MAP, mm, 104, 0))]
+    if exe != _NO_EXE:
+        calls.append(("close", (exe,)))
     for sig, act in s.actions.items():
         calls.append(("rt_sigaction", (sig, reg.put(t, act), 0, 8)))
     calls.append(("rt_sigprocmask", (2, reg.put(t, struct.pack("Q", s.sigmask)), 0, 8)))
