@@ -117,12 +117,16 @@ class Tracee:
         self.wait_timeout = wait_timeout
 
     @classmethod
-    def seize(cls, pid: int) -> Tracee:
-        """Attach to ``pid`` and stop that thread; it becomes the one syscalls run in."""
+    def seize(cls, pid: int, wait_timeout: float = 0.0) -> Tracee:
+        """Attach to ``pid`` and stop that thread; it becomes the one syscalls run in.
+        ``wait_timeout`` bounds every later wait (see the class)."""
         try:
-            return cls(_compel().Ctl(pid))
+            t = cls(_compel().Ctl(pid))
         except OSError as exc:
             raise _translate(exc, pid) from None
+        if wait_timeout:
+            t.set_wait_timeout(wait_timeout)
+        return t
 
     @classmethod
     def seize_frozen(cls, pid: int, wait_timeout: float = 0.0) -> Tracee:

@@ -266,3 +266,26 @@ def test_a_flat_tree_is_there_for_the_asking(family, monkeypatch):
     for job in (big, sleeper):
         assert kid.run(f"ps -o ppid= -p {job.decode()}").stdout.strip() == b"1"
     _check_jobs(sh, copied=False)
+
+
+def test_a_parents_clone_keeps_none_of_its_heirs_own_settings(family, monkeypatch):
+    """A shell's clone is first a copy of its biggest job (its heir): what that job set for
+    itself alone (THP off, PR_SET_THP_DISABLE) is not the shell's in the child."""
+    monkeypatch.setenv("BUNSHIN_TREE", "exact")
+    ws = bunshin.Workspace.create()
+    family.append(ws)
+    sh = ws.shell()
+    sh.run("python3 -c 'import ctypes, time; ctypes.CDLL(None).prctl(41, 1, 0, 0, 0); "
+           "b = bytearray(32 << 20); open(\"/tmp/ready\", \"w\").close(); time.sleep(600)' &")
+    wait_file(ws, "/tmp/ready")
+
+    def thp(w):
+        job = w.shells[0].run("jobs -p").stdout.split()[0].decode()
+        me = w.shells[0].run("echo $$").stdout.strip().decode()
+        return {who: w.run(f"grep THP_enabled /proc/{pid}/status").stdout.split()[1]
+                for who, pid in (("shell", me), ("job", job))}
+
+    assert thp(ws) == {"shell": b"1", "job": b"0"}
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    assert thp(kid) == {"shell": b"1", "job": b"0"}

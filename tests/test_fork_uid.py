@@ -422,22 +422,34 @@ entering_by_itself = pytest.mark.skipif(
 
 # a uid-1001 process whose second thread alone runs under a seccomp filter (no TSYNC): a
 # transplant's threads would all get its main thread's
-_THREAD_FILTER = r"""
+_THREAD_OWN = r"""
 import ctypes, threading
 libc = ctypes.CDLL(None, use_errno=True)
-os.setresgid(1001, 1001, 1001)
-os.setresuid(1001, 1001, 1001)
 allow = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0x7fff0000))
 prog = ctypes.create_string_buffer(struct.pack("H6xQ", 1, ctypes.addressof(allow)))
 
-def filtered():
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    assert libc.prctl(22, 2, prog, 0, 0) == 0  # this thread only
+
+def to_uid(uid):  # the calling thread only: raw calls, not glibc's, which set every thread's
+    assert libc.syscall(119, uid, uid, uid) == 0 and libc.syscall(117, uid, uid, uid) == 0
+
+
+def own():
+    if KIND == "filter":
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+        assert libc.prctl(22, 2, prog, 0, 0) == 0
+    else:
+        to_uid(1002)
     while True:
         time.sleep(1)
 
-threading.Thread(target=filtered, daemon=True).start()
+
+if KIND == "filter":
+    os.setresgid(1001, 1001, 1001)
+    os.setresuid(1001, 1001, 1001)
+threading.Thread(target=own, daemon=True).start()
 time.sleep(0.2)
+if KIND == "uid":
+    to_uid(1001)
 out('/tmp/ready', str(os.getpid()))
 while True:
     time.sleep(0.05)
@@ -445,14 +457,15 @@ while True:
 
 
 @entering_by_itself
-def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family):
-    ws = start_script(family, _THREAD_FILTER, "/tmp/ready")
+@pytest.mark.parametrize("kind, differ", [("filter", "NoNewPrivs, Seccomp_filters"), ("uid", "Uid, Gid")])
+def test_what_a_transplant_cannot_carry_is_refused_up_front_naming_it(family, kind, differ):
+    ws = start_script(family, f"KIND = {kind!r}\n" + _THREAD_OWN, "/tmp/ready")
     pid = int(ws.read_file("/tmp/ready"))
     n_dirs = len(list(ws.state_path.parent.iterdir()))
     for make in (lambda: ws.fork(1), ws.snapshot):
         with pytest.raises(ForkError, match=rf"process {pid} \(python3\) runs as uid 1001 without "
                                             r"CAP_SYS_ADMIN and CAP_SYS_CHROOT: .*transplants.*"
-                                            r"threads under different seccomp filters"):
+                                            rf"threads whose {differ} differ"):
             make()
     assert len(list(ws.state_path.parent.iterdir())) == n_dirs
     assert not ws.cgroup.frozen()

@@ -164,11 +164,7 @@ class Cloner:
         """Each clone made by its child's init, which becomes ``proc``: read once."""
         read = transplant.read_source(tp, proc)
         for child_init in child_inits:
-            donor = Tracee.seize(child_init)
-            try:
-                blank = transplant.make(donor, tp, read, proc)
-            finally:
-                donor.detach()
+            blank = transplant.make_by_init(child_init, tp, read, proc)
             blank.transplanted = read  # type: ignore[attr-defined]  # its credentials: finish_child
             out.append(blank)
 

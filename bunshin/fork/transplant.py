@@ -56,6 +56,8 @@ _NR = {
     "setfsgid": 123, "capset": 126, "mseal": 462, "seccomp": 317,
 }
 _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANON, _MAP_GROWSDOWN = 0x01, 0x02, 0x10, 0x20, 0x0100
+_MAP_NORESERVE = 0x4000
+_ROBUST_HEAD_SIZE = 24  # sizeof(struct robust_list_head): set_robust_list's only length
 _MAP_FIXED_NOREPLACE = 0x100000
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MADV_DONTNEED = 4
@@ -106,6 +108,7 @@ class Vma:
     ino: int
     path: str
     flags: set[str] = field(default_factory=set)  # VmFlags of smaps
+    pkey: int = 0  # ProtectionKey of smaps
 
     @property
     def prot(self) -> int:
@@ -129,7 +132,18 @@ def read_vmas(pid: int, smaps: bool = True) -> list[Vma]:
                            m[7]))
         elif line.startswith("VmFlags:") and out:
             out[-1].flags = set(line.split()[1:])
+        elif line.startswith("ProtectionKey:") and out:
+            out[-1].pkey = int(line.split()[1])
     return out
+
+
+# a thread's own credentials and filters (/proc/PID/task/TID/status): a transplant gives every
+# thread its main thread's
+_THREAD_OWN = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+               "NoNewPrivs", "Seccomp_filters")
+# mapping flags (smaps VmFlags) of state a mapping made again would not have
+_NOT_MADE = {"ss": "a shadow stack", "um": "userfaultfd missing-page tracking",
+             "uw": "userfaultfd write-protect tracking", "ui": "userfaultfd minor-fault tracking"}
 
 
 def refusal(proc: ProcPlan) -> str | None:
@@ -137,13 +151,20 @@ def refusal(proc: ProcPlan) -> str | None:
     if proc.seccomp_filters and suspends_seccomp() is False:
         return ("runs under seccomp filters, which this trainer's injected calls cannot pass "
                 "(PTRACE_O_SUSPEND_SECCOMP needs CAP_SYS_ADMIN and an unfiltered trainer)")
-    if len(proc.threads) > 1 and len({proc_status(f"{proc.hostpid}/task/{tid}").get(
-            "Seccomp_filters") for tid in proc.threads}) > 1:
-        return ("has threads under different seccomp filters: a transplant's threads all get "
-                "its main thread's")
+    if len(proc.threads) > 1:
+        differ = [k for k in _THREAD_OWN if len({proc_status(f"{proc.hostpid}/task/{tid}").get(k)
+                                                 for tid in proc.threads}) > 1]
+        if differ:
+            return (f"has threads whose {', '.join(differ)} differ: a transplant's threads all "
+                    "get its main thread's")
     for v in read_vmas(proc.hostpid):
         if v.path in ("[vsyscall]",) + _SPECIAL or "dc" in v.flags:
             continue
+        kept = v.flags & _NOT_MADE.keys()
+        if kept or v.pkey:
+            what = (f"memory protection key {v.pkey}" if v.pkey
+                    else ", ".join(_NOT_MADE[f] for f in sorted(kept)))
+            return f"has a mapping at {v.start:#x}-{v.end:#x} with {what}, which a transplant does not make"
         if v.path.startswith("[") and v.path not in ("[heap]", "[stack]") and not _anon_name(v):
             return f"has a mapping of a kind a transplant does not make: {v.path}"
         if v.path.startswith("anon_inode:") or (v.path.startswith("/dev/") and not (
@@ -390,12 +411,41 @@ def make(donor: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> Tracee:
     return blank
 
 
+def make_by_init(init_pid: int, src: Tracee, s: Source, proc: ProcPlan) -> Tracee:
+    """:func:`make` with the child's init ``init_pid`` as the donor, seized for it and let go.
+    The init is seized with the source's bound: the blank and every call in it inherit it."""
+    donor = Tracee.seize(init_pid, src.wait_timeout)
+    blank = None
+    try:
+        blank = make(donor, src, s, proc)
+    finally:
+        try:
+            donor.detach()
+        except BaseException:
+            if blank is not None:  # the fork fails: a traced blank would keep the child's pidns
+                from .engine import discard_clone
+
+                discard_clone(blank)
+            raise
+    return blank
+
+
 def become(t: Tracee, src: Tracee, s: Source, proc: ProcPlan) -> None:
     """``t``, a clone in the child holding another process's memory (tree.py: the clone of a
     parent, made with its child's memory so that it could make that child's clone), made into
     ``proc`` (seized as ``src``, read as ``s``) as :func:`make` makes a blank: its children
     stay. Its credentials are still to set (:func:`set_credentials`)."""
-    _become(_Blank(t, f"process {proc.vpid} ({proc.name})"), src, s)
+    what = f"process {proc.vpid} ({proc.name})"
+    got = list(t.calls([(_NR["prctl"], (get, 0, 0, 0, 0), Tracee.batch_ok_errno(22))
+                        for get in (_PR_GET_MEMORY_MERGE, _PR_GET_MDWE)]))
+    merge, mdwe = (max(g, 0) for g in (got + [0, 0])[:2])
+    if mdwe and mdwe != s.mdwe:  # set for good in the process t was made of
+        raise ForkError(f"{what}: its clone, made of its child, has that child's "
+                        "memory-deny-write-execute (PR_SET_MDWE), which cannot be taken back",
+                        pid=src.pid, step="transplant")
+    if merge and not s.memory_merge:
+        t.syscall(_NR["prctl"], _PR_SET_MEMORY_MERGE, 0, 0, 0, 0)
+    _become(_Blank(t, what), src, s)
 
 
 def _become(b: _Blank, src: Tracee, s: Source) -> None:
@@ -471,23 +521,25 @@ def _anon_name(v: Vma) -> str | None:
     return None
 
 
-def _file_key(v: Vma) -> tuple[str, int, bool]:
-    """A mapped file, and whether it must be opened for writing (a writable shared mapping)."""
-    return v.dev, v.ino, v.perms[3] == "s" and "w" in v.perms
+def _file_key(v: Vma) -> tuple[str, int, str, bool]:
+    """A mapped file, and whether it must be opened for writing (a writable shared mapping).
+    With its path: the device and inode maps (and stat) show are the file system's and the
+    overlay's, and two btrfs subvolumes (a layer and its snapshot) number their inodes alike."""
+    return v.dev, v.ino, v.path, v.perms[3] == "s" and "w" in v.perms
 
 
 def _map(b: _Blank, src: Tracee, s: Source, alike: set[tuple[int, int]]) -> None:
     """The process's mappings at their addresses (but those the blank has ``alike``): each
     file's through a descriptor of the trainer's (/proc/PID/map_files) handed over."""
-    files: dict[tuple[str, int, bool], int] = {}
-    for v in s.vmas:
-        key = _file_key(v)
-        if _kept(v) and (v.start, v.end) not in alike and not v.anon and key not in files:
-            files[key] = os.open(f"/proc/{src.pid}/map_files/{v.start:x}-{v.end:x}",
-                                 (os.O_RDWR if key[2] else os.O_RDONLY) | os.O_CLOEXEC)
+    files: dict[tuple[str, int, str, bool], int] = {}
     try:
-        keys = list(files)
-        there = dict(zip(keys, _hand_over(b, [files[k] for k in keys])))
+        for v in s.vmas:
+            key = _file_key(v)
+            if _kept(v) and (v.start, v.end) not in alike and not v.anon and key not in files:
+                files[key] = os.open(f"/proc/{src.pid}/map_files/{v.start:x}-{v.end:x}",
+                                     (os.O_RDWR if key[3] else os.O_RDONLY) | os.O_CLOEXEC)
+        order = list(files)
+        there = dict(zip(order, _hand_over(b, [files[k] for k in order])))
     finally:
         for fd in files.values():
             os.close(fd)
@@ -499,7 +551,8 @@ def _map(b: _Blank, src: Tracee, s: Source, alike: set[tuple[int, int]]) -> None
                                    _ALL, 0)))
         if not _kept(v) or (v.start, v.end) in alike:
             continue
-        flags = (_MAP_SHARED if v.perms[3] == "s" else _MAP_PRIVATE) | _MAP_FIXED
+        flags = ((_MAP_SHARED if v.perms[3] == "s" else _MAP_PRIVATE) | _MAP_FIXED
+                 | (_MAP_NORESERVE if "nr" in v.flags else 0))
         if v.anon:
             flags |= _MAP_ANON | (_MAP_GROWSDOWN if "gd" in v.flags else 0)
             calls.append(("mmap", (v.start, v.end - v.start, v.prot, flags, _ALL, 0)))
@@ -520,6 +573,9 @@ def _map(b: _Blank, src: Tracee, s: Source, alike: set[tuple[int, int]]) -> None
     b.batch(calls)
 
 
+_PM_WINDOW = 1 << 20  # page map entries read at once (8 MiB)
+
+
 def _copy_pages(frm: int, to: int, vmas: list[Vma],
                 alike: set[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
     """The process's private pages (present or swapped, not the file's own) written into the
@@ -538,37 +594,35 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma],
     zero, huge_lo, huge_hi = zero_pfns()
     copied = 0
     stale: list[tuple[int, int]] = []
-    pm = os.open(f"/proc/{frm}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    own = os.open(f"/proc/{to}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    src = os.open(f"/proc/{frm}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    dst = os.open(f"/proc/{to}/mem", os.O_WRONLY | os.O_CLOEXEC)
-    buf = (ctypes.c_char * _COPY_CHUNK)()
-    view = memoryview(buf).cast("B")
+    fds: list[int] = []
     try:
-        for v in vmas:
-            if not _kept(v) or "wf" in v.flags:
-                continue
-            n = (v.end - v.start) // PAGE
-            raw = os.pread(pm, n * 8, v.start // PAGE * 8)
+        for path, mode in ((f"/proc/{frm}/pagemap", os.O_RDONLY), (f"/proc/{to}/pagemap", os.O_RDONLY),
+                           (f"/proc/{frm}/mem", os.O_RDONLY), (f"/proc/{to}/mem", os.O_WRONLY)):
+            fds.append(os.open(path, mode | os.O_CLOEXEC))
+        pm, own, src, dst = fds
+        buf = (ctypes.c_char * _COPY_CHUNK)()
+        view = memoryview(buf).cast("B")
+        for v, start, n in _windows(vmas):
+            raw = os.pread(pm, n * 8, start // PAGE * 8)
             ent = np.frombuffer(raw, dtype=np.uint64)
             want = ((ent & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & ((ent & np.uint64(_PM_FILE)) == 0)
             # a page only read maps the zero page: it stays untouched in the blank too
             pfn = np.where((ent & np.uint64(_PM_PRESENT)) != 0, ent & np.uint64(_PFN_MASK), 0)
             want &= (pfn != zero) & ((pfn < huge_lo) | (pfn >= huge_hi))
             if (v.start, v.end) in alike:
-                mine = np.frombuffer(os.pread(own, n * 8, v.start // PAGE * 8), dtype=np.uint64)
+                mine = np.frombuffer(os.pread(own, n * 8, start // PAGE * 8), dtype=np.uint64)
                 present = (ent & np.uint64(_PM_PRESENT)) != 0
                 same = present & ((mine & np.uint64(_PM_PRESENT)) != 0) & (
                     (mine & np.uint64(_PFN_MASK)) == pfn)
                 want &= ~same
                 has = ((mine & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & (
                     (mine & np.uint64(_PM_FILE)) == 0)
-                stale += _ranges(v.start, has & ~want & ~same)
+                stale += _ranges(start, has & ~want & ~same)
             if not want.any():
                 continue
             edges = np.flatnonzero(np.diff(np.concatenate(([0], want.astype(np.int8), [0]))))
             for first, last in zip(edges[::2], edges[1::2]):
-                at, end = v.start + int(first) * PAGE, v.start + int(last) * PAGE
+                at, end = start + int(first) * PAGE, start + int(last) * PAGE
                 while at < end:
                     size = min(end - at, _COPY_CHUNK)
                     if "r" in v.perms:
@@ -585,9 +639,19 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma],
                     copied += size
                     at += size
     finally:
-        for fd in (pm, own, src, dst):
+        for fd in fds:
             os.close(fd)
     return copied, stale
+
+
+def _windows(vmas: list[Vma]):
+    """(mapping, start, pages) of each copied mapping, in windows of at most _PM_WINDOW pages:
+    a huge reservation (a sanitizer's shadow) is read a window of its page map at a time."""
+    for v in vmas:
+        if not _kept(v) or "wf" in v.flags:
+            continue
+        for start in range(v.start, v.end, _PM_WINDOW * PAGE):
+            yield v, start, min(_PM_WINDOW, (v.end - start) // PAGE)
 
 
 def _ranges(start: int, pages) -> list[tuple[int, int]]:
@@ -674,8 +738,8 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     alt = struct.pack("Qi4xQ", sp, flags & ~_SS_ONSTACK, size)
     calls.append(("sigaltstack", (reg.put(t, alt), 0)))
     calls.append(("set_tid_address", (s.clear_tid,)))
-    if s.robust[0]:
-        calls.append(("set_robust_list", s.robust))
+    # also none: a blank made of another process (tree.py) holds that one's
+    calls.append(("set_robust_list", s.robust if s.robust[0] else (0, _ROBUST_HEAD_SIZE)))
     if s.rseq[0]:
         calls.append(("rseq", (s.rseq[0], s.rseq[1], 0, s.rseq[2])))
     calls.append(("umask", (int(s.status["Umask"], 8),)))
@@ -684,10 +748,10 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
     calls.append(("prctl", (_PR_SET_TIMERSLACK, s.timerslack)))
     if s.status.get("NoNewPrivs", "0").strip() == "1":
         calls.append(("prctl", (_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)))
-    if s.thp_disable:
-        calls.append(("prctl", (_PR_SET_THP_DISABLE, 1, 0, 0, 0)))
+    # off too: a blank made of another process (become) has that one's
+    calls.append(("prctl", (_PR_SET_THP_DISABLE, s.thp_disable, 0, 0, 0)))
     if s.memory_merge:
-        calls.append(("prctl", (_PR_SET_MEMORY_MERGE, 1, 0, 0, 0)))
+        calls.append(("prctl", (_PR_SET_MEMORY_MERGE, s.memory_merge, 0, 0, 0)))
     # as root (no need of no_new_privs), before its threads are made (they get them): the
     # fork's own calls pass them (PTRACE_O_SUSPEND_SECCOMP)
     for how, program in s.filters:
@@ -844,7 +908,8 @@ def set_credentials(t: Tracee, what: str, s: Source, pdeath_signal: int | None) 
                 call("prctl", _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, cap, 0, 0)
         call("prctl", _PR_SET_SECUREBITS, s.securebits)
         _capset(t, data, _caps(st, "CapEff"), _caps(st, "CapPrm"), inh, call)
-    call("prctl", _PR_SET_DUMPABLE, s.dumpable, everywhere=False)  # the process's
+    if s.dumpable in (0, 1):  # 2 (suid_dumpable) is what the uid change above gave it
+        call("prctl", _PR_SET_DUMPABLE, s.dumpable, everywhere=False)  # the process's
     if pdeath_signal:
         call("prctl", _PR_SET_PDEATHSIG, pdeath_signal, everywhere=False)
     if s.mdwe:  # last: from here no writable+executable memory can be mapped in it

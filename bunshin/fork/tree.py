@@ -107,10 +107,10 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
         """(private bytes, leaf, heir) of the best lineage from ``p``: ``p`` itself unless a
         child's lineage has more memory; only through processes that clone themselves, whose
         parent's clone can become it, and which have nothing their parent lacks and keeps
-        (seccomp filters, no_new_privs)."""
+        (seccomp filters, no_new_privs, a smaller capability bounding set)."""
         candidates = [c for c in kids[p.vpid] if not transplants(c)
                       and c.seccomp_filters == p.seccomp_filters
-                      and _status(c, "NoNewPrivs") == _status(p, "NoNewPrivs")]
+                      and all(_status(c, k) == _status(p, k) for k in ("NoNewPrivs", "CapBnd"))]
         if not candidates or not becomes(p):
             return _private(p), p, None
         best: tuple[int, ProcPlan, ProcPlan | None] = (_private(p), p, None)
@@ -229,6 +229,8 @@ class Maker:
             read = self._read(p)
             transplant.become(c, self.tracees[p.hostpid], read, p)
             c.transplanted = read  # type: ignore[attr-defined]  # credentials: finish_child
+        if getattr(c, "transplanted", None) is not None:
+            p.transplanted = True  # its fixups (its zombies' ids) run as root, as a blank's
 
     def _clone(self, k, p: ProcPlan, how: str, image: ProcPlan,
                parent: Tracee | None) -> tuple[Tracee, bool]:
@@ -238,12 +240,9 @@ class Maker:
 
         if how == COPY:
             read = self._read(p)
-            donor = parent if parent is not None else Tracee.seize(k.init_pid)
-            try:
-                blank = transplant.make(donor, self.tracees[p.hostpid], read, p)
-            finally:
-                if parent is None:
-                    donor.detach()
+            src = self.tracees[p.hostpid]
+            blank = (transplant.make(parent, src, read, p) if parent is not None
+                     else transplant.make_by_init(k.init_pid, src, read, p))
             blank.transplanted = read  # type: ignore[attr-defined]
             return blank, True
         if how == HEIR:
