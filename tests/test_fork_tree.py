@@ -289,3 +289,37 @@ def test_a_parents_clone_keeps_none_of_its_heirs_own_settings(family, monkeypatc
     (kid,) = ws.fork(1)
     family.append(kid)
     assert thp(kid) == {"shell": b"1", "job": b"0"}
+
+
+_NOTIFY = r"""
+import ctypes, struct, time
+libc = ctypes.CDLL(None, use_errno=True)
+# syscall 999 goes to a listener (closed at once: the filter stays), everything else is allowed
+code = b"".join(struct.pack("HBBI", *i) for i in (
+    (0x20, 0, 0, 0), (0x15, 0, 1, 999), (0x06, 0, 0, 0x7fc00000), (0x06, 0, 0, 0x7fff0000)))
+buf = ctypes.create_string_buffer(code)
+prog = ctypes.create_string_buffer(struct.pack("H6xQ", 4, ctypes.addressof(buf)))
+fd = libc.syscall(317, 1, 8, prog)  # seccomp(SET_MODE_FILTER, FLAG_NEW_LISTENER)
+assert fd >= 0, ctypes.get_errno()
+os.close(fd)
+open("/tmp/notify.ready", "w").close()
+time.sleep(600)
+"""
+
+
+def test_a_job_whose_filter_a_transplant_cannot_have_is_cloned_flat(family, monkeypatch):
+    """A job that is not the shell's heir is copied by a transplant in its parent's clone,
+    unless its seccomp filters could not be had again (one hands calls to a listener): then it
+    is cloned as a child of the child's init, and the fork goes through."""
+    monkeypatch.setenv("BUNSHIN_TREE", "exact")
+    ws, sh = _shell_with_jobs(family, monkeypatch)
+    ws.write_file("/notify.py", "import os\n" + _NOTIFY)
+    sh.run("python3 /notify.py &")
+    wait_file(ws, "/tmp/notify.ready")
+    job = sh.run("jobs -p").stdout.split()[-1].decode()
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    assert kid.run(f"grep Seccomp_filters /proc/{job}/status").stdout.split()[1] == b"1"
+    assert kid.run(f"ps -o ppid= -p {job}").stdout.strip() == b"1"
+    big = sh.run("jobs -p").stdout.split()[0].decode()
+    assert kid.run(f"ps -o ppid= -p {big}").stdout.strip() == sh.run("echo $$").stdout.strip()

@@ -91,7 +91,7 @@ _SYS_IOPRIO_SET, _SYS_IOPRIO_GET = 251, 252
 _PR_SET_VMA, _PR_SET_VMA_ANON_NAME = 0x53564D41, 0
 _SYS_PTRACE = 101
 _PTRACE_SECCOMP_GET_FILTER, _PTRACE_SECCOMP_GET_METADATA = 0x420C, 0x420D
-_BPF_RET_K = 0x06
+_BPF_RET_K, _BPF_RET_A = 0x06, 0x16
 _SECCOMP_RET_USER_NOTIF = 0x7FC00000
 _SECCOMP_SET_MODE_FILTER = 1
 _COPY_CHUNK = 8 << 20
@@ -333,10 +333,12 @@ def read_filters(pid: int, proc: ProcPlan) -> list[tuple[int, bytes]]:
         code = prog.raw
         for at in range(0, len(code), 8):
             op, _jt, _jf, k = struct.unpack_from("HBBI", code, at)
-            if op == _BPF_RET_K and k & 0xFFFF0000 == _SECCOMP_RET_USER_NOTIF:
+            # a return of the accumulator may be any action, that one too
+            if op == _BPF_RET_A or (op == _BPF_RET_K and k & 0xFFFF0000 == _SECCOMP_RET_USER_NOTIF):
                 raise ForkError(f"process {proc.vpid} ({proc.name}): its seccomp filter {i} hands "
-                                "calls to a listener (SECCOMP_RET_USER_NOTIF), which a transplant "
-                                "cannot have again", pid=pid, step="seccomp")
+                                "calls to a listener (SECCOMP_RET_USER_NOTIF)"
+                                + (" or may (it returns a computed action)" if op == _BPF_RET_A else "")
+                                + ", which a transplant cannot have again", pid=pid, step="seccomp")
         out.append((struct.unpack("QQ", meta.raw[:16])[1], code))
     return out[::-1]
 

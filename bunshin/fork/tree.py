@@ -78,9 +78,10 @@ def _status(proc: ProcPlan, key: str) -> str:
     return proc_status(proc.hostpid).get(key, "").strip()
 
 
-def shape(plans: list[ProcPlan], transplants) -> Shape:
+def shape(plans: list[ProcPlan], transplants, filters=lambda p: None) -> Shape:
     """The way each of ``plans[1:]`` is made (``transplants(proc)``: it cannot clone itself
-    into the child, Cloner.transplants)."""
+    into the child, Cloner.transplants; ``filters(proc)``: why its seccomp filters cannot be
+    had again, None: they can)."""
     init = plans[0]
     by = {p.vpid: p for p in plans}
     s = Shape()
@@ -100,7 +101,7 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
 
     def becomes(p: ProcPlan) -> bool:  # a transplant can make it
         if p.vpid not in refusals:
-            refusals[p.vpid] = transplant.refusal(p)
+            refusals[p.vpid] = transplant.refusal(p) or (filters(p) if p.seccomp_filters else None)
         return refusals[p.vpid] is None
 
     def lineage(p: ProcPlan) -> tuple[int, ProcPlan, ProcPlan | None]:
@@ -160,6 +161,19 @@ def shape(plans: list[ProcPlan], transplants) -> Shape:
     return s
 
 
+def _filters_refusal(tracees, p: ProcPlan) -> str | None:
+    """Why a transplant could not have ``p``'s seccomp filters again (read by this thread, its
+    tracer), None: it could."""
+    if p.hostpid not in tracees:
+        return "has seccomp filters, not read here"
+    try:
+        tracees[p.hostpid]  # a held template's is woken (stopped) by the lookup: read thawed
+        transplant.read_filters(p.hostpid, p)
+    except ForkError as e:
+        return f"has seccomp filters a transplant cannot have: {e}"
+    return None
+
+
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # template -> (Shape, reads)
 
 
@@ -169,7 +183,7 @@ def maker(core, tracees, transplants) -> Maker:
     between them: ~2 ms a fork with a shell and its job)."""
     kept = _KEPT.get(core)
     if kept is None:
-        kept = _KEPT[core] = (shape(core.plans, transplants), {})
+        kept = _KEPT[core] = (shape(core.plans, transplants, lambda p: _filters_refusal(tracees, p)), {})
     return Maker(core, tracees, *kept)
 
 
