@@ -85,7 +85,8 @@ _MADV = {"rr": 1, "sr": 2, "dd": 16, "wf": 18, "hg": 14, "nh": 15, "mg": 12}
 # the kernel's own mappings, moved rather than made: same kernel, same sizes
 _SPECIAL = ("[vdso]", "[vvar]", "[vvar_vclock]")
 _SIGNALS = [s for s in range(1, 65) if s not in (9, 19)]
-_PM_PRESENT, _PM_SWAP, _PM_FILE = 1 << 63, 1 << 62, 1 << 61
+_PM_PRESENT, _PM_SWAP, _PM_FILE, _PM_GUARD = 1 << 63, 1 << 62, 1 << 61, 1 << 58
+_MADV_GUARD_INSTALL, _MADV_GUARD_REMOVE = 102, 103
 _PFN_MASK = (1 << 55) - 1
 _SYS_IOPRIO_SET, _SYS_IOPRIO_GET = 251, 252
 _PR_SET_VMA, _PR_SET_VMA_ANON_NAME = 0x53564D41, 0
@@ -490,8 +491,9 @@ def _become(b: _Blank, src: Tracee, s: Source) -> None:
     b.batch(moves)
     _map(b, src, s, alike)
     start = time.perf_counter()
-    copied, stale = _copy_pages(src.pid, t.pid, s.vmas, alike)
-    b.batch([("madvise", (at, end - at, _MADV_DONTNEED)) for at, end in stale])
+    copied, stale, guards = _copy_pages(src.pid, t.pid, s.vmas, alike)
+    b.batch([("madvise", (at, end - at, _MADV_DONTNEED)) for at, end in stale]
+            + [("madvise", (at, end - at, advice)) for at, end, advice in guards])
     log.debug("%s: transplant copied %.1f MiB in %.1f ms", b.what, copied / (1 << 20),
               (time.perf_counter() - start) * 1e3)
     _task_state(b, src, s)
@@ -579,11 +581,12 @@ _PM_WINDOW = 1 << 20  # page map entries read at once (8 MiB)
 
 
 def _copy_pages(frm: int, to: int, vmas: list[Vma],
-                alike: set[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
+                alike: set[tuple[int, int]]) -> tuple[int, list[tuple[int, int]], list[tuple[int, int, int]]]:
     """The process's private pages (present or swapped, not the file's own) written into the
-    blank; returns bytes copied, and the ranges of the blank's own pages to drop (MADV_DONTNEED)
-    in its mappings ``alike``, where a page the blank shares with the process (the same frame,
-    copy-on-write) is kept rather than copied. process_vm_readv/writev copy once; a mapping
+    blank; returns bytes copied, the ranges of the blank's own pages to drop (MADV_DONTNEED)
+    in its mappings ``alike``, and (start, end, advice) of the guard regions to install in
+    it or, in ``alike``, to remove from it. In ``alike`` a page the blank shares with the
+    process (the same frame, copy-on-write) is kept rather than copied. process_vm_readv/writev copy once; a mapping
     they may not touch (not readable, or not writable in the blank) goes through
     /proc/PID/mem, which writes read-only mappings too (FOLL_FORCE) but one page at a time,
     through a bounce page."""
@@ -596,6 +599,7 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma],
     zero, huge_lo, huge_hi = zero_pfns()
     copied = 0
     stale: list[tuple[int, int]] = []
+    guards: list[tuple[int, int, int]] = []
     fds: list[int] = []
     try:
         for path, mode in ((f"/proc/{frm}/pagemap", os.O_RDONLY), (f"/proc/{to}/pagemap", os.O_RDONLY),
@@ -607,7 +611,9 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma],
         for v, start, n in _windows(vmas):
             raw = os.pread(pm, n * 8, start // PAGE * 8)
             ent = np.frombuffer(raw, dtype=np.uint64)
-            want = ((ent & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & ((ent & np.uint64(_PM_FILE)) == 0)
+            # a guard region (MADV_GUARD_INSTALL) is a marker, not a page: made again, not copied
+            guard = (ent & np.uint64(_PM_GUARD)) != 0
+            want = ((ent & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & ((ent & np.uint64(_PM_FILE)) == 0) & ~guard
             # a page only read maps the zero page: it stays untouched in the blank too
             pfn = np.where((ent & np.uint64(_PM_PRESENT)) != 0, ent & np.uint64(_PFN_MASK), 0)
             want &= (pfn != zero) & ((pfn < huge_lo) | (pfn >= huge_hi))
@@ -617,9 +623,13 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma],
                 same = present & ((mine & np.uint64(_PM_PRESENT)) != 0) & (
                     (mine & np.uint64(_PFN_MASK)) == pfn)
                 want &= ~same
+                mine_guard = (mine & np.uint64(_PM_GUARD)) != 0
                 has = ((mine & np.uint64(_PM_PRESENT | _PM_SWAP)) != 0) & (
-                    (mine & np.uint64(_PM_FILE)) == 0)
+                    (mine & np.uint64(_PM_FILE)) == 0) & ~mine_guard
                 stale += _ranges(start, has & ~want & ~same)
+                guards += [(a, e, _MADV_GUARD_REMOVE) for a, e in _ranges(start, mine_guard & ~guard)]
+                guard &= ~mine_guard
+            guards += [(a, e, _MADV_GUARD_INSTALL) for a, e in _ranges(start, guard)]
             if not want.any():
                 continue
             edges = np.flatnonzero(np.diff(np.concatenate(([0], want.astype(np.int8), [0]))))
@@ -643,7 +653,7 @@ def _copy_pages(frm: int, to: int, vmas: list[Vma],
     finally:
         for fd in fds:
             os.close(fd)
-    return copied, stale
+    return copied, stale, guards
 
 
 def _windows(vmas: list[Vma]):
