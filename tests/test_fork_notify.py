@@ -305,3 +305,34 @@ time.sleep(1000)
     for w in (kid, ws):
         put(w, "/tmp/go", "")
         assert eval(_wait(w, "/tmp/out")) == [0x100]  # IN_CREATE "new": nothing before it
+
+
+SYMLINK_WATCH = """
+import ctypes, select
+lib = ctypes.CDLL(None, use_errno=True)
+os.makedirs('/work', exist_ok=True)
+open('/work/target', 'w').close()
+os.symlink('/work/target', '/work/link')
+fd = lib.inotify_init1(os.O_NONBLOCK)
+wd = lib.inotify_add_watch(fd, b'/work/link', 0x4 | 0x02000000)   # IN_ATTRIB on the link itself
+out('/tmp/ready', '')
+wait('/tmp/go')
+def events():
+    got = []
+    while select.select([fd], [], [], 0.5)[0]:
+        buf = os.read(fd, 4096)
+        got += [struct.unpack_from('iI', buf, i) for i in range(0, len(buf), 16)]
+    return [(w == wd, m & 0xfff) for w, m in got]
+os.chmod('/work/target', 0o600)                                     # not the link's event
+after_target = events()
+os.utime('/work/link', follow_symlinks=False)                       # the link's
+out('/tmp/out', repr((after_target, events())))
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["ws_fork", "tpl_fork_2"])
+def test_an_inotify_watch_on_a_symlink_stays_on_the_symlink(family, template):
+    for w in _forked(family, SYMLINK_WATCH, template=template):
+        put(w, "/tmp/go", "")
+        assert eval(_wait(w, "/tmp/out")) == ([], [(True, 0x4)])

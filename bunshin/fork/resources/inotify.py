@@ -38,6 +38,7 @@ _AT_FDCWD, _AT_HANDLE_FID, _AT_SYMLINK_FOLLOW, _MAX_HANDLE = -100, 0x200, 0x400,
 _libc = ctypes.CDLL(None, use_errno=True)
 # fdinfo's mask: the events, and the flags a watch keeps (IN_EXCL_UNLINK, IN_ONESHOT)
 _KEPT = 0x00FFFFFF | 0x04000000 | 0x80000000
+_IN_DONT_FOLLOW = 0x02000000
 
 
 def claims(proc, f) -> bool:
@@ -245,16 +246,18 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
     for wd, _, _, mask, _ in _watches_handles(proc.hostpid, f.fd):
         if wd in held:
             holder, entry = held[wd]
-            path = f"/proc/{holder.vpid}/{entry}"
+            path, how = f"/proc/{holder.vpid}/{entry}", 0  # a /proc link: followed to the file
         else:
-            path = f.inotify_paths[wd]
+            # the path was found as the watched inode itself (lstat): a symlink watched is
+            # that symlink, not what it points to
+            path, how = f.inotify_paths[wd], _IN_DONT_FOLLOW
         while next_wd < wd:  # a removed watch left a hole: wds are handed out in order
             holes = True
             # on the instance's own (anonymous) inode, which no watch of the template is on
             hole = r.call("inotify_add_watch", fd, r.path(f"/proc/self/fd/{fd}"), 0x1)
             r.call("inotify_rm_watch", fd, hole)
             next_wd += 1
-        got = r.call("inotify_add_watch", fd, r.path(path), mask & _KEPT)
+        got = r.call("inotify_add_watch", fd, r.path(path), mask & _KEPT | how)
         if got != wd:
             raise ForkError(f"process {proc.vpid} fd {f.fd}: inotify watch {wd} on {path} came back as {got}")
         next_wd = wd + 1

@@ -50,14 +50,15 @@ def fixup(ctx, proc, r, f) -> None:
     clock, ticks = int(info["clockid"]), int(info["ticks"])
     setflags = int(info["settime flags"], 8)
     value, interval = _ns(info["it_value"]), _ns(info["it_interval"])  # value: time left
-    if interval and not value:
+    if interval and not value and ticks:
         # due again since the forward (its expiration is in ticks already): arm it to fire
-        # now, before the count is set, or the clone's timer would never run again
+        # now, before the count is set, or the clone's timer would never run again. With no
+        # ticks it is disarmed (settime with no value keeps an interval; gettime shows it).
         value = 1
     newfd = r.call("timerfd_create", clock, os.O_CLOEXEC | (f.flags & os.O_NONBLOCK))
-    if value:
+    if value or interval:
         flags = setflags
-        if setflags & _TFD_TIMER_ABSTIME:
+        if value and setflags & _TFD_TIMER_ABSTIME:
             # same deadline on the same clock (TFD_TIMER_CANCEL_ON_SET needs an absolute time)
             value += time.clock_gettime_ns(clock)
         its = struct.pack("4q", *divmod(interval, 1_000_000_000), *divmod(value, 1_000_000_000))
