@@ -383,6 +383,10 @@ os.write(big, bytes(i * 13 % 251 for i in range(300000)))
 small_r, small_w = os.pipe2(os.O_NONBLOCK)  # shrunk to one page, full
 fcntl.fcntl(small_r, F_SETPIPE_SZ, 4096)
 os.write(small_w, b"s" * 4096)
+both_r, both_w = os.pipe2(os.O_NONBLOCK)  # only one end left, opened again both ways
+both = os.open(f"/proc/self/fd/{both_r}", os.O_RDWR | os.O_NONBLOCK)
+os.close(both_r), os.close(both_w)
+os.write(both, b"b" * 1000)
 def facts(rd, wr):
     size, queued = fcntl.fcntl(rd, F_GETPIPE_SZ), struct.unpack("i", fcntl.ioctl(rd, termios.FIONREAD, b"0000"))[0]
     data = b""
@@ -391,7 +395,7 @@ def facts(rd, wr):
     os.write(wr, data)  # back, for the next report
     return [size, queued, hashlib.sha1(data).hexdigest()]
 def report():
-    return {"big": facts(big, big), "small": facts(small_r, small_w)}
+    return {"big": facts(big, big), "small": facts(small_r, small_w), "both": facts(both, both)}
 serve(report)
 """
 
@@ -400,6 +404,7 @@ serve(report)
 def test_resized_pipes_keep_their_size_and_every_queued_byte(family, how):
     before, src, kid, _ = _reports(family, RESIZED_PIPES, how)
     assert before["big"][:2] == [1 << 20, 300000] and before["small"][:2] == [4096, 4096]
+    assert before["both"][1] == 1000
     assert src == before and kid == before
 
 
@@ -551,6 +556,14 @@ held = os.open("/tmp/ff", os.O_RDWR)
 os.unlink("/tmp/ff")
 open("/tmp/ff", "w").close()
 """, "unlinked fifo"),
+    "packet-pipe": (r"""
+_, held = os.pipe2(os.O_DIRECT)  # its write end: the read end reads as any
+""", "packet-mode pipe end"),
+    "signal-driven-io": (r"""
+held, _ = os.pipe()
+fcntl.fcntl(held, fcntl.F_SETOWN, os.getpid())
+fcntl.fcntl(held, fcntl.F_SETFL, fcntl.fcntl(held, fcntl.F_GETFL) | os.O_ASYNC)
+""", "signal-driven I/O"),
     "lease": (r"""
 open("/tmp/leased", "w").close()
 held = os.open("/tmp/leased", os.O_RDONLY)

@@ -48,7 +48,17 @@ def ask_template(ctx, proc: ProcPlan) -> None:
     q.run()
 
 
+_FASYNC = 0o20000
+
+
 def handler_for(proc: ProcPlan, f: FdInfo):
+    # the owner and signal (F_SETOWN, F_SETSIG) are not to be read; a lease sets it for its
+    # own signal (refused as a lease, locks.py)
+    if f.flags & _FASYNC and not any(lk.kind == "LEASE" for lk in f.locks):
+        raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: {kind_of(f)} with signal-driven "
+                        "I/O (O_ASYNC): its owner and signal cannot be set again in the child, whose "
+                        "process would wait for a SIGIO that never comes; turn O_ASYNC off before "
+                        "forking", pid=proc.hostpid, step="plan")
     for ops in REGISTRY:
         if ops.claims(proc, f):
             return ops

@@ -30,6 +30,7 @@ from .files_reg import drop_way, in_childs_root, make_way, way_to
 
 _DELETED = " (deleted)"
 _AT_FDCWD = -100 & 0xFFFFFFFFFFFFFFFF
+_O_DIRECT = 0o40000
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -44,10 +45,14 @@ def claims(proc, f) -> bool:
 
 
 def check_tree(procs) -> None:
-    """Refuse, at plan time, an unlinked FIFO that cannot be made again at its path."""
+    """Refuse, at plan time, an unlinked FIFO that cannot be made again at its path, and a
+    packet-mode pipe end (O_DIRECT), which an open of it again cannot give."""
     root = f"/proc/{procs[0].hostpid}/root"
     for p in procs:
         for f in p.fds:
+            if f.handler is OPS and f.flags & _O_DIRECT:
+                raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd} is a packet-mode pipe end (O_DIRECT, "
+                                f"{f.target}): a fork cannot make one again", pid=p.hostpid, step="plan")
             if f.handler is not OPS or f.dup_of is not None or not f.target.endswith(_DELETED):
                 continue
             f.way, why = way_to(root, f.target)
@@ -62,15 +67,20 @@ def _access(f) -> int:
 
 def _copy_buffer(proc, f, src_path: str, dst_path: str) -> None:
     """The template pipe's size and buffered bytes given to the (empty) new one. The trainer
-    sets the size (root: past fs.pipe-max-size, as a process may have gone)."""
-    src = os.open(src_path, os.O_RDONLY | os.O_NONBLOCK)
+    sets the size (root: past fs.pipe-max-size, as a process may have gone). The template's
+    end is read through its own open file (pidfd_getfd); a reader of it is opened only for
+    bytes queued behind a write-only end: an open of a FIFO counts as a peer, which would let
+    a process of the template blocked opening it go on without one."""
+    held = sharing.getfd_here(proc.hostpid, f.fd)
+    src = -1
     try:
+        size, queued = fcntl.fcntl(held, _F_GETPIPE_SZ), _queued(held)
+        if queued:
+            src = held if _access(f) != os.O_WRONLY else os.open(src_path, os.O_RDONLY | os.O_NONBLOCK)
         dst = os.open(dst_path, os.O_WRONLY | os.O_NONBLOCK)
         try:
-            size = fcntl.fcntl(src, _F_GETPIPE_SZ)
             if fcntl.fcntl(dst, _F_GETPIPE_SZ) != size:
                 fcntl.fcntl(dst, _F_SETPIPE_SZ, size)
-            queued = _queued(src)
             if queued and _libc.tee(src, dst, queued, _SPLICE_F_NONBLOCK) < 0:
                 e = ctypes.get_errno()
                 raise OSError(e, os.strerror(e))
@@ -80,7 +90,9 @@ def _copy_buffer(proc, f, src_path: str, dst_path: str) -> None:
         finally:
             os.close(dst)
     finally:
-        os.close(src)
+        if src not in (-1, held):
+            os.close(src)
+        os.close(held)
 
 
 def _queued(fd: int) -> int:
@@ -97,9 +109,14 @@ def fixup(ctx, proc, r, f) -> None:
     elif f.target.startswith("pipe:"):
         rd, wr = r.pipe()
         _copy_buffer(proc, f, f"/proc/{proc.hostpid}/fd/{f.fd}", f"/proc/{r.t.pid}/fd/{wr}")
-        keep, drop = (rd, wr) if _access(f) == os.O_RDONLY else (wr, rd)
-        r.queue("close", drop)
-        newfd = keep
+        if _access(f) == os.O_RDWR:  # an end opened again through /proc both ways: so is its copy
+            newfd = sharing.queue_open(r, proc, f"/proc/self/fd/{rd}", os.O_RDWR | os.O_NONBLOCK)
+            r.queue("close", rd)
+            r.queue("close", wr)
+        else:
+            keep, drop = (rd, wr) if _access(f) == os.O_RDONLY else (wr, rd)
+            r.queue("close", drop)
+            newfd = keep
         made[key] = (proc.vpid, f.fd)
     else:  # a named FIFO: the child's own, at the same path in its own root
         path = f.target.removesuffix(_DELETED)
