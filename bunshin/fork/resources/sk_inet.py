@@ -157,18 +157,17 @@ def _polled_shutdown(s: socket.socket, sk: InetSk) -> int:
 
 def _peek_datagrams(s: socket.socket) -> list[tuple[bytes, tuple]]:
     """The datagrams queued at a template UDP socket, each with the address it came from, left
-    where they are (SO_PEEK_OFF: each peek starts at the next one; put back after)."""
+    where they are (SO_PEEK_OFF: each peek starts at the next one; the socket's own offset,
+    which its peeks so far moved, put back after)."""
     out: list[tuple[bytes, tuple]] = []
+    saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)  # -1: off
     try:
-        first, _ = s.recvfrom(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return out  # nothing queued: no peek offset needed (UDP has one from Linux 6.9 on)
-    if not first:  # marked peeked now, the kernel would skip it at every later peek
-        raise ForkError("an empty UDP datagram is queued: a fork cannot copy it", step="plan")
-    try:
-        saved = s.getsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF)
         s.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
-    except OSError as e:  # UDP takes SO_PEEK_OFF from Linux 6.9 on
+    except OSError as e:  # UDP takes SO_PEEK_OFF from Linux 6.9 on (nor could the process set it)
+        try:
+            s.recvfrom(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return out  # nothing queued: no peek offset needed
         raise ForkError(f"UDP datagrams are queued and this kernel cannot peek past the first ({e})",
                         step="plan") from None
     try:
