@@ -415,3 +415,12 @@ b.send(b''); b.send(b'x'); a.shutdown(socket.SHUT_RD)
 def check():
     return 'ok' if [a.recv(9), a.recv(9)] == [b'', b'x'] else 'bad'
 """, r"process 2 \(python3\) fd \d+ is a unix socket .* with an empty datagram queued")
+
+
+def test_empty_seqpacket_record_queued_is_refused(family):
+    _refused(family, """
+a, b = socket.socketpair(type=socket.SOCK_SEQPACKET)
+b.send(b'x'); b.send(b'')  # last: the bytes queued add up without it
+def check():
+    return 'ok' if [a.recv(9), a.recv(9)] == [b'x', b''] else 'bad'
+""", r"process 2 \(python3\) fd \d+ is a unix socket .* with an empty record queued")

@@ -62,7 +62,7 @@ from typing import NoReturn
 from ...errors import ForkError
 from . import sharing, sockopts
 
-_STREAM, _DGRAM, _LISTEN = 1, 2, 10  # SOCK_STREAM, SOCK_DGRAM; TCP_LISTEN as unix sockets report it
+_STREAM, _DGRAM, _SEQPACKET, _LISTEN = 1, 2, 5, 10  # SOCK_*; TCP_LISTEN as unix sockets report it
 _SO_PEEK_OFF = 42
 _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_DONE, _NLMSG_ERROR = 4, 20, 3, 2
 _SHOW = 0x1 | 0x2 | 0x4 | 0x8 | 0x10  # UDIAG_SHOW_NAME, _VFS, _PEER, _ICONS, _RQLEN
@@ -352,6 +352,8 @@ def _peek_all(s: socket.socket, sk: UnixSk, refuse) -> list[tuple]:
             cred = next((struct.unpack("iII", d) for lv, ty, d in anc
                          if (lv, ty) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)), None)
             if not data:
+                if sk.type == _SEQPACKET and not sk.shutdown & 1:  # neither the end nor shut down
+                    refuse("with an empty record queued, which a fork cannot read again")
                 if sk.type != _DGRAM:
                     break  # the end: the peer gone, or this end shut down for reading
                 # a datagram socket's end is EAGAIN, even shut down; an empty datagram is
