@@ -282,7 +282,7 @@ def test_fidelity_refused_under_another_uid(victim, path, binaries, family, tmp_
 
 # Classes a stock kernel's exact tree (fork/tree.py; BUNSHIN_TREE=flat turns it off) carries, in
 # both fork paths, whatever the environment says; not recorded in the table.
-EXACT_TREE = ["ctty", "tree"]
+EXACT_TREE = ["ctty", "ctty_held", "tree"]
 
 
 @pytest.mark.parametrize("path", ("ws_fork", "tpl_fork"))
