@@ -61,7 +61,8 @@ RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
 REFUSED_UNDER_ANOTHER_UID = {"pdeath_thread": "parent-death signal"}
 # Victims that check times against the fork's duration (a blocked call's deadline, CPU timers):
 # a transplant copies memory, which the QEMU guest (TCG) makes take longer than their tolerance.
-TIMED = {"deadlines", "itimer"}
+TIMED = {"deadline_main", "deadlines", "itimer"}
+HELD = 1.0  # seconds a template is held between its snapshot and its fork
 
 # Children a fork refuses up front (ForkError naming this), as no system call could make the
 # state again: two processes sharing a kernel object through clone()'s flags (plan.SHARINGS).
@@ -276,6 +277,24 @@ def test_fidelity_refused_under_another_uid(victim, path, binaries, family, tmp_
         family.append(_child(ws, path, tmp_path))
     assert f"process {pid} " in str(e.value) and "thread " in str(e.value), e.value
     assert tasks(ws) == before
+    source = verdict(ws, pid)
+    assert source["outcome"] == "PASS", source
+
+
+@pytest.mark.parametrize("victim", sorted(TIMED))
+def test_fidelity_of_a_template_forked_long_after_its_snapshot(victim, binaries, family):
+    """Not recorded in the table: a template's clone wakes at its source's deadlines however
+    long the template was held (the time left its calls took at the snapshot counts down)."""
+    ws, pid = _start(family, binaries[victim])
+    tpl = ws.snapshot()
+    try:
+        time.sleep(HELD)
+        (kid,) = tpl.fork(1)
+        family.append(kid)
+    finally:
+        tpl.close()
+    child = verdict(kid, pid)
+    assert child["outcome"] == "PASS", child
     source = verdict(ws, pid)
     assert source["outcome"] == "PASS", source
 
