@@ -67,7 +67,6 @@ def fixup_proc(ctx, proc, r) -> None:
     if len(proc.threads) < 2:
         return
     if proc.thread_pdeath is None:
-        r.flush()
         proc.thread_pdeath = _ask_threads(ctx, proc)
     if not proc.thread_pdeath:
         return
