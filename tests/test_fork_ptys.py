@@ -360,15 +360,38 @@ time.sleep(1000)
     assert _wait(ws, "/tmp/stopped") == "yes"
 
 
-def test_dev_tty_held_by_a_shell_job_is_refused(family):
-    """A job's /dev/tty descriptor is its shell's terminal; its clone keeps the template's
-    session, which cannot have the child's terminal."""
+# A shell's background job holding /dev/tty, which tells, on SIGUSR1, what that descriptor is.
+HELD_TTY = SCRIPT_PRELUDE + """
+import fcntl, signal
+fd = os.open('/dev/tty', os.O_RDWR)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+out('/tmp/ready', json.dumps([fd, os.getpid()]))
+while True:
+    signal.sigwait({signal.SIGUSR1})
+    st = open('/proc/self/stat').read()
+    tty_nr = int(st[st.rindex(')') + 2:].split()[4])
+    dev = struct.unpack('I', fcntl.ioctl(fd, 0x80045432, bytes(4)))[0]  # TIOCGDEV
+    sid = struct.unpack('i', fcntl.ioctl(fd, 0x5429, bytes(4)))[0]  # TIOCGSID
+    out('/tmp/held', json.dumps([os.readlink(f'/proc/self/fd/{fd}'), dev == tty_nr != 0, sid == os.getsid(0)]))
+"""
+
+
+def test_dev_tty_held_by_a_shell_job(family, fork):
+    """A job's /dev/tty descriptor is its shell's terminal: in an exact tree its clone is made
+    by its shell's clone, in its session, and has the child's terminal there; elsewhere its
+    clone keeps the template's session, which cannot have the child's terminal: refused."""
     ws = bunshin.Workspace.create()
     family.append(ws)
-    ws.write_file("/t.py", SCRIPT_PRELUDE + "fd = os.open('/dev/tty', os.O_RDWR)\nout('/tmp/ready', str(fd))\n"
-                  "time.sleep(1000)\n")
+    ws.write_file("/t.py", HELD_TTY)
     ws.shell().run("python3 /t.py &")
-    fd = _wait(ws, "/tmp/ready")
-    with pytest.raises(ForkError, match=rf"process \d+ \(python3\) fd {fd}: /dev/tty of a process that is not "
-                                        "its session leader"):
-        ws.fork(1)
+    fd, pid = json.loads(_wait(ws, "/tmp/ready"))
+    if not cloner().exact_tree():
+        with pytest.raises(ForkError, match=rf"process \d+ \(python3\) fd {fd}: /dev/tty of a process that "
+                                            "is not its session leader"):
+            fork(ws)
+        return
+    kid = fork(ws)
+    for w in (kid, ws):
+        w.run("rm -f /tmp/held")
+        w.kill(pid, signal.SIGUSR1)
+        assert json.loads(_wait(w, "/tmp/held")) == ["/dev/tty", True, True]

@@ -1,17 +1,19 @@
 """Parent links a fork carries on every kernel: a process's zombies (children it has not waited
 for) are made again under its clone with their pids, groups and exit statuses, and its
-parent-death signal (PR_SET_PDEATHSIG) is set again. The process checks them itself, in each
+parent-death signal (PR_SET_PDEATHSIG), each thread's, is set again. The process checks them itself, in each
 child and in the source, after ws.fork() and after snapshot() + tpl.fork()."""
 
 from __future__ import annotations
 
+import json
 import signal
+import time
 
 import pytest
 
 import bunshin
 from bunshin.errors import ForkError
-from conftest import signal_and_read, start_script, wait_file
+from conftest import fork_by, signal_and_read, start_script, wait_file
 
 # Zombies of each kind (an exit code, a signal's default action, SIGKILL, one that left its
 # parent's process group), PDEATHSIG on the parent. Its SIGCHLD: counted by a handler (the
@@ -118,6 +120,14 @@ def _zombies(w) -> int:
     return w.run("ps -o stat= -e").stdout.count(b"Z")
 
 
+def _check_zombies(ws, pid: int, kids) -> None:
+    """The process's own verdict in each child, with its four zombies, then in the source."""
+    for k in kids:
+        assert _zombies(k) == 4
+        assert _verdict(k, pid) == "PASS"
+    assert _verdict(ws, pid) == "PASS"
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_zombies_and_pdeathsig_are_carried_by_a_fork(family, mode):
     ws, pid = _start(family, mode)
@@ -125,10 +135,7 @@ def test_zombies_and_pdeathsig_are_carried_by_a_fork(family, mode):
     kids = ws.fork(2)
     family.extend(kids)
     assert ws.host_pids() == before
-    for k in kids:
-        assert _zombies(k) == 4
-        assert _verdict(k, pid) == "PASS"
-    assert _verdict(ws, pid) == "PASS"
+    _check_zombies(ws, pid, kids)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -142,10 +149,72 @@ def test_zombies_and_pdeathsig_are_carried_by_a_template(family, mode):
         family.extend(more)
     finally:
         tpl.close()
-    for k in kids + more:
-        assert _zombies(k) == 4
-        assert _verdict(k, pid) == "PASS"
-    assert _verdict(ws, pid) == "PASS"
+    _check_zombies(ws, pid, kids + more)
+
+
+# Threads with parent-death signals of their own (SIGUSR1 for thread 1, none for thread 2, the
+# main thread's SIGUSR2), each counting; /tmp/threads says what each has and its count.
+_THREADS = r"""
+import ctypes, signal, threading, time
+libc = ctypes.CDLL(None)
+libc.prctl(1, signal.SIGUSR2)  # PR_SET_PDEATHSIG
+counts = [0, 0]
+
+def pdeathsig():
+    sig = ctypes.c_int(-1)
+    libc.prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+    return sig.value
+
+def count(i, sig):
+    if sig:
+        libc.prctl(1, sig)
+    while True:
+        counts[i] += 1
+        out(f"/tmp/thread{i}", json.dumps([pdeathsig(), counts[i]]))
+        time.sleep(0.02)
+
+for i, sig in enumerate([signal.SIGUSR1, 0]):
+    threading.Thread(target=count, args=(i, sig), daemon=True).start()
+while not all(os.path.exists(f"/tmp/thread{i}") for i in range(2)):
+    time.sleep(0.01)
+out("/tmp/ready", str(os.getpid()))
+while True:
+    out("/tmp/main", str(pdeathsig()))
+    time.sleep(0.05)
+"""
+
+
+def _threads_go_on(w, pid: int) -> None:
+    """Once SIGCONT resumes the stopped process, each thread counts on with its own signal."""
+    for i in range(2):
+        w.run(f"rm -f /tmp/thread{i}")
+    w.kill(pid, signal.SIGCONT)
+    for i, sig in enumerate([signal.SIGUSR1, 0]):
+        got, n = json.loads(wait_file(w, f"/tmp/thread{i}"))
+        assert got == sig, (w.id, i)
+        deadline = time.monotonic() + 10
+        while json.loads(w.read_file(f"/tmp/thread{i}"))[1] < n + 3:
+            assert time.monotonic() < deadline, (w.id, f"thread {i} stays stopped")
+            time.sleep(0.02)
+    w.run("rm -f /tmp/main")
+    assert wait_file(w, "/tmp/main") == str(int(signal.SIGUSR2))
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
+def test_each_threads_pdeathsig_is_carried_and_a_stopped_process_goes_on(family, path):
+    """A thread's parent-death signal is its own, read and set in that thread: of a process
+    stopped by a signal too, whose threads SIGCONT resumes in the child as in the source."""
+    ws = start_script(family, _THREADS, "/tmp/ready")
+    pid = int(ws.read_file("/tmp/ready"))
+    ws.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while ws.run(f"grep -q '^State:.T' /proc/{pid}/status").exit_code:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    kid = fork_by(ws, path)
+    family.append(kid)
+    for w in (kid, ws):
+        _threads_go_on(w, pid)
 
 
 # A zombie a clone cannot have: one made by clone() with another exit signal, and one whose
@@ -230,16 +299,21 @@ def _check_jobs(sh, copied: bool) -> None:
     assert sh.run("jobs").stdout.strip() == b""
 
 
+def _check_jobs_everywhere(ws, sh, kids) -> None:
+    """The jobs of each child's shell, then of the source's, each waited for there."""
+    for k in kids:
+        _check_jobs(k.shells[0], copied=True)
+    ws.run("rm -f /tmp/go")
+    _check_jobs(sh, copied=False)
+
+
 def test_a_shells_jobs_are_its_children_in_a_fork(family, monkeypatch):
     ws, sh = _shell_with_jobs(family, monkeypatch)
     before = ws.host_pids()
     kids = ws.fork(2)
     family.extend(kids)
     assert ws.host_pids() == before
-    for k in kids:
-        _check_jobs(k.shells[0], copied=True)
-    ws.run("rm -f /tmp/go")
-    _check_jobs(sh, copied=False)
+    _check_jobs_everywhere(ws, sh, kids)
 
 
 def test_a_shells_jobs_are_its_children_in_a_templates_fork(family, monkeypatch):
@@ -250,9 +324,7 @@ def test_a_shells_jobs_are_its_children_in_a_templates_fork(family, monkeypatch)
         family.extend(kids)
     finally:
         tpl.close()
-    for k in kids:
-        _check_jobs(k.shells[0], copied=True)
-    _check_jobs(sh, copied=False)
+    _check_jobs_everywhere(ws, sh, kids)
 
 
 def test_a_flat_tree_is_there_for_the_asking(family, monkeypatch):

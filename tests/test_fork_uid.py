@@ -117,6 +117,19 @@ WANT = {
                "helper": "pong ping"},
 }
 
+def fork_both(family, ws, from_tpl: int = 1):
+    """A child of ``ws`` by ws.fork() and ``from_tpl`` by a snapshot's fork (the template
+    closed at once), all closed with ``family``."""
+    kid = fork_one(family, ws)
+    tpl = ws.snapshot()
+    try:
+        kids = tpl.fork(from_tpl)
+        family.extend(kids)
+    finally:
+        tpl.close()
+    return kid, kids
+
+
 def _start(family, mode):
     ws = start_script(family, _SCRIPT, "/run/u/ready", mode)
     return ws, int(ws.read_file("/run/u/ready"))
@@ -139,13 +152,7 @@ def test_a_process_under_another_uid_keeps_its_ids_and_works_in_the_child(family
     prm = ws_status(ws, pid, "CapPrm")  # the daemon's: what it kept of the workspace's set
     assert mode == "dropped" or int(prm, 16)
     _check(ws, pid, mode, prm)
-    kid = fork_one(family, ws)
-    tpl = ws.snapshot()
-    try:
-        (from_tpl,) = tpl.fork(1)
-        family.append(from_tpl)
-    finally:
-        tpl.close()
+    kid, (from_tpl,) = fork_both(family, ws)
     for w in (ws, kid, from_tpl):
         _check(w, pid, mode, prm)
     for w in (kid, from_tpl):  # the files it wrote are the child's own
@@ -205,13 +212,7 @@ def test_a_large_process_under_another_uid_has_its_memory_layout_and_ids_in_each
     ws = start_script(family, _BIG, "/tmp/ready")
     pid = int(ws.read_file("/tmp/ready"))
     maps = _maps(ws, pid)
-    kid = fork_one(family, ws)
-    tpl = ws.snapshot()
-    try:
-        from_tpl = tpl.fork(2)
-        family.extend(from_tpl)
-    finally:
-        tpl.close()
+    kid, from_tpl = fork_both(family, ws, 2)
     want = {"pid": pid, "uid": [1001] * 3, "gid": [1001] * 3, "groups": [2001], "memory": True,
             "thp_disable": 1,
             "caps": ["0000000000000000"] * 3 + [ws_status(ws, pid, "CapBnd"), "0000000000000000"]}
@@ -235,13 +236,7 @@ def test_a_shell_started_under_another_uid_keeps_looping_in_each_child(family):
     ws.run("mkdir -p /tmp/u && chown 1001 /tmp/u")
     ws.spawn(["sh", "-c", _SHELL])
     wait_file(ws, "/tmp/u/tick")
-    kid = fork_one(family, ws)
-    tpl = ws.snapshot()
-    try:
-        (from_tpl,) = tpl.fork(1)
-        family.append(from_tpl)
-    finally:
-        tpl.close()
+    kid, (from_tpl,) = fork_both(family, ws)
     for w in (kid, from_tpl, ws):
         first = int(wait_file(w, "/tmp/u/tick"))
         assert int(wait_for_bytes(w, "/tmp/u/tick", str(first + 3).encode())) >= first + 3, w.id
@@ -282,13 +277,7 @@ def test_a_multithreaded_process_under_another_uid_keeps_its_threads_in_each_chi
     ws = start_script(family, _THREADED, "/tmp/ready")
     pid = int(ws.read_file("/tmp/ready"))
     tids = json.loads(wait_file(ws, "/tmp/state"))["tids"]
-    kid = fork_one(family, ws)
-    tpl = ws.snapshot()
-    try:
-        (from_tpl,) = tpl.fork(1)
-        family.append(from_tpl)
-    finally:
-        tpl.close()
+    kid, (from_tpl,) = fork_both(family, ws)
     for w in (kid, from_tpl, ws):
         first = json.loads(wait_file(w, "/tmp/state"))
         time.sleep(0.3)
@@ -329,13 +318,7 @@ def test_a_process_under_another_uid_keeps_its_seccomp_filter_in_each_child(fami
     ws = start_script(family, _FILTERED, "/tmp/ready")
     want = [-1, 77, {"Uid": "1001", "NoNewPrivs": "1", "Seccomp": "2", "Seccomp_filters": "1"}]
     assert json.loads(wait_file(ws, "/tmp/state")) == want
-    kid = fork_one(family, ws)
-    tpl = ws.snapshot()
-    try:
-        (from_tpl,) = tpl.fork(1)
-        family.append(from_tpl)
-    finally:
-        tpl.close()
+    kid, (from_tpl,) = fork_both(family, ws)
     for w in (kid, from_tpl, ws):
         w.run("rm -f /tmp/state")
         assert json.loads(wait_file(w, "/tmp/state")) == want, w.id
@@ -400,13 +383,7 @@ while True:
 def test_a_process_under_another_uid_keeps_its_sysv_segment_as_the_childs_own(family):
     ws = start_script(family, _SYSV, "/tmp/ready")
     at, first = json.loads(wait_file(ws, "/tmp/state"))
-    kid = fork_one(family, ws)
-    tpl = ws.snapshot()
-    try:
-        (from_tpl,) = tpl.fork(1)
-        family.append(from_tpl)
-    finally:
-        tpl.close()
+    kid, (from_tpl,) = fork_both(family, ws)
     for w in (kid, from_tpl, ws):
         assert json.loads(wait_file(w, "/tmp/state")) == [at, "first"], w.id
         w.write_file("/tmp/write", w.id[:5])
@@ -416,9 +393,6 @@ def test_a_process_under_another_uid_keeps_its_sysv_segment_as_the_childs_own(fa
     for w in (kid, from_tpl, ws):  # each wrote its own
         assert json.loads(w.read_file("/tmp/state")) == [at, w.id[:5]], w.id
 
-
-entering_by_itself = pytest.mark.skipif(
-    not cloner().clone_enters_child, reason="the module's FORK forks such a process by cloning it")
 
 # a uid-1001 process whose second thread alone runs under a seccomp filter (no TSYNC): a
 # transplant's threads would all get its main thread's

@@ -32,9 +32,6 @@ VERDICT_TIMEOUT = 10.0
 # Children that fail today, each a bug of the fork engine the suite found (a silent mismatch):
 # expected to fail until fixed, not hidden (their verdicts are in the JSON and the table).
 _KNOWN: dict[str, str] = {
-    "pdeath_thread": ("a parent-death signal set by a thread other than the main one is not carried (only an "
-                      "injected prctl in that very thread reads it, and that left a stopped template's child "
-                      "thread stopped after SIGCONT in the module guest)"),
 }
 _FLAT = {  # a flat tree's, without the module (fork/tree.py makes them exact: EXACT_TREE below)
     "ctty": "a process that is not its session's leader loses the controlling terminal (ENXIO)",
@@ -59,9 +56,13 @@ UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo"
                      "robust", "rseq", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
                      "threads", "timer_thread", "udp", "unix_stream"]
 RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
+# Classes a transplant refuses up front (ForkError naming this): its threads take the process's
+# uid after every fixup, which clears what each set (parent_death.py).
+REFUSED_UNDER_ANOTHER_UID = {"pdeath_thread": "parent-death signal"}
 # Victims that check times against the fork's duration (a blocked call's deadline, CPU timers):
 # a transplant copies memory, which the QEMU guest (TCG) makes take longer than their tolerance.
-TIMED = {"deadlines", "itimer"}
+TIMED = {"deadline_main", "deadlines", "itimer"}
+HELD = 1.0  # seconds a template is held between its snapshot and its fork
 
 # Children a fork refuses up front (ForkError naming this), as no system call could make the
 # state again: two processes sharing a kernel object through clone()'s flags (plan.SHARINGS).
@@ -267,9 +268,40 @@ def test_fidelity_under_another_uid(victim, path, binaries, family, tmp_path):
     assert source["outcome"] == "PASS", source
 
 
+@pytest.mark.parametrize("path", ("ws_fork", "tpl_fork"))
+@pytest.mark.parametrize("victim", sorted(REFUSED_UNDER_ANOTHER_UID))
+def test_fidelity_refused_under_another_uid(victim, path, binaries, family, tmp_path):
+    ws, pid = _start(family, binaries[victim], RUN_AS_1001)
+    before = tasks(ws)
+    with pytest.raises(ForkError, match=REFUSED_UNDER_ANOTHER_UID[victim]) as e:
+        family.append(_child(ws, path, tmp_path))
+    assert f"process {pid} " in str(e.value) and "thread " in str(e.value), e.value
+    assert tasks(ws) == before
+    source = verdict(ws, pid)
+    assert source["outcome"] == "PASS", source
+
+
+@pytest.mark.parametrize("victim", sorted(TIMED))
+def test_fidelity_of_a_template_forked_long_after_its_snapshot(victim, binaries, family):
+    """Not recorded in the table: a template's clone wakes at its source's deadlines however
+    long the template was held (the time left its calls took at the snapshot counts down)."""
+    ws, pid = _start(family, binaries[victim])
+    tpl = ws.snapshot()
+    try:
+        time.sleep(HELD)
+        (kid,) = tpl.fork(1)
+        family.append(kid)
+    finally:
+        tpl.close()
+    child = verdict(kid, pid)
+    assert child["outcome"] == "PASS", child
+    source = verdict(ws, pid)
+    assert source["outcome"] == "PASS", source
+
+
 # Classes a stock kernel's exact tree (fork/tree.py; BUNSHIN_TREE=flat turns it off) carries, in
 # both fork paths, whatever the environment says; not recorded in the table.
-EXACT_TREE = ["ctty", "tree"]
+EXACT_TREE = ["ctty", "ctty_held", "tree"]
 
 
 @pytest.mark.parametrize("path", ("ws_fork", "tpl_fork"))

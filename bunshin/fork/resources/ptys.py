@@ -8,7 +8,8 @@ mode. A session leader that had the terminal as its controlling tty gets it agai
 TIOCSCTTY), the terminal's foreground group then being the leader's, as in the template;
 another foreground group is given the terminal once all clones exist in an exact tree
 (tree.py, give_foreground), and refused in a flat one. A process made by its parent's clone (tree.py) is in
-its session and has its terminal, as in the template. Any other process's clone keeps its
+its session and has its terminal, as in the template: a /dev/tty it holds is opened again there
+(one whose clone is not so made is refused, check_tree). Any other process's clone keeps its
 template's session (outside the child, in a flat tree), whose terminal is the template's: it is
 dropped, so no child reaches the template's pty, nor another child's, through /dev/tty (the
 module's JOIN_SESSION gives the clone its leader's clone's terminal after). Bytes buffered in a pty whose
@@ -109,6 +110,7 @@ def check_tree(procs) -> None:
     plans = [p for p in procs if not p.is_init]
     holders = _master_holders(plans)
     opened = {int(f.target[9:]) for p in plans for f in p.fds if _is_slave(f)}
+    inherits: set[int] | None = None  # asked once, of the first non-leader holding /dev/tty
     for index, holder in holders.items():
         if index in opened and _locked(holder):
             p, f = next((p, f) for p in plans for f in p.fds if _is_slave(f) and int(f.target[9:]) == index)
@@ -120,10 +122,10 @@ def check_tree(procs) -> None:
             if f.target != _CURRENT or not stat.S_ISCHR(f.mode):
                 continue
             what = f"process {p.vpid} ({p.name}) fd {f.fd}: /dev/tty"
-            if p.sid != p.vpid:
-                raise ForkError(f"{what} of a process that is not its session leader: its clone keeps the "
-                                "template's session and cannot be given the child's terminal", pid=p.hostpid,
-                                step="plan")
+            if p.sid != p.vpid and p.vpid not in (inherits := _inherits_terminal(procs, inherits)):
+                raise ForkError(f"{what} of a process that is not its session leader: its clone is not made "
+                                "in its session, with the child's terminal, by its parent's clone (an exact "
+                                "tree, tree.py), and cannot be given it", pid=p.hostpid, step="plan")
             on = _terminal_of(p.hostpid, f.fd)
             if on is None or on != p.ctty:
                 raise ForkError(f"{what} is open on another terminal than its controlling one, which a fork "
@@ -145,6 +147,30 @@ def check_tree(procs) -> None:
             raise ForkError(f"{what} has {'no' if fg is None else f'group {fg}'} as its foreground process "
                             f"group, not the session leader's: a fork gives the terminal back to the leader "
                             "alone", pid=p.hostpid, step="plan")
+
+
+def _inherits_terminal(procs, known: set[int] | None) -> set[int]:
+    """The vpids whose clone an exact tree (tree.py) makes in its session with the terminal
+    the template's has: made by its parent's clone, which has them (its session leader's
+    takes the terminal before making its children); ``known`` once asked."""
+    if known is not None:
+        return known
+    if not _exact_tree():
+        return set()
+    from ..cloners import cloner
+    from ..tree import shape
+
+    made_by_parent = shape(procs, cloner().transplants).parent_made
+    by = {p.vpid: p for p in procs}
+    out: set[int] = set()
+    for p in procs[1:]:  # in pid order, a parent mostly before its children
+        chain, q = [], p
+        while q.vpid != q.sid and q.vpid in made_by_parent and q.ppid in by:
+            chain.append(q)
+            q = by[q.ppid]
+        if q.vpid == q.sid and q.ctty is not None and all(c.ctty == q.ctty for c in chain):
+            out.update(c.vpid for c in chain)
+    return out
 
 
 def _opened(ctx) -> set[int]:
@@ -455,8 +481,15 @@ def fixup(ctx, proc, r, f) -> None:
     if f.target in _MASTERS:
         index = int(sharing.fdinfo(proc.hostpid, f.fd)["tty-index"])
         r.install(sharing.grab(r, _inner_master(ctx, proc, r, index)), f)
-    elif f.target == _CURRENT:  # a leader's (check_tree): its terminal first, then /dev/tty is it
-        take_terminal(ctx, proc, r)
+    elif f.target == _CURRENT:  # its controlling terminal (check_tree), then /dev/tty is it
+        from ..tree import INHERITED
+
+        if proc.sid == proc.vpid:
+            take_terminal(ctx, proc, r)
+        elif proc.vpid not in ctx.shared.get(INHERITED, ()):  # a tree other than check_tree's
+            raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: /dev/tty of a process that is "
+                            "not its session leader, whose clone was not made by its parent's clone "
+                            "(BUNSHIN_TREE changed since the snapshot?)", pid=proc.hostpid, step="tty")
         r.install(r.queue_openat(f.target, _reopen_flags(f)), f)
     else:
         _ensure_master(ctx, proc, r, int(f.target[9:]))
