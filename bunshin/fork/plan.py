@@ -76,6 +76,9 @@ class ProcPlan:
     # its clones are transplants (fork/transplant.py, check_caps): root until their last fixup
     transplanted: bool = False
     exiting: bool = False  # on its way out (PF_EXITING): the plan is made again once it is gone
+    # when the fork's first seize stopped it: a blocked call's time left, written then, is
+    # counted down from it (resources/threads.py)
+    stopped_at: float | None = None
     # /proc/PID files planning read (status_of, maps_of): read once for every module that asks,
     # the process being frozen meanwhile, and dropped once the plan is made (plan_tree)
     reads: dict = field(default_factory=dict, repr=False)

@@ -90,7 +90,7 @@ def seize_all(cg, plans: list[ProcPlan]) -> dict[int, Tracee]:
             except ForkError as e:
                 raise _stop_error(pl, e, tracees[pl.hostpid].late) from None
         for pl in plans:  # a blocked call's time left was taken by the first (resources/threads.py)
-            if getattr(pl, "stopped_at", None) is None:
+            if pl.stopped_at is None:
                 pl.stopped_at = time.monotonic()
         check_seccomp(plans)  # the first seize of this trainer has told whether it can
     except BaseException:

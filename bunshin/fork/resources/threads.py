@@ -156,7 +156,7 @@ def _count_down(ctx, proc, r) -> None:
     deadline) and its timers do: a little late (the time taken after the kernel's), never
     early."""
     src = ctx.shared["tracees"][proc.hostpid]
-    stopped_at = getattr(proc, "stopped_at", None)
+    stopped_at = proc.stopped_at
     found = []  # (tid, its state or its Written)
     for tid in proc.threads:
         written = _WRITTEN.get((proc.hostpid, tid))
