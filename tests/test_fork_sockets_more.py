@@ -424,3 +424,28 @@ b.send(b'x'); b.send(b'')  # last: the bytes queued add up without it
 def check():
     return 'ok' if [a.recv(9), a.recv(9)] == [b'x', b''] else 'bad'
 """, r"process 2 \(python3\) fd \d+ is a unix socket .* with an empty record queued")
+
+
+def test_udp_error_pending_is_refused(family):
+    _refused(family, """
+u = socket.socket(type=socket.SOCK_DGRAM); u.bind(('127.0.0.1', 7610)); u.connect(('127.0.0.1', 7611))
+u.send(b'x')  # nobody there: ICMP port unreachable, ECONNREFUSED pending
+time.sleep(0.2)
+def check():
+    try:
+        u.recv(9)
+    except ConnectionRefusedError:
+        return 'ok'
+    return 'bad'
+""", r"process 2 \(python3\) fd \d+: UDP socket 127.0.0.1:7610 .*has an error pending")
+
+
+def test_a_socket_filter_is_refused(family):
+    _refused(family, """
+import ctypes
+u = socket.socket(type=socket.SOCK_DGRAM); u.bind(('127.0.0.1', 7620))
+code = ctypes.create_string_buffer(struct.pack('HBBI', 0x06, 0, 0, 0xffffffff))
+u.setsockopt(socket.SOL_SOCKET, 26, struct.pack('HxxxxxxQ', 1, ctypes.addressof(code)))
+def check():
+    return 'ok'
+""", r"process 2 \(python3\) fd \d+: UDP socket 127.0.0.1:7620 .*has a socket filter attached")

@@ -117,6 +117,11 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
     sk = InetSk(family=s.family, type=s.type & 0xF, fate="fresh",
                 reuseaddr=getint(s, socket.SOL_SOCKET, socket.SO_REUSEADDR))
     sk.local, sk.peer = _ends(s)
+    p = select.poll()
+    p.register(s, 0)  # POLLERR is always told; SO_ERROR, or a read (a peek too), would clear it
+    if any(ev & select.POLLERR for _, ev in p.poll(0)):
+        refuse(sk, "has an error pending (SO_ERROR, or the error queue of IP_RECVERR), which a fork "
+                   "cannot set again")
     if sk.family == socket.AF_INET6:
         sk.v6only = getint(s, socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
     if sk.type == socket.SOCK_DGRAM:

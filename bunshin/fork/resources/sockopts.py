@@ -19,6 +19,9 @@ _INT, _TIMEVAL, _LINGER, _IFNAME, _U64 = 4, 16, 8, 16, 8  # getsockopt lengths
 _SO_RCVBUF, _SO_SNDBUF, _SO_RCVBUFFORCE, _SO_SNDBUFFORCE = 8, 7, 33, 32
 _SO_BINDTODEVICE = 25
 _SO_PRIORITY = 12
+_SO_GET_FILTER = 26  # a classic filter's program (an eBPF one, SO_ATTACH_BPF, shows none)
+_TCP_ULP = 31
+_UDP = socket.IPPROTO_UDP
 
 # (level, option, length). SO_REUSEADDR and IPV6_V6ONLY of inet sockets are set by sk_inet.py
 # itself (bind order). A TCP connection whose buffers the kernel grew keeps their size, no
@@ -54,6 +57,7 @@ SOCKET = [(_SOL, o, n) for o, n in (
     (76, _INT),             # SO_PASSPIDFD
     (82, _INT),             # SO_RCVPRIORITY
     (83, _INT),             # SO_PASSRIGHTS
+    (_SO_GET_FILTER, 64),   # read to be refused (refusal): a program cannot be set back from it
 )]
 TCP = [(_TCP, o, n) for o, n in (
     (1, _INT),              # TCP_NODELAY
@@ -66,12 +70,26 @@ TCP = [(_TCP, o, n) for o, n in (
     (18, _INT),             # TCP_USER_TIMEOUT
     (23, _INT),             # TCP_FASTOPEN
     (25, _INT),             # TCP_NOTSENT_LOWAT
+    (_TCP_ULP, _IFNAME),    # read to be refused (refusal): kTLS and the like keep keys in the kernel
 )]
 # Read on a connection as what the connection computed, not what the process set: carried
 # only for sockets not connected (TCP_REPAIR restores a connection's own).
 TCP_UNCONNECTED = [(_TCP, 2, _INT), (_TCP, 10, _INT)]  # TCP_MAXSEG, TCP_WINDOW_CLAMP
 IP = [(_IP, 1, _INT), (_IP, 2, _INT)]  # IP_TOS, IP_TTL
 IPV6 = [(_IP6, 67, _INT), (_IP6, 16, _INT)]  # IPV6_TCLASS, IPV6_UNICAST_HOPS
+# a datagram socket's own: what it is told of each datagram, how it sends (a TCP connection's
+# are the connection's, restored by TCP_REPAIR)
+IP_DGRAM = [(_IP, o, _INT) for o in (
+    8, 10, 11, 12, 13,      # IP_PKTINFO, IP_MTU_DISCOVER, IP_RECVERR, IP_RECVTTL, IP_RECVTOS
+    15, 19, 20, 24,         # IP_FREEBIND, IP_TRANSPARENT, IP_RECVORIGDSTADDR, IP_BIND_ADDRESS_NO_PORT
+    33, 34,                 # IP_MULTICAST_TTL, IP_MULTICAST_LOOP
+)]
+IPV6_DGRAM = [(_IP6, o, _INT) for o in (
+    18, 19, 23, 25,         # IPV6_MULTICAST_HOPS, IPV6_MULTICAST_LOOP, IPV6_MTU_DISCOVER, IPV6_RECVERR
+    49, 51, 66,             # IPV6_RECVPKTINFO, IPV6_RECVHOPLIMIT, IPV6_RECVTCLASS
+    75, 78,                 # IPV6_TRANSPARENT, IPV6_FREEBIND
+)]
+UDP = [(_UDP, o, _INT) for o in (1, 103, 104)]  # UDP_CORK, UDP_SEGMENT, UDP_GRO
 
 
 def table(family: int, type_: int, connected_tcp: bool = False) -> list[tuple[int, int, int]]:
@@ -82,6 +100,8 @@ def table(family: int, type_: int, connected_tcp: bool = False) -> list[tuple[in
         opts += IP if family == socket.AF_INET else IPV6
         if type_ == socket.SOCK_STREAM:
             opts += TCP + ([] if connected_tcp else TCP_UNCONNECTED)
+        elif type_ == socket.SOCK_DGRAM:
+            opts += UDP + (IP_DGRAM if family == socket.AF_INET else IPV6_DGRAM)
     return opts
 
 
@@ -99,6 +119,11 @@ def read(s: socket.socket, opts: list[tuple[int, int, int]]) -> dict[tuple[int, 
 def refusal(saved: dict[tuple[int, int], bytes]) -> str | None:
     """Why a child cannot have these options, if it cannot: a child's network namespace has
     only ``lo``, so a socket bound to another device has no device to be bound to there."""
+    if saved.get((_SOL, _SO_GET_FILTER)):
+        return "has a socket filter attached (SO_ATTACH_FILTER), whose program a fork does not carry"
+    ulp = saved.get((_TCP, _TCP_ULP), b"").rstrip(b"\0")
+    if ulp:
+        return f"runs an upper-layer protocol ({ulp.decode(errors='replace')}, TCP_ULP) a fork cannot carry"
     dev = saved.get((_SOL, _SO_BINDTODEVICE), b"").rstrip(b"\0")
     if dev and dev != b"lo":
         return f"bound to device {dev.decode(errors='replace')} (SO_BINDTODEVICE), which a child's network has not"

@@ -1,4 +1,5 @@
-/* fidelity: socket options a process sets (SO_PRIORITY, SO_BINDTODEVICE, buffers, timeouts, ...) */
+/* fidelity: socket options a process sets (SO_PRIORITY, SO_BINDTODEVICE, buffers, timeouts,
+ * IP_PKTINFO, IP_RECVERR, IP_MTU_DISCOVER, IP_FREEBIND, UDP_GRO, ...) */
 #include "../victim.h"
 #include <net/if.h>
 #include <netinet/in.h>
@@ -26,6 +27,12 @@ int main(void)
 	MUST(setsockopt(u, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv));
 	struct timeval tv = {3, 250000};
 	MUST(setsockopt(u, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+	int pmtu = IP_PMTUDISC_DO;
+	MUST(setsockopt(u, IPPROTO_IP, IP_PKTINFO, &one, sizeof one));
+	MUST(setsockopt(u, IPPROTO_IP, IP_RECVERR, &one, sizeof one));
+	MUST(setsockopt(u, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu));
+	MUST(setsockopt(u, IPPROTO_IP, IP_FREEBIND, &one, sizeof one));
+	MUST(setsockopt(u, IPPROTO_UDP, 104 /* UDP_GRO */, &one, sizeof one));
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = htons(47011)};
 	MUST(bind(u, (void *)&a, sizeof a));
 	MUST(setsockopt(t, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one));
@@ -46,6 +53,11 @@ int main(void)
 	getsockopt(u, SOL_SOCKET, SO_BINDTODEVICE, dev, &n);
 	STREQ("SO_BINDTODEVICE", dev, "lo");
 	EQ("IP_TOS", opt(u, IPPROTO_IP, IP_TOS), IPTOS_LOWDELAY);
+	EQ("IP_PKTINFO", opt(u, IPPROTO_IP, IP_PKTINFO), 1);
+	EQ("IP_RECVERR", opt(u, IPPROTO_IP, IP_RECVERR), 1);
+	EQ("IP_MTU_DISCOVER", opt(u, IPPROTO_IP, IP_MTU_DISCOVER), IP_PMTUDISC_DO);
+	EQ("IP_FREEBIND", opt(u, IPPROTO_IP, IP_FREEBIND), 1);
+	EQ("UDP_GRO", opt(u, IPPROTO_UDP, 104), 1);
 	EQ("SO_RCVBUF (doubled by the kernel)", opt(u, SOL_SOCKET, SO_RCVBUF), 2 * 65536);
 	struct timeval got;
 	n = sizeof got;
