@@ -449,3 +449,13 @@ u.setsockopt(socket.SOL_SOCKET, 26, struct.pack('HxxxxxxQ', 1, ctypes.addressof(
 def check():
     return 'ok'
 """, r"process 2 \(python3\) fd \d+: UDP socket 127.0.0.1:7620 .*has a socket filter attached")
+
+
+def test_empty_udp_datagram_queued_is_refused_naming_process_and_fd(family):
+    _refused(family, """
+u = socket.socket(type=socket.SOCK_DGRAM); u.bind(('127.0.0.1', 7630))
+t = socket.socket(type=socket.SOCK_DGRAM); t.bind(('127.0.0.1', 7631)); t.sendto(b'', ('127.0.0.1', 7630))
+time.sleep(0.2)
+def check():
+    return 'ok' if u.recv(9) == b'' else 'bad'
+""", r"process 2 \(python3\) fd \d+: an empty UDP datagram is queued")

@@ -221,6 +221,11 @@ def _read_settled(socks: dict) -> dict[int, InetSk]:
             except sk_tcp.Moving as e:
                 moved = (ino, str(e))
                 break
+            except ForkError as e:
+                if e.pid is not None:
+                    raise
+                raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {e}", pid=p.hostpid,
+                                step=e.step) from None
         if moved is None:
             moved = next(((ino, "has queues that kept changing") for ino, (s, _, _) in socks.items()
                           if sk_tcp.queues(s) != before[ino]), None)
