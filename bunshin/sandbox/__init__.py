@@ -48,10 +48,15 @@ MASKED = ("/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/pro
           "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
           "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap")
 # Docker's read-only paths; the writable paths are bound on themselves first so they stay
-# writable under a read-only parent: /proc/sys/net shows the workspace's own network
-# namespace (the /proc/sys entries a container may change). /sys is read-only as mounted.
+# writable under a read-only parent. They are the sysctls of the workspace's own namespaces
+# (those Docker's --sysctl accepts): the network namespace's /proc/sys/net, the IPC
+# namespace's SysV and mqueue limits and next ids, the UTS namespace's names. /sys is
+# read-only as mounted.
 READ_ONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
-WRITABLE = ("/proc/sys/net",)
+WRITABLE = ("/proc/sys/net", "/proc/sys/fs/mqueue",
+            *(f"/proc/sys/kernel/{n}" for n in (
+                "msgmax", "msgmnb", "msgmni", "msg_next_id", "sem", "sem_next_id", "shmall",
+                "shmmax", "shmmni", "shm_next_id", "shm_rmid_forced", "hostname", "domainname")))
 
 
 class IsolationError(BunshinError, ValueError):

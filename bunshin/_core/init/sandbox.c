@@ -4,6 +4,7 @@
  * clone of this one: it keeps the filter, the capabilities and what was read here, and masks
  * its own fresh /proc and /sys again. */
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -153,7 +154,7 @@ static int mask(const char *root, const char *p, char *err, size_t errlen)
 	return 0;
 }
 
-static int lock_down(char *err, size_t errlen)
+static int lock_down(const char *root, char *err, size_t errlen)
 {
 	for (int cap = 0; cap < 64; cap++)
 		if ((sb.drop >> cap & 1) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) && errno != EINVAL)
@@ -174,6 +175,18 @@ static int lock_down(char *err, size_t errlen)
 	struct sock_fprog prog = {.len = sb.len, .filter = sb.prog};
 	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0))
 		FAIL("sandbox: load the seccomp filter");
+	/* The init's stdio are host files (/dev/null, the state directory's init.log), which
+	 * /proc/1/fd would hand to any process of the workspace: its own /dev/null instead (its
+	 * setup is done; what fails later is reported over the control socket). */
+	char null[4096];
+	snprintf(null, sizeof(null), "%s/dev/null", root);
+	int fd = open(null, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		FAIL("sandbox: open %s", null);
+	for (int i = 0; i < 3; i++)
+		if (dup2(fd, i) < 0)
+			FAIL("sandbox: stdio on %s", null);
+	close(fd);
 	sb.locked = 1;
 	return 0;
 }
@@ -188,5 +201,5 @@ int sandbox_apply(const char *root, char *err, size_t errlen)
 	if (each(root, sb.rw, bind_self, err, errlen) || each(root, sb.ro, read_only, err, errlen) ||
 	    each(root, sb.mask, mask, err, errlen))
 		return -1;
-	return sb.locked ? 0 : lock_down(err, errlen);
+	return sb.locked ? 0 : lock_down(root, err, errlen);
 }
