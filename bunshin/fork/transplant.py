@@ -307,7 +307,7 @@ def _filters(pid: int, count: int, what: str) -> list[tuple[int, bytes]]:
         return got
 
     out = []
-    for i in range(count):  # 0: the newest
+    for i in range(count):  # 0: the oldest (the kernel counts from the first installed)
         n = ptrace(_PTRACE_SECCOMP_GET_FILTER, i, None)
         prog = ctypes.create_string_buffer(8 * n)
         ptrace(_PTRACE_SECCOMP_GET_FILTER, i, prog)
@@ -321,7 +321,7 @@ def _filters(pid: int, count: int, what: str) -> list[tuple[int, bytes]]:
                                 "calls to a listener (SECCOMP_RET_USER_NOTIF), which a transplant "
                                 "cannot have again", pid=pid, step="seccomp")
         out.append((struct.unpack("QQ", meta.raw[:16])[1], code))
-    return out[::-1]
+    return out
 
 
 def read_limits(pid: int) -> dict[int, tuple[int, int]]:
