@@ -148,3 +148,39 @@ def test_a_process_under_another_uid_with_its_own_filter_forks(family):
     for w in [fork_one(family, ws), *_tpl_kids(family, ws), ws]:
         w.run("rm -f /tmp/state")
         assert json.loads(wait_file(w, "/tmp/state")) == want, w
+
+
+_FILTERED_TRAINER = r"""
+import ctypes, json, struct
+libc = ctypes.CDLL(None, use_errno=True)
+raw = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0x7FFF0000))  # allow all
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+assert libc.prctl(22, 2, ctypes.c_char_p(struct.pack("HxxxxxxQ", 1, ctypes.addressof(raw))), 0, 0) == 0
+import bunshin
+from bunshin import compel
+with bunshin.Workspace.create(isolation="sandbox") as ws:
+    ws.spawn(["sleep", "1000"])
+    (kid,) = ws.fork(1)
+    out = {"suspends": compel.suspends_seccomp(),
+           "kid": sorted(p.cmdline[0] for p in kid.processes()),
+           "echo": kid.run("echo ok").stdout.decode()}
+    kid.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_trainer_that_cannot_suspend_filters_forks_a_sandbox(no_leaks):
+    """The init's filter denies no call the fork makes, so it needs no suspending."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # what makes this checkout importable here (PYTHONPATH), then the checkout
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                         str(Path(__file__).resolve().parents[1])]))
+    p = subprocess.run([sys.executable, "-c", _FILTERED_TRAINER], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=path))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert out == {"suspends": False, "kid": ["bunshin-init", "sleep"], "echo": "ok\n"}

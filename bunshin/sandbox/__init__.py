@@ -64,10 +64,14 @@ class IsolationError(BunshinError, ValueError):
 
 
 def check_isolation(isolation: object) -> str:
+    """``isolation`` if it is one of ISOLATIONS; a sandbox's filter is compiled here, so that a
+    missing libseccomp is told before anything of the workspace is made."""
     if not isinstance(isolation, str) or isolation not in ISOLATIONS:
         raise IsolationError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, "
-                          f"got {isolation!r}")
-    return isolation  # type: ignore[return-value]
+                             f"got {isolation!r}")
+    if isolation == "sandbox":
+        init_env()
+    return isolation
 
 
 @functools.lru_cache(maxsize=1)
