@@ -22,10 +22,12 @@ def test_isolation_is_checked(no_leaks):
         bunshin.Workspace.create(isolation=None)
 
 
-def test_a_trusted_workspace_is_as_before(ws):
-    assert ws.config.isolation == "trusted"
-    assert ws_status(ws, 1, "Seccomp_filters") == "0"
-    assert int(ws_status(ws, 1, "CapBnd"), 16) & _DROPPED == _DROPPED
+def test_a_trusted_workspace_is_as_before(no_leaks):
+    with bunshin.Workspace.create(isolation="trusted") as ws:
+        assert ws.config.isolation == "trusted"
+        assert ws_status(ws, 1, "Seccomp_filters") == "0"
+        assert int(ws_status(ws, 1, "CapBnd"), 16) & _DROPPED == _DROPPED
+        assert ws.run("grep -c ' /proc/sys ' /proc/self/mountinfo").stdout == b"0\n"
 
 
 # The process checks itself: its filter and capabilities, a denied call, an allowed one, the
