@@ -9,6 +9,7 @@ usage: python bench/isolation.py [--quick]   (last stdout line: JSON)
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -51,7 +52,7 @@ def main() -> None:
         for name, count, fn in steps:
             for i in range(count):
                 for m in (MODES if i % 2 else MODES[::-1]):  # neither always goes first
-                    times[m].setdefault(name, []).append(timed(lambda: fn(m)))
+                    times[m].setdefault(name, []).append(timed(functools.partial(fn, m)))
     finally:
         for m in MODES:
             tpl[m].close()

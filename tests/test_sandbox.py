@@ -10,7 +10,7 @@ import pytest
 
 import bunshin
 from bunshin import sandbox
-from conftest import fork_one, put, start_script, wait_file, ws_status
+from conftest import SCRIPT_PRELUDE, fork_one, wait_file, ws_status
 
 _DROPPED = sum(1 << bit for bit, _ in sandbox.DROPPED_CAPS.values())
 
@@ -61,8 +61,6 @@ while True:
 def _sandbox_script(family, script: str, ready: str):
     ws = bunshin.Workspace.create(isolation="sandbox")
     family.append(ws)
-    from conftest import SCRIPT_PRELUDE
-
     ws.write_file("/t.py", SCRIPT_PRELUDE + script)
     ws.spawn(["python3", "/t.py"])
     wait_file(ws, ready)

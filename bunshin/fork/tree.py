@@ -23,9 +23,10 @@ How each clone is made (:class:`Shape`):
 
 Deviations, each a process made ``OWN`` (or, under another uid, ``COPY`` by the child's init),
 so a child of the child's init (Shape.flat, logged): one whose parent has seccomp filters beyond
-the init's, which every process inherits (its blank would keep them beside its own), one with another exit signal than SIGCHLD, one in
-neither its parent's session nor one of its own (its parent left that session), and a process
-under the init's uid a transplant cannot make (transplant.refusal).
+the init's, which every process inherits (its blank would keep them beside its own), one with
+another exit signal than SIGCHLD, one in neither its parent's session nor one of its own (its
+parent left that session), and a process under the init's uid a transplant cannot make
+(transplant.refusal).
 
 Sessions: a parent's clone joins its session and group (setsid with the terminal of a
 session leader, ptys.take_terminal; setpgid) before it makes its children, who so inherit

@@ -85,7 +85,7 @@ DENIED: dict[str, str] = {
 
 @functools.lru_cache(maxsize=1)
 def _lib():
-    import cffi
+    import cffi  # type: ignore[import-untyped]
 
     ffi = cffi.FFI()
     ffi.cdef(_CDEF)

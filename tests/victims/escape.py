@@ -266,15 +266,13 @@ def nested_userns():
         write("/proc/self/gid_map", f"0 {gid} 1")
     except Refused:
         pass
-    caps = [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1]
+    caps = [ln for ln in open("/proc/self/status") if ln.startswith("CapEff")][0].split()[1]
     got = []
     for name, fn in (("devtmpfs", mount_devtmpfs), ("settimeofday", settimeofday),
                      ("init_module", init_module), ("swappiness", lambda: swappiness("61"))):
         try:
             got.append(f"{name}: {fn()}")
-        except Refused as r:
-            pass
-        except OSError:
+        except (Refused, OSError):
             pass
     if got:
         return "; ".join(got)
@@ -284,7 +282,7 @@ def nested_userns():
 def cgroup_limits(limit):
     """Raise the workspace's pids limit and leave its cgroup, through a cgroupfs of its own."""
     mount("none", "/tmp/cg", "cgroup", 0, "pids")
-    own = [l.split(":", 2)[2].strip() for l in open("/proc/self/cgroup") if ":pids:" in l][0]
+    own = [ln.split(":", 2)[2].strip() for ln in open("/proc/self/cgroup") if ":pids:" in ln][0]
     write(f"/tmp/cg{own}/pids.max", limit)
     write("/tmp/cg/cgroup.procs", str(os.getpid()))
     return f"raised {own}/pids.max and moved to the root cgroup"
