@@ -186,6 +186,26 @@ def test_mounts_of_host_file_systems(box, name):
     _refused(box, name)
 
 
+def _host_binfmt(name: str, remove: bool) -> bool:
+    """Whether the host's binfmt_misc table has ``name`` (removed with ``remove``): looked at
+    through a mount of its own, in a mount namespace of its own."""
+    import subprocess
+
+    entry = f"/proc/sys/fs/binfmt_misc/{name}"
+    script = (f"mount -t binfmt_misc none /proc/sys/fs/binfmt_misc || exit 2; test -e {entry} || exit 1; "
+              + (f"echo -1 > {entry}; " if remove else "") + "exit 0")
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], timeout=30).returncode == 0
+
+
+@USERNS
+def test_binfmt_misc_is_not_the_hosts(box):
+    attempt("binfmt_misc", "register a binfmt_misc interpreter (run as root by the host)",
+            "user namespace (its own binfmt_misc, Linux ≥ 6.7)")
+    name = f"bunshin_escape_{os.getpid()}"
+    _try(box, "binfmt_misc", name)
+    assert not _host_binfmt(name, remove=True)
+
+
 def _root_dev() -> tuple[int, int]:
     st = os.stat("/")
     return os.major(st.st_dev), os.minor(st.st_dev)

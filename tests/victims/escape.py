@@ -1,8 +1,8 @@
 """Escape attempts, run as root inside a workspace (``python3 /escape.py NAME [ARG...]``) by
 tests/test_escape.py. Each prints one JSON line: ``{"done": bool, "errno": int, "detail": str}``
-where ``done`` means the attempt got through. Each runs in a mount namespace of its own, so
-what a successful one mounts goes with it and later attempts start from the workspace's
-mounts."""
+where ``done`` means the attempt got through. Each runs in a mount namespace of its own (but
+those in LASTING), so what a successful one mounts goes with it and later attempts start from
+the workspace's mounts."""
 
 import ctypes
 import errno
@@ -95,6 +95,20 @@ def mount_sysfs():
 def mount_cgroup():
     mount("none", "/tmp/cg", "cgroup", 0, "pids")
     return "mounted the pids cgroup hierarchy"
+
+
+# attempts whose mounts must outlive them (in the workspace's mount namespace), for the host
+# to look: a binfmt_misc table goes with its last mount
+LASTING = {"binfmt_misc"}
+
+
+def binfmt_misc(name):
+    """An interpreter registered with the kernel: the host's table runs it as root for any
+    file with its magic (here bytes no file starts with, and /bin/false)."""
+    os.makedirs(f"/tmp/binfmt-{name}", exist_ok=True)
+    mount("binfmt_misc", f"/tmp/binfmt-{name}", "binfmt_misc")
+    write(f"/tmp/binfmt-{name}/register", f":{name}:M::\\xde\\xad\\xbe\\xef\\x42\\x55::/bin/false:")
+    return f"registered {name} in a binfmt_misc"
 
 
 def mount_block(major, minor):
@@ -311,8 +325,9 @@ def route(addrs):
 def main():
     name, args = sys.argv[1], sys.argv[2:]
     try:
-        sys_("unshare", CLONE_NEWNS)
-        mount(None, "/", None, 0x4000 | 0x40000)  # MS_REC | MS_PRIVATE
+        if name not in LASTING:
+            sys_("unshare", CLONE_NEWNS)
+            mount(None, "/", None, 0x4000 | 0x40000)  # MS_REC | MS_PRIVATE
         detail = globals()[name](*args)
         out = {"done": True, "errno": 0, "detail": detail}
     except Refused as r:
