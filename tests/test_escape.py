@@ -251,7 +251,9 @@ def test_the_clock(box, name):
     (attempt("kexec_file_load", "kexec_file_load", "seccomp; CAP_SYS_BOOT dropped"),
      "/sys/kernel/kexec_loaded"),
     (attempt("reboot", "reboot(CAD_OFF)", "seccomp; CAP_SYS_BOOT dropped"), "/proc/uptime"),
-    (attempt("swapon", "swapon", "seccomp"), "/proc/swaps")])
+    (attempt("swapon", "swapon", "seccomp"), "/proc/swaps"),
+    (attempt("i386_keyctl", "keyctl through the i386 ABI (int $0x80)", "seccomp (its i386 part)"),
+     "/proc/keys")])
 def test_the_kernel_and_the_machine(box, name, host_file):
     before = _read(host_file) if host_file != "/proc/uptime" else ""
     _refused(box, name, want=(errno.EPERM,))

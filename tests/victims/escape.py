@@ -161,6 +161,27 @@ def clock_adjtime():
     return "adjusted the clock"
 
 
+def i386_keyctl():
+    """keyctl (denied, and needing no capability) through the i386 ABI (int $0x80), which a
+    filter for x86-64 numbers alone would let through."""
+    import mmap
+
+    code = bytes.fromhex("53"            # push rbx (callee-saved)
+                         "b820010000"    # mov eax, 288 (i386 keyctl)
+                         "31db"          # xor ebx, ebx (KEYCTL_GET_KEYRING_ID)
+                         "b9fdffffff"    # mov ecx, -3 (KEY_SPEC_SESSION_KEYRING)
+                         "31d2"          # xor edx, edx
+                         "cd80"          # int $0x80
+                         "5b" "c3")      # pop rbx; ret
+    buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(code)
+    fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+    got = fn()
+    if got < 0:
+        raise Refused(-got, f"i386 keyctl: {os.strerror(-got)}")
+    return f"i386 keyctl gave the session keyring {got}"
+
+
 def init_module():
     image = b"\x7fELF" + b"\0" * 60  # not a module: an allowed call fails with ENOEXEC
     sys_("init_module", ctypes.c_char_p(image), len(image), ctypes.c_char_p(b""))
