@@ -34,10 +34,11 @@ def check_seccomp(plans: list[ProcPlan]) -> None:
     """Refuse to fork a process that added seccomp filters of its own when seizes cannot
     suspend them: the fork's injected calls could be refused, or kill it. Filters every
     process inherited from the trainer allow what the trainer itself does, so they are no
-    reason to refuse."""
+    reason to refuse; nor are the init's, a sandbox's (bunshin.sandbox), which every process
+    inherits: they deny no call the fork makes."""
     if suspends_seccomp() is not False:
         return
-    own = seccomp_filters(proc_status("self"))
+    own = max(seccomp_filters(proc_status("self")), plans[0].seccomp_filters)
     filtered = next((pl for pl in plans if pl.seccomp_filters > own), None)
     if filtered is not None:
         raise ForkError(

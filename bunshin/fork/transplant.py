@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from ..compel import Tracee, suspends_seccomp
 from ..errors import ForkError
-from .plan import ProcPlan, proc_status, read_text
+from .plan import ProcPlan, proc_status, read_text, seccomp_filters
 
 log = logging.getLogger("bunshin.fork")
 PAGE = mmap.PAGESIZE
@@ -310,6 +310,10 @@ def read_filters(pid: int, proc: ProcPlan) -> list[tuple[int, bytes]]:
     """The process's seccomp filters with their flags, oldest first, asked of the kernel by its
     tracer (PTRACE_SECCOMP_GET_FILTER: this thread, which seized it). One that hands calls to a
     listener (SECCOMP_RET_USER_NOTIF) is refused: its listener cannot be had again."""
+    return _filters(pid, proc.seccomp_filters, f"process {proc.vpid} ({proc.name})")
+
+
+def _filters(pid: int, count: int, what: str) -> list[tuple[int, bytes]]:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -320,12 +324,12 @@ def read_filters(pid: int, proc: ProcPlan) -> list[tuple[int, bytes]]:
                            ctypes.c_long(addr), data)
         if got < 0:
             e = ctypes.get_errno()
-            raise ForkError(f"process {proc.vpid} ({proc.name}): reading its seccomp filter "
-                            f"{addr}: {os.strerror(e)}", pid=pid, step="seccomp", errno=e)
+            raise ForkError(f"{what}: reading its seccomp filter {addr}: {os.strerror(e)}",
+                            pid=pid, step="seccomp", errno=e)
         return got
 
     out = []
-    for i in range(proc.seccomp_filters):  # 0: the newest
+    for i in range(count):  # 0: the oldest (the kernel counts from the first installed)
         n = ptrace(_PTRACE_SECCOMP_GET_FILTER, i, None)
         prog = ctypes.create_string_buffer(8 * n)
         ptrace(_PTRACE_SECCOMP_GET_FILTER, i, prog)
@@ -336,12 +340,12 @@ def read_filters(pid: int, proc: ProcPlan) -> list[tuple[int, bytes]]:
             op, _jt, _jf, k = struct.unpack_from("HBBI", code, at)
             # a return of the accumulator may be any action, that one too
             if op == _BPF_RET_A or (op == _BPF_RET_K and k & 0xFFFF0000 == _SECCOMP_RET_USER_NOTIF):
-                raise ForkError(f"process {proc.vpid} ({proc.name}): its seccomp filter {i} hands "
-                                "calls to a listener (SECCOMP_RET_USER_NOTIF)"
+                raise ForkError(f"{what}: its seccomp filter {i} hands calls to a listener "
+                                "(SECCOMP_RET_USER_NOTIF)"
                                 + (" or may (it returns a computed action)" if op == _BPF_RET_A else "")
                                 + ", which a transplant cannot have again", pid=pid, step="seccomp")
         out.append((struct.unpack("QQ", meta.raw[:16])[1], code))
-    return out[::-1]
+    return out
 
 
 def read_limits(pid: int) -> dict[int, tuple[int, int]]:
@@ -766,7 +770,7 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
         calls.append(("prctl", (_PR_SET_MEMORY_MERGE, s.memory_merge, 0, 0, 0)))
     # as root (no need of no_new_privs), before its threads are made (they get them): the
     # fork's own calls pass them (PTRACE_O_SUSPEND_SECCOMP)
-    for how, program in s.filters:
+    for how, program in _new_filters(b, s):
         at = reg.put(t, program)
         calls.append(("seccomp", (_SECCOMP_SET_MODE_FILTER, how,
                                   reg.put(t, struct.pack("H6xQ", len(program) // 8, at)))))
@@ -785,6 +789,20 @@ def _task_state(b: _Blank, src: Tracee, s: Source) -> None:
                 raise ForkError(f"{b.what}: transplant: its {name} {want.strip()} cannot be set: "
                                 f"{e.strerror}", pid=t.pid, step="transplant",
                                 errno=e.errno) from None
+
+
+def _new_filters(b: _Blank, s: Source) -> list[tuple[int, bytes]]:
+    """The process's seccomp filters the blank lacks. A blank made from the child's init, or
+    from a parent's clone, holds the filters every process inherits from the workspace's init
+    (a sandbox's, bunshin.sandbox): the process's oldest ones, not to be stacked twice."""
+    have = seccomp_filters(proc_status(b.t.pid))
+    if not have:
+        return s.filters
+    mine = [code for _, code in _filters(b.t.pid, have, b.what + "'s blank")]
+    if mine != [code for _, code in s.filters[:have]]:
+        raise ForkError(f"{b.what}: transplant: its seccomp filters do not begin with the "
+                        f"{have} its blank inherited", pid=b.t.pid, step="seccomp")
+    return s.filters[have:]
 
 
 def _ioprio(frm: int, to: int) -> None:

@@ -22,10 +22,11 @@ How each clone is made (:class:`Shape`):
   the process, its memory copied): a process under another uid, and a parent's other children.
 
 Deviations, each a process made ``OWN`` (or, under another uid, ``COPY`` by the child's init),
-so a child of the child's init (Shape.flat, logged): one whose parent has seccomp filters (its
-blank would keep them beside its own), one with another exit signal than SIGCHLD, one in
-neither its parent's session nor one of its own (its parent left that session), and a process
-under the init's uid a transplant cannot make (transplant.refusal).
+so a child of the child's init (Shape.flat, logged): one whose parent has seccomp filters beyond
+the init's, which every process inherits (its blank would keep them beside its own), one with
+another exit signal than SIGCHLD, one in neither its parent's session nor one of its own (its
+parent left that session), and a process under the init's uid a transplant cannot make
+(transplant.refusal).
 
 Sessions: a parent's clone joins its session and group (setsid with the terminal of a
 session leader, ptys.take_terminal; setpgid) before it makes its children, who so inherit
@@ -89,8 +90,8 @@ def shape(plans: list[ProcPlan], transplants, filters=lambda p: None) -> Shape:
     for p in plans[1:]:  # under its parent, or (None) the init
         parent = by.get(p.ppid) if p.ppid != init.vpid else None
         why = None if parent is None else (
-            "its parent has seccomp filters (a blank of it would keep them)"
-            if parent.seccomp_filters else
+            "its parent has seccomp filters of its own (a blank of it would keep them)"
+            if parent.seccomp_filters > init.seccomp_filters else
             f"its exit signal is {p.exit_signal}, not SIGCHLD" if p.exit_signal != signal.SIGCHLD
             else "its parent has left its session" if p.sid not in (parent.sid, p.vpid) else None)
         if why is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from .. import _core, config, criu
+from .. import _core, config, criu, sandbox
 from .._core import _syscalls
 from ..errors import (
     BunshinError,
@@ -258,6 +258,7 @@ class Workspace:
         hostname: str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         ready_timeout: float = 30.0,
+        isolation: str = "trusted",
     ) -> Workspace:
         """Start a workspace.
 
@@ -266,6 +267,9 @@ class Workspace:
         image (layout directory, OCI archive or ``docker save`` archive), or ``"debian:SUITE"``.
         ``memory_limit`` (bytes or "512M"/"2G") and ``pids_limit`` bound the whole workspace.
         ``env`` and ``workdir`` are the defaults for every tool call.
+        ``isolation``: ``"sandbox"`` adds container-runtime defaults (seccomp filter,
+        capability bounding set, masked and read-only /proc and /sys: :mod:`bunshin.sandbox`);
+        ``"trusted"`` gives the workspace's root the host's powers.
         """
         if os.geteuid() != 0:
             raise PermissionDenied("bunshin needs root (namespaces, mounts, cgroups); run as root")
@@ -274,6 +278,7 @@ class Workspace:
         if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.match(hostname)):
             raise BunshinError(f"hostname must be a valid host name (letters, digits, '-'; ≤ 63), got {hostname!r}")
         max_output = _check_max_output(max_output)
+        isolation = sandbox.check_isolation(isolation)
         if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
                                        or pids_limit < 1):
             raise LimitError("pids_limit must be an int ≥ 1 (processes + threads in the workspace), "
@@ -283,7 +288,8 @@ class Workspace:
         a = allocate(limits, rootfs=rfs.source, lowers=[str(p) for p in rfs.lowers])
         body = Body(a.dir, a.cgroup, a.meta, rfs)
         config = WorkspaceConfig(env={**DEFAULT_ENV, **env}, workdir=workdir, max_output=max_output,
-                                 limits=limits, hostname=hostname or f"bunshin-{body.id[:6]}")
+                                 limits=limits, hostname=hostname or f"bunshin-{body.id[:6]}",
+                                 isolation=isolation)
         self = cls.from_body(config, body)
         try:
             rfs.prepare_upper(body.dir.upper)
@@ -309,7 +315,8 @@ class Workspace:
             argv += ["--cgroup", f]
         try:
             pid, pidfd = _syscalls.clone_exec(_NS_FLAGS, str(_core.init_path()), argv,
-                                              ["PATH=" + DEFAULT_ENV["PATH"]], (null, null, logfd),
+                                              ["PATH=" + DEFAULT_ENV["PATH"], *self._sandbox_env()],
+                                              (null, null, logfd),
                                               theirs.fileno())
         except OSError as e:
             ours.close()
@@ -336,6 +343,9 @@ class Workspace:
         b.open_root()
         self._config = replace(self._config,
                                run_shell="/bin/bash" if self._exists("/bin/bash") else "/bin/sh")
+
+    def _sandbox_env(self) -> tuple[str, ...]:
+        return sandbox.init_env() if self._config.isolation == "sandbox" else ()
 
     def _exists(self, path: str) -> bool:
         try:

@@ -25,6 +25,9 @@ int loopback_up(char *err, size_t errlen);
 /* nsfds: NULL, or [net, ipc, uts] namespaces to join (made ahead of the fork) */
 int reroot_after_fork(int mfd, const int *nsfds, const char *hostname, char *err, size_t errlen);
 
+/* sandbox.c: isolation="sandbox" (a no-op for a trusted workspace) */
+int sandbox_apply(const char *root, char *err, size_t errlen);
+
 /* spawn.c */
 struct spawned_info {
 	pid_t pid;

@@ -158,7 +158,7 @@ int mount_submounts(const char *root, char *err, size_t errlen)
 		return -1;
 	snprintf(p, sizeof(p), "%s/tmp", root);
 	mkdir(p, 01777);
-	return 0;
+	return sandbox_apply(root, err, errlen);
 }
 
 /* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves the
