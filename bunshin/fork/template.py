@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from collections.abc import Callable, Sequence
 from ..errors import BunshinError, ForkError, WorkspaceClosed
 from ..runtime import layers
 from ..runtime.body import Body, SessionCopy, session_copies
+from ..runtime.channel import Channel
 from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
@@ -49,7 +51,6 @@ from .plan import Unsettled, plan_tree
 if TYPE_CHECKING:
     from ..compel import Tracee
     from ..runtime.cgroup.base import Cgroup
-    from ..runtime.channel import Channel
     from ..runtime.statedir import WorkspaceDir
 
 log = logging.getLogger("bunshin.fork")
@@ -451,7 +452,9 @@ class _Child:
         self.settled = False  # the init is in its root, on its own CPUs (one made ahead is)
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         ei = slot.early if slot is not None else None
-        if slot is not None and ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
+        rooting = isinstance(ei, _RootingInit)  # on its way into its root: settle() waits
+        if slot is not None and ei is not None and not (
+                hostname is None and (rooting or ei.chan.ready and ei.meta is not None)):
             earlyinit.drop_mids(ei.mids, tracees)
             slot.destroy()  # its init did not settle, or has another hostname: start afresh
             core.child_init_gone()
@@ -468,7 +471,7 @@ class _Child:
         self.host = hostname or core.config.hostname
         if slot.early is not None:  # its init is in its root already (earlyinit.py)
             ei, slot.early = slot.early, None
-            self.settled = True  # earlyinit.settle
+            self.settled = not rooting  # else earlyinit.settle's wait is settle()'s
             self.ci, self.chan, self.pidfd, self.meta = ei.ci, ei.chan, ei.pidfd, ei.meta
             self.masters, ei.masters = ei.masters, {}
             self.mids, ei.mids = ei.mids, {}
@@ -649,7 +652,8 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     """Freeze a body for good and plan its fork: its processes become a template, which owns
     it once made; on failure thaw and raise."""
     cg = body.cgroup
-    cg.freeze()
+    if not cg.frozen():  # an unrun fork is (hand_out)
+        cg.freeze()
     try:
         return TemplateCore(body, _plan_settled(cg), shells, config, build)
     except BaseException:
@@ -680,41 +684,61 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     cg.freeze()
     frozen = body.dir.frozen_path()
     copy: Future | None = None
+    sp = spares.take() if spares is not None else None  # the first child's root goes on it
 
     def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
-        nonlocal copy
+        nonlocal copy, sp
         if copy is not None:
-            _discard(copy, frozen)
+            if _discard(copy, frozen):
+                sp = None  # gone with the slot made on it
             copy = None
 
     seized: tuple[dict, seize.Pinned] | None = None
+    unrooted: _Unrooted | None = None
     try:
         # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
         # the overlay mount on it are made in the copy's thread while the fork thread plans
         # and seizes the processes (each stops before its next instruction: nothing it could
-        # write is missed by the copy)
-        copy = _start_copy(body, frozen, spares, until_started=False)
+        # write is missed by the copy), then clones the first child's init into the spare's
+        # cgroup, which moves into its root once the copy is mounted
+        copy = _start_copy(body, frozen, sp, until_started=False)
         try:
-            plans, sysv, seized = keeper.fork_thread().run(_plan_and_seize, cg, body.init_pid)
+            plans, sysv, seized, unrooted = keeper.fork_thread().run(
+                _plan_and_seize, cg, body.init_pid, body.channel, sp)
         except Unsettled:
             # the group runs in short spells until the process is through (_plan_settled),
             # without the copy, which is made again once the plan is
             before_thaw()
+            if sp is None:
+                sp = spares.take() if spares is not None else None
             plans, sysv = _plan_settled(cg, before_thaw), None
-            copy = _start_copy(body, frozen, spares)
+            copy = _start_copy(body, frozen, sp)
             seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
+        if unrooted is not None:
+            if slot is not None:
+                slot.early = unrooted.root(body.channel.sock, slot, config.hostname)
+            else:  # no root for it: the fork makes its own slot
+                unrooted.discard()
+            unrooted = None
+        if slot is None and sp is not None:
+            sp.destroy()
+        sp = None  # the slot's
         core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen, sysv=sysv)
         core.hold(*seized)
         seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
             core.slots.append(slot)
     except BaseException:
-        if copy is not None:
-            _discard(copy, frozen)  # the source stays frozen until the copy is over
+        if unrooted is not None:
+            unrooted.discard()  # before its cgroup goes (sp, or the copy's slot)
+        if copy is not None and _discard(copy, frozen):  # the source stays frozen until the copy is over
+            sp = None  # gone with the slot made on it
+        if sp is not None:
+            sp.destroy()
         if seized is not None:
             keeper.fork_thread().run(_release_source, cg, *seized)
         cg.thaw()
@@ -723,13 +747,69 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
-def _plan_and_seize(cg, init_pid: int) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
-    """A frozen source's plan with its SysV objects, and its processes seized (_seize_source),
-    in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
-    Unsettled: nothing seized."""
+def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None
+                    ) -> tuple[list, tuple, tuple[dict, seize.Pinned], _Unrooted | None]:
+    """A frozen source's plan with its SysV objects, its processes seized (_seize_source) and,
+    given a spare, the first child's init cloned into its cgroup (_Unrooted), in the fork
+    thread: one hand-off for all, while the caller's thread waits for the copy. Unsettled:
+    nothing seized."""
     plans = plan_tree(cg.pids())
-    sysv = sysv_objects(init_pid, plans)
-    return plans, sysv, _seize_source(cg, plans)
+    sysv = sysv_objects(init_pid, plans)  # may refuse: before anything is seized
+    tracees, pin = _seize_source(cg, plans)
+    unrooted = None
+    if sp is not None and earlyinit.enabled():
+        try:
+            unrooted = _Unrooted(*engine.clone_init_unrooted(tracees[init_pid], chan.sock, sp.cg, pin))
+        except (BunshinError, OSError) as e:  # the fork clones it, and says what fails
+            log.info("workspace %s: the child's init not cloned beside the copy: %s", sp.dir.id, e)
+        except BaseException:
+            _release_source(cg, tracees, pin)
+            raise
+    return plans, sysv, (tracees, pin), unrooted
+
+
+class _RootingInit(earlyinit.EarlyInit):
+    """A child's init told to move into its root, not known to be there yet: the fork waits
+    for it (_Child.settle)."""
+
+
+@dataclass
+class _Unrooted:
+    """A ``ws.fork()``'s first child's init, cloned from the source's while the source's
+    upper layer is copied (the fork thread would wait for that copy), and given its root
+    once the copy is mounted."""
+
+    ci: Tracee
+    made: Any  # its pooled namespaces (nspool.NsSet), until it has them
+
+    def root(self, tpl_sock, slot: slots.Slot, hostname: str) -> _RootingInit:
+        """Send the init its root, the slot's (whose mount fd it takes over); on failure
+        it is killed."""
+        made, self.made = self.made, None  # reroot() closes them
+        sock = engine.reroot(self.ci, tpl_sock, slot.mount_fd, hostname, made)
+        try:
+            pidfd = os.pidfd_open(self.ci.pid)
+        except BaseException:
+            sock.close()
+            os.kill(self.ci.pid, signal.SIGKILL)
+            raise
+        os.close(slot.mount_fd)
+        slot.mount_fd = -1
+        return _RootingInit(self.ci, Channel(sock, f"workspace {slot.dir.id}"), pidfd)
+
+    def discard(self) -> None:
+        """Kill it (the fork failed before it had its root), once it is gone."""
+        if self.made is not None:
+            self.made.close()
+        try:
+            fd = os.pidfd_open(self.ci.pid)
+        except ProcessLookupError:
+            return
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            wait_exit_pidfd(fd, 5)
+        finally:
+            os.close(fd)
 
 
 def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
@@ -750,7 +830,7 @@ def _release_source(cg, tracees: dict, pin: seize.Pinned) -> None:
     seize.release_all(cg, tracees)
 
 
-def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None,
+def _start_copy(body: Body, frozen: Path, sp: slots.Spare | None,
                 until_started: bool = True) -> Future:
     """_copy_upper in the copy's thread; ``until_started``: returns once that thread is in the
     copy's system call, for a caller that plans meanwhile (a thread waiting for the GIL while
@@ -762,38 +842,39 @@ def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None,
     started = threading.Event()
     pool = _copier.get()
     assert pool is not None  # its make() never turns it off
-    copy = pool.submit(_copy_upper, make, started, body, frozen, spares)
+    copy = pool.submit(_copy_upper, make, started, body, frozen, sp)
     if until_started:
         started.wait()
     return copy
 
 
 def _copy_upper(make: Callable[[], None], started: threading.Event, body: Body, frozen: Path,
-                spares: slots.Spares | None) -> slots.Slot | None:
+                sp: slots.Spare | None) -> slots.Slot | None:
     """``body``'s upper layer frozen at ``frozen`` (by ``make``), and a slot for its first
-    child, its root mounted on it (from one of ``spares``; None if there is none ready)."""
+    child, its root mounted on it (on the spare ``sp``, which the slot takes over; None if
+    there is none, or the mount failed: ``sp`` stays the caller's)."""
     started.set()
     make()
-    sp = spares.take() if spares is not None else None
     if sp is None:
         return None
     try:
         lowers = _child_lowers(frozen / "upper", body)
         return slots.Slot(sp.dir, sp.cg, engine.overlay_fd(lowers, sp.dir.upper, sp.dir.work))
     except BaseException:  # noqa: BLE001 - the fork mounts one itself, and says what fails
-        sp.destroy()
         return None
 
 
-def _discard(copy: Future, frozen: Path) -> None:
-    """Once the copy is over, remove what it made."""
+def _discard(copy: Future, frozen: Path) -> bool:
+    """Once the copy is over, remove what it made; returns whether that was a slot (its
+    spare goes with it)."""
     try:
         slot = copy.result()
     except BaseException:  # noqa: BLE001 - nothing made (layers.freeze leaves nothing on failure)
-        return
+        return False
     if slot is not None:
         slot.destroy()
     layers.remove(frozen)
+    return slot is not None
 
 
 # the thread that copies sources' upper layers (freeze_source)
