@@ -46,6 +46,7 @@ from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots, tree
 from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
+from .resources.sysv_ipc import ids as sysv_ids, in_ipc_ns
 from .plan import Unsettled, plan_tree
 
 if TYPE_CHECKING:
@@ -449,6 +450,7 @@ class _Child:
         self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
         self.mids: dict = {}  # intermediates made ahead, until their process is cloned
         self.born_in_cg: set[int] = set()  # template pids whose clone came from one (in self.cg)
+        self.asked: set[int] = set()  # template pids whose fixups' questions are answered (ask)
         self.settled = False  # the init is in its root, on its own CPUs (one made ahead is)
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         ei = slot.early if slot is not None else None
@@ -548,11 +550,18 @@ class _Child:
         assert cg is not None  # before finish()
         if pl.hostpid not in self.born_in_cg and not self.cloner.in_child:
             cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
-        resources.ask_template(self.context(), pl)
+        self.ask(pl)
         ctx = self.ready()
         engine.fix_process(ctx, pl, c)
         if pl.hostpid not in ctx.cpus:  # not given back with its fixups
             self.pin.release_clone(pl.hostpid, c)
+
+    def ask(self, pl) -> None:
+        """Ask ``pl``'s template process what its clone's fixups need (resources.ask_template),
+        once; the init need not be in its root yet."""
+        if pl.hostpid not in self.asked:
+            resources.ask_template(self.context(), pl)
+            self.asked.add(pl.hostpid)
 
     def finish(self) -> None:
         ctx = self.ready()  # a workspace of its init alone has had no fixup to wait for it
@@ -664,7 +673,13 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
 def sysv_objects(init_pid: int, plans) -> tuple:
     """The template's SysV segments, semaphore sets and message queues (sysv_sem refuses what
     it cannot carry)."""
+    if not in_ipc_ns(init_pid, _any_sysv):  # most workspaces: one visit of the namespace, not three
+        return [], sysv_sem.Sets([], {}), sysv_msg.Queues([], {})
     return sysv_shm.segments(init_pid), sysv_sem.sets(init_pid, plans), sysv_msg.queues(init_pid)
+
+
+def _any_sysv() -> bool:
+    return any(sysv_ids(kind) for kind in ("shm", "sem", "msg"))
 
 
 def _child_lowers(own: Path, body: Body) -> tuple[Path, ...]:

@@ -197,6 +197,8 @@ class Maker:
         for p in self.shape.kids[self.core.plans[0].vpid]:
             self._make(k, ctx, p, None, made)
         earlyinit.drop_mids(k.mids, self.tracees)  # those of clones made by their parents'
+        for pl in self.core.plans[1:]:  # the template's answers, while the init may still move
+            k.ask(pl)
         k.ready()
         k.clones[:] = [made[pl.vpid] for pl in self.core.plans[1:]]
         # fixed once all exist, in plan order as a flat tree's: the resources that share a file
