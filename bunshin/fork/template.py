@@ -447,6 +447,7 @@ class _Child:
         self.body: Body | None = None
         self.pidfd = -1
         self.meta = None
+        self.meta_written: Future | None = None  # the meta file's write, when another thread makes it
         self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
         self.mids: dict = {}  # intermediates made ahead, until their process is cloned
         self.born_in_cg: set[int] = set()  # template pids whose clone came from one (in self.cg)
@@ -475,6 +476,8 @@ class _Child:
             ei, slot.early = slot.early, None
             self.settled = not rooting  # else earlyinit.settle's wait is settle()'s
             self.ci, self.chan, self.pidfd, self.meta = ei.ci, ei.chan, ei.pidfd, ei.meta
+            if isinstance(ei, _RootingInit):
+                self.meta_written = ei.written
             self.masters, ei.masters = ei.masters, {}
             self.mids, ei.mids = ei.mids, {}
             return
@@ -574,6 +577,8 @@ class _Child:
         engine.finish_child(ctx)
         masters = ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
         meta = self.meta
+        if self.meta_written is not None:
+            self.meta_written.result()
         if meta is None:
             meta = core.child_meta(d, cg, self.init_pid)
             d.write_meta(meta)
@@ -646,6 +651,7 @@ class _Child:
         if self.cg is not None:
             self.cg.destroy()
             self.cg = None
+        _wait_quietly(self.meta_written)
         if self.d is not None:
             self.d.remove()
             self.d = None
@@ -746,6 +752,10 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         core.hold(*seized)
         seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
+            ei = slot.early
+            if isinstance(ei, _RootingInit):  # written beside the fork, not in it
+                ei.meta = core.child_meta(slot.dir, slot.cg, ei.ci.pid)
+                ei.written = _copier_pool().submit(slot.dir.write_meta, ei.meta)
             core.slots.append(slot)
     except BaseException:
         if unrooted is not None:
@@ -783,9 +793,24 @@ def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None
     return plans, sysv, (tracees, pin), unrooted
 
 
+@dataclass
 class _RootingInit(earlyinit.EarlyInit):
     """A child's init told to move into its root, not known to be there yet: the fork waits
-    for it (_Child.settle)."""
+    for it (_Child.settle). Its meta file is written by the copy's thread meanwhile."""
+
+    written: Future | None = None  # the write of its meta file
+
+    def discard(self) -> None:
+        _wait_quietly(self.written)  # before its directory goes
+        super().discard()
+
+
+def _wait_quietly(f: Future | None) -> None:
+    if f is not None:
+        try:
+            f.result()
+        except BaseException:  # noqa: BLE001 - its directory goes all the same
+            pass
 
 
 @dataclass
@@ -855,9 +880,7 @@ def _start_copy(body: Body, frozen: Path, sp: slots.Spare | None,
     except OSError as e:
         raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
     started = threading.Event()
-    pool = _copier.get()
-    assert pool is not None  # its make() never turns it off
-    copy = pool.submit(_copy_upper, make, started, body, frozen, sp)
+    copy = _copier_pool().submit(_copy_upper, make, started, body, frozen, sp)
     if until_started:
         started.wait()
     return copy
@@ -894,6 +917,12 @@ def _discard(copy: Future, frozen: Path) -> bool:
 
 # the thread that copies sources' upper layers (freeze_source)
 _copier = PerProcess(lambda: ThreadPoolExecutor(1, thread_name_prefix="bunshin-layer-copy"))
+
+
+def _copier_pool() -> ThreadPoolExecutor:
+    pool = _copier.get()
+    assert pool is not None  # its make() never turns it off
+    return pool
 
 
 VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec
