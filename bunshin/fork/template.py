@@ -915,7 +915,8 @@ def _discard(copy: Future, frozen: Path) -> bool:
     return slot is not None
 
 
-# the thread that copies sources' upper layers (freeze_source)
+# the thread that copies sources' upper layers, then writes the meta file of the first child
+# of each (freeze_source)
 _copier = PerProcess(lambda: ThreadPoolExecutor(1, thread_name_prefix="bunshin-layer-copy"))
 
 
