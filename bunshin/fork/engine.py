@@ -98,18 +98,14 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
     and uts namespaces come ready-made from the pool when it has some (the init joins them).
     The init is let go on the CPUs other than the engine's, so that its move into the new
     root runs beside the clones made meanwhile, not in their place on the pinned CPU."""
-    ci, made = clone_init_unrooted(tinit, tpl_sock, cgroup, pin)
+    ci, made = clone_init_unrooted(tinit, cgroup, pin)
     return ci, reroot(ci, tpl_sock, mount_fd, hostname, made)
 
 
-def clone_init_unrooted(tinit: Tracee, tpl_sock: socket.socket, cgroup,
-                        pin: Pinned) -> tuple[Tracee, nspool.NsSet | None]:
-    """The first half of :func:`clone_init`: the child's init, running (detached) in
-    ``cgroup`` and waiting for its REROOT (:func:`reroot`, with the pooled namespaces
-    returned, which it then owns), before its root exists. The template's init shares
-    this socket but is stopped: only the clone reads it (and, until it has, no other clone
-    is made: _wait_taken)."""
-    _wait_taken(tpl_sock)
+def clone_init_unrooted(tinit: Tracee, cgroup, pin: Pinned) -> tuple[Tracee, nspool.NsSet | None]:
+    """The first half of :func:`clone_init`: the child's init in ``cgroup``, stopped until
+    :func:`reroot` (given the pooled namespaces returned, which it then owns) sends it its
+    root, which need not exist yet."""
     p = nspool.pool()
     made = p.take() if p is not None else None
     try:
@@ -121,9 +117,8 @@ def clone_init_unrooted(tinit: Tracee, tpl_sock: socket.socket, cgroup,
     try:
         cgroup.add(ci.pid)
         pin.release_clone(tinit.pid, ci, away=True)
-        ci.detach()
     except BaseException:
-        os.kill(ci.pid, signal.SIGKILL)
+        discard_clone(ci)
         if made:
             made.close()
         raise
@@ -134,15 +129,20 @@ def reroot(ci: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: str,
            made: nspool.NsSet | None) -> socket.socket:
     """Send the child's init cloned by :func:`clone_init_unrooted` its root (``mount_fd``
     stays the caller's), hostname, new control socket and pooled namespaces (``made``,
-    closed here); returns the trainer's end of that socket. On failure the init is killed."""
+    closed here), and let it run; returns the trainer's end of that socket. The template's
+    init shares this socket but is stopped: only the clone reads it, and it runs only once
+    every message sent before is taken (_wait_taken), so that it reads its own first. On
+    failure the init is killed."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
+        _wait_taken(tpl_sock)
         payload = hostname.encode()
         fds = [mount_fd, theirs.fileno(), *(made.fds() if made else ())]
         msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), len(fds)) + payload
         socket.send_fds(tpl_sock, [msg], fds)
+        ci.detach()
     except BaseException:
-        os.kill(ci.pid, signal.SIGKILL)
+        discard_clone(ci)
         ours.close()
         raise
     finally:
@@ -156,7 +156,7 @@ def _wait_taken(tpl_sock: socket.socket, timeout: float = 5.0) -> None:
     """Every init cloned from the template holds the template's end of this socket until its
     REROOT replaces it, so a new clone could take the message sent to the previous one (and
     each init would move into the other's root and answer the other's channel). A clone is
-    therefore made only once every message sent is taken: nothing left in the socket's
+    therefore let run only once every message sent is taken: nothing left in the socket's
     queue (SIOCOUTQ: bytes sent and not yet received)."""
     deadline = time.monotonic() + timeout
     buf = bytearray(4)

@@ -715,17 +715,16 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             copy = None
 
     seized: tuple[dict, seize.Pinned] | None = None
-    unrooted: _Unrooted | None = None
     try:
         # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
         # the overlay mount on it are made in the copy's thread while the fork thread plans
         # and seizes the processes (each stops before its next instruction: nothing it could
         # write is missed by the copy), then clones the first child's init into the spare's
-        # cgroup, which moves into its root once the copy is mounted
+        # cgroup, and sends it into its root once the copy is mounted
         copy = _start_copy(body, frozen, sp, until_started=False)
         try:
-            plans, sysv, seized, unrooted = keeper.fork_thread().run(
-                _plan_and_seize, cg, body.init_pid, body.channel, sp)
+            plans, sysv, seized = keeper.fork_thread().run(
+                _plan_and_seize, cg, body.init_pid, body.channel, sp, copy, config.hostname)
         except Unsettled:
             # the group runs in short spells until the process is through (_plan_settled),
             # without the copy, which is made again once the plan is
@@ -739,12 +738,6 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
-        if unrooted is not None:
-            if slot is not None:
-                slot.early = unrooted.root(body.channel.sock, slot, config.hostname)
-            else:  # no root for it: the fork makes its own slot
-                unrooted.discard()
-            unrooted = None
         if slot is None and sp is not None:
             sp.destroy()
         sp = None  # the slot's
@@ -758,8 +751,6 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
                 ei.written = _copier_pool().submit(slot.dir.write_meta, ei.meta)
             core.slots.append(slot)
     except BaseException:
-        if unrooted is not None:
-            unrooted.discard()  # before its cgroup goes (sp, or the copy's slot)
         if copy is not None and _discard(copy, frozen):  # the source stays frozen until the copy is over
             sp = None  # gone with the slot made on it
         if sp is not None:
@@ -772,25 +763,57 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
-def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None
-                    ) -> tuple[list, tuple, tuple[dict, seize.Pinned], _Unrooted | None]:
-    """A frozen source's plan with its SysV objects, its processes seized (_seize_source) and,
-    given a spare, the first child's init cloned into its cgroup (_Unrooted), in the fork
-    thread: one hand-off for all, while the caller's thread waits for the copy. Unsettled:
-    nothing seized."""
+def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None, copy: Future,
+                    hostname: str) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
+    """A frozen source's plan with its SysV objects and its processes seized (_seize_source),
+    in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
+    Given a spare, the first child's init too (_init_beside_copy). Unsettled: nothing seized."""
     plans = plan_tree(cg.pids())
     sysv = sysv_objects(init_pid, plans)  # may refuse: before anything is seized
     tracees, pin = _seize_source(cg, plans)
-    unrooted = None
     if sp is not None and earlyinit.enabled():
         try:
-            unrooted = _Unrooted(*engine.clone_init_unrooted(tracees[init_pid], chan.sock, sp.cg, pin))
-        except (BunshinError, OSError) as e:  # the fork clones it, and says what fails
-            log.info("workspace %s: the child's init not cloned beside the copy: %s", sp.dir.id, e)
+            _init_beside_copy(tracees[init_pid], chan.sock, sp, pin, copy, hostname)
         except BaseException:
             _release_source(cg, tracees, pin)
             raise
-    return plans, sysv, (tracees, pin), unrooted
+    return plans, sysv, (tracees, pin)
+
+
+def _init_beside_copy(tinit: Tracee, tpl_sock, sp: slots.Spare, pin: seize.Pinned,
+                      copy: Future, hostname: str) -> None:
+    """Clone a ``ws.fork()``'s first child's init into the spare's cgroup while the copy is
+    made (the fork would clone it only once the copy is over), and send it into its root as
+    soon as the copy has mounted it (a _RootingInit, the slot's ``early``). On failure the
+    fork makes its own."""
+    try:
+        ci, made = engine.clone_init_unrooted(tinit, sp.cg, pin)
+    except (BunshinError, OSError) as e:
+        log.info("workspace %s: the child's init not cloned beside the copy: %s", sp.dir.id, e)
+        return
+    try:
+        slot = copy.result()
+    except BaseException:  # noqa: BLE001 - the caller raises it, from copy.result() too
+        slot = None
+    if slot is None:  # no root for it
+        engine.discard_clone(ci)
+        if made:
+            made.close()
+        return
+    try:
+        sock = engine.reroot(ci, tpl_sock, slot.mount_fd, hostname, made)
+        try:
+            pidfd = os.pidfd_open(ci.pid)
+        except BaseException:
+            sock.close()
+            os.kill(ci.pid, signal.SIGKILL)
+            raise
+    except (BunshinError, OSError) as e:  # reroot killed it
+        log.info("workspace %s: the child's init cloned beside the copy: %s", sp.dir.id, e)
+        return
+    os.close(slot.mount_fd)
+    slot.mount_fd = -1
+    slot.early = _RootingInit(ci, Channel(sock, f"workspace {slot.dir.id}"), pidfd)
 
 
 @dataclass
@@ -811,45 +834,6 @@ def _wait_quietly(f: Future | None) -> None:
             f.result()
         except BaseException:  # noqa: BLE001 - its directory goes all the same
             pass
-
-
-@dataclass
-class _Unrooted:
-    """A ``ws.fork()``'s first child's init, cloned from the source's while the source's
-    upper layer is copied (the fork thread would wait for that copy), and given its root
-    once the copy is mounted."""
-
-    ci: Tracee
-    made: Any  # its pooled namespaces (nspool.NsSet), until it has them
-
-    def root(self, tpl_sock, slot: slots.Slot, hostname: str) -> _RootingInit:
-        """Send the init its root, the slot's (whose mount fd it takes over); on failure
-        it is killed."""
-        made, self.made = self.made, None  # reroot() closes them
-        sock = engine.reroot(self.ci, tpl_sock, slot.mount_fd, hostname, made)
-        try:
-            pidfd = os.pidfd_open(self.ci.pid)
-        except BaseException:
-            sock.close()
-            os.kill(self.ci.pid, signal.SIGKILL)
-            raise
-        os.close(slot.mount_fd)
-        slot.mount_fd = -1
-        return _RootingInit(self.ci, Channel(sock, f"workspace {slot.dir.id}"), pidfd)
-
-    def discard(self) -> None:
-        """Kill it (the fork failed before it had its root), once it is gone."""
-        if self.made is not None:
-            self.made.close()
-        try:
-            fd = os.pidfd_open(self.ci.pid)
-        except ProcessLookupError:
-            return
-        try:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-            wait_exit_pidfd(fd, 5)
-        finally:
-            os.close(fd)
 
 
 def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
