@@ -1,7 +1,7 @@
 """ws.fork()'s first child's init is cloned from the source's while the source's upper layer is
-copied, and moves into its root once that copy is mounted (fork/template.py, _Unrooted): from
-the workspace's second fork on, when a spare is ready. Each child is whole all the same, and
-the source runs on."""
+copied, and is sent into its root once that copy is mounted (fork/template.py,
+_init_beside_copy): from the workspace's second fork on, when a spare is ready. Each child is
+whole all the same, and the source runs on."""
 
 from __future__ import annotations
 
