@@ -98,7 +98,14 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
     and uts namespaces come ready-made from the pool when it has some (the init joins them).
     The init is let go on the CPUs other than the engine's, so that its move into the new
     root runs beside the clones made meanwhile, not in their place on the pinned CPU."""
-    _wait_taken(tpl_sock)
+    ci, made = clone_init_unrooted(tinit, cgroup, pin)
+    return ci, reroot(ci, tpl_sock, mount_fd, hostname, made)
+
+
+def clone_init_unrooted(tinit: Tracee, cgroup, pin: Pinned) -> tuple[Tracee, nspool.NsSet | None]:
+    """The first half of :func:`clone_init`: the child's init in ``cgroup``, stopped until
+    :func:`reroot` (given the pooled namespaces returned, which it then owns) sends it its
+    root, which need not exist yet."""
     p = nspool.pool()
     made = p.take() if p is not None else None
     try:
@@ -107,33 +114,49 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
         if made:
             made.close()
         raise
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         cgroup.add(ci.pid)
+        pin.release_clone(tinit.pid, ci, away=True)
+    except BaseException:
+        discard_clone(ci)
+        if made:
+            made.close()
+        raise
+    return ci, made
+
+
+def reroot(ci: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: str,
+           made: nspool.NsSet | None) -> socket.socket:
+    """Send the child's init cloned by :func:`clone_init_unrooted` its root (``mount_fd``
+    stays the caller's), hostname, new control socket and pooled namespaces (``made``,
+    closed here), and let it run; returns the trainer's end of that socket. The template's
+    init shares this socket but is stopped: only the clone reads it, and it runs only once
+    every message sent before is taken (_wait_taken), so that it reads its own first. On
+    failure the init is killed."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        _wait_taken(tpl_sock)
         payload = hostname.encode()
         fds = [mount_fd, theirs.fileno(), *(made.fds() if made else ())]
         msg = _HDR.pack(PROTO["REQ_REROOT"], 0, 0, len(payload), len(fds)) + payload
-        # The template's init shares this socket but is stopped: only the clone reads it
-        # (and, until it has, no other clone is made: _wait_taken).
         socket.send_fds(tpl_sock, [msg], fds)
-        pin.release_clone(tinit.pid, ci, away=True)
         ci.detach()
     except BaseException:
-        os.kill(ci.pid, signal.SIGKILL)
+        discard_clone(ci)
         ours.close()
         raise
     finally:
         theirs.close()
         if made:
             made.close()  # the child's init holds them now (or failed, and they go)
-    return ci, ours
+    return ours
 
 
 def _wait_taken(tpl_sock: socket.socket, timeout: float = 5.0) -> None:
     """Every init cloned from the template holds the template's end of this socket until its
     REROOT replaces it, so a new clone could take the message sent to the previous one (and
     each init would move into the other's root and answer the other's channel). A clone is
-    therefore made only once every message sent is taken: nothing left in the socket's
+    therefore let run only once every message sent is taken: nothing left in the socket's
     queue (SIOCOUTQ: bytes sent and not yet received)."""
     deadline = time.monotonic() + timeout
     buf = bytearray(4)

@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from collections.abc import Callable, Sequence
 from ..errors import BunshinError, ForkError, WorkspaceClosed
 from ..runtime import layers
 from ..runtime.body import Body, SessionCopy, session_copies
+from ..runtime.channel import Channel
 from ..runtime.reap import wait_exit_pidfd
 from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
@@ -44,12 +46,12 @@ from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots, tree
 from .perprocess import PerProcess
 from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
+from .resources.sysv_ipc import ids as sysv_ids, in_ipc_ns
 from .plan import Unsettled, plan_tree
 
 if TYPE_CHECKING:
     from ..compel import Tracee
     from ..runtime.cgroup.base import Cgroup
-    from ..runtime.channel import Channel
     from ..runtime.statedir import WorkspaceDir
 
 log = logging.getLogger("bunshin.fork")
@@ -445,13 +447,17 @@ class _Child:
         self.body: Body | None = None
         self.pidfd = -1
         self.meta = None
+        self.meta_written: Future | None = None  # the meta file's write, when another thread makes it
         self.masters: dict[int, int] = {}  # made ahead with the init, until ready() hands them on
         self.mids: dict = {}  # intermediates made ahead, until their process is cloned
         self.born_in_cg: set[int] = set()  # template pids whose clone came from one (in self.cg)
+        self.asked: set[int] = set()  # template pids whose fixups' questions are answered (ask)
         self.settled = False  # the init is in its root, on its own CPUs (one made ahead is)
         slot = core.slots.pop() if core.slots else None  # core.lock is held by fork()
         ei = slot.early if slot is not None else None
-        if slot is not None and ei is not None and not (hostname is None and ei.chan.ready and ei.meta is not None):
+        rooting = isinstance(ei, _RootingInit)  # on its way into its root: settle() waits
+        if slot is not None and ei is not None and not (
+                hostname is None and (rooting or ei.chan.ready and ei.meta is not None)):
             earlyinit.drop_mids(ei.mids, tracees)
             slot.destroy()  # its init did not settle, or has another hostname: start afresh
             core.child_init_gone()
@@ -468,8 +474,10 @@ class _Child:
         self.host = hostname or core.config.hostname
         if slot.early is not None:  # its init is in its root already (earlyinit.py)
             ei, slot.early = slot.early, None
-            self.settled = True  # earlyinit.settle
+            self.settled = not rooting  # else earlyinit.settle's wait is settle()'s
             self.ci, self.chan, self.pidfd, self.meta = ei.ci, ei.chan, ei.pidfd, ei.meta
+            if isinstance(ei, _RootingInit):
+                self.meta_written = ei.written
             self.masters, ei.masters = ei.masters, {}
             self.mids, ei.mids = ei.mids, {}
             return
@@ -545,11 +553,18 @@ class _Child:
         assert cg is not None  # before finish()
         if pl.hostpid not in self.born_in_cg and not self.cloner.in_child:
             cg.add(c.pid)  # first: its threads are then born there, not under the template's limit
-        resources.ask_template(self.context(), pl)
+        self.ask(pl)
         ctx = self.ready()
         engine.fix_process(ctx, pl, c)
         if pl.hostpid not in ctx.cpus:  # not given back with its fixups
             self.pin.release_clone(pl.hostpid, c)
+
+    def ask(self, pl) -> None:
+        """Ask ``pl``'s template process what its clone's fixups need (resources.ask_template),
+        once; the init need not be in its root yet."""
+        if pl.hostpid not in self.asked:
+            resources.ask_template(self.context(), pl)
+            self.asked.add(pl.hostpid)
 
     def finish(self) -> None:
         ctx = self.ready()  # a workspace of its init alone has had no fixup to wait for it
@@ -562,6 +577,8 @@ class _Child:
         engine.finish_child(ctx)
         masters = ctx.shared.pop("pty_masters", {})  # the Workspace's from here on
         meta = self.meta
+        if self.meta_written is not None:
+            self.meta_written.result()
         if meta is None:
             meta = core.child_meta(d, cg, self.init_pid)
             d.write_meta(meta)
@@ -634,6 +651,7 @@ class _Child:
         if self.cg is not None:
             self.cg.destroy()
             self.cg = None
+        _wait_quietly(self.meta_written)
         if self.d is not None:
             self.d.remove()
             self.d = None
@@ -649,7 +667,8 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     """Freeze a body for good and plan its fork: its processes become a template, which owns
     it once made; on failure thaw and raise."""
     cg = body.cgroup
-    cg.freeze()
+    if not cg.frozen():  # an unrun fork is (hand_out)
+        cg.freeze()
     try:
         return TemplateCore(body, _plan_settled(cg), shells, config, build)
     except BaseException:
@@ -660,7 +679,13 @@ def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
 def sysv_objects(init_pid: int, plans) -> tuple:
     """The template's SysV segments, semaphore sets and message queues (sysv_sem refuses what
     it cannot carry)."""
+    if not in_ipc_ns(init_pid, _any_sysv):  # most workspaces: one visit of the namespace, not three
+        return [], sysv_sem.Sets([], {}), sysv_msg.Queues([], {})
     return sysv_shm.segments(init_pid), sysv_sem.sets(init_pid, plans), sysv_msg.queues(init_pid)
+
+
+def _any_sysv() -> bool:
+    return any(sysv_ids(kind) for kind in ("shm", "sem", "msg"))
 
 
 def _child_lowers(own: Path, body: Body) -> tuple[Path, ...]:
@@ -680,11 +705,13 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     cg.freeze()
     frozen = body.dir.frozen_path()
     copy: Future | None = None
+    sp = spares.take() if spares is not None else None  # the first child's root goes on it
 
     def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
-        nonlocal copy
+        nonlocal copy, sp
         if copy is not None:
-            _discard(copy, frozen)
+            if _discard(copy, frozen):
+                sp = None  # gone with the slot made on it
             copy = None
 
     seized: tuple[dict, seize.Pinned] | None = None
@@ -692,29 +719,42 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
         # the overlay mount on it are made in the copy's thread while the fork thread plans
         # and seizes the processes (each stops before its next instruction: nothing it could
-        # write is missed by the copy)
-        copy = _start_copy(body, frozen, spares, until_started=False)
+        # write is missed by the copy), then clones the first child's init into the spare's
+        # cgroup, and sends it into its root once the copy is mounted
+        copy = _start_copy(body, frozen, sp, until_started=False)
         try:
-            plans, sysv, seized = keeper.fork_thread().run(_plan_and_seize, cg, body.init_pid)
+            plans, sysv, seized = keeper.fork_thread().run(
+                _plan_and_seize, cg, body.init_pid, body.channel, sp, copy, config.hostname)
         except Unsettled:
             # the group runs in short spells until the process is through (_plan_settled),
             # without the copy, which is made again once the plan is
             before_thaw()
+            if sp is None:
+                sp = spares.take() if spares is not None else None
             plans, sysv = _plan_settled(cg, before_thaw), None
-            copy = _start_copy(body, frozen, spares)
+            copy = _start_copy(body, frozen, sp)
             seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
             raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
+        if slot is None and sp is not None:
+            sp.destroy()
+        sp = None  # the slot's
         core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen, sysv=sysv)
         core.hold(*seized)
         seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
+            ei = slot.early
+            if isinstance(ei, _RootingInit):  # written beside the fork, not in it
+                ei.meta = core.child_meta(slot.dir, slot.cg, ei.ci.pid)
+                ei.written = _copier_pool().submit(slot.dir.write_meta, ei.meta)
             core.slots.append(slot)
     except BaseException:
-        if copy is not None:
-            _discard(copy, frozen)  # the source stays frozen until the copy is over
+        if copy is not None and _discard(copy, frozen):  # the source stays frozen until the copy is over
+            sp = None  # gone with the slot made on it
+        if sp is not None:
+            sp.destroy()
         if seized is not None:
             keeper.fork_thread().run(_release_source, cg, *seized)
         cg.thaw()
@@ -723,13 +763,77 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     return core
 
 
-def _plan_and_seize(cg, init_pid: int) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
-    """A frozen source's plan with its SysV objects, and its processes seized (_seize_source),
+def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None, copy: Future,
+                    hostname: str) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
+    """A frozen source's plan with its SysV objects and its processes seized (_seize_source),
     in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
-    Unsettled: nothing seized."""
+    Given a spare, the first child's init too (_init_beside_copy). Unsettled: nothing seized."""
     plans = plan_tree(cg.pids())
-    sysv = sysv_objects(init_pid, plans)
-    return plans, sysv, _seize_source(cg, plans)
+    sysv = sysv_objects(init_pid, plans)  # may refuse: before anything is seized
+    tracees, pin = _seize_source(cg, plans)
+    if sp is not None and earlyinit.enabled():
+        try:
+            _init_beside_copy(tracees[init_pid], chan.sock, sp, pin, copy, hostname)
+        except BaseException:
+            _release_source(cg, tracees, pin)
+            raise
+    return plans, sysv, (tracees, pin)
+
+
+def _init_beside_copy(tinit: Tracee, tpl_sock, sp: slots.Spare, pin: seize.Pinned,
+                      copy: Future, hostname: str) -> None:
+    """Clone a ``ws.fork()``'s first child's init into the spare's cgroup while the copy is
+    made (the fork would clone it only once the copy is over), and send it into its root as
+    soon as the copy has mounted it (a _RootingInit, the slot's ``early``). On failure the
+    fork makes its own."""
+    try:
+        ci, made = engine.clone_init_unrooted(tinit, sp.cg, pin)
+    except (BunshinError, OSError) as e:
+        log.info("workspace %s: the child's init not cloned beside the copy: %s", sp.dir.id, e)
+        return
+    try:
+        slot = copy.result()
+    except BaseException:  # noqa: BLE001 - the caller raises it, from copy.result() too
+        slot = None
+    if slot is None:  # no root for it
+        engine.discard_clone(ci)
+        if made:
+            made.close()
+        return
+    try:
+        sock = engine.reroot(ci, tpl_sock, slot.mount_fd, hostname, made)
+        try:
+            pidfd = os.pidfd_open(ci.pid)
+        except BaseException:
+            sock.close()
+            os.kill(ci.pid, signal.SIGKILL)
+            raise
+    except (BunshinError, OSError) as e:  # reroot killed it
+        log.info("workspace %s: the child's init cloned beside the copy: %s", sp.dir.id, e)
+        return
+    os.close(slot.mount_fd)
+    slot.mount_fd = -1
+    slot.early = _RootingInit(ci, Channel(sock, f"workspace {slot.dir.id}"), pidfd)
+
+
+@dataclass
+class _RootingInit(earlyinit.EarlyInit):
+    """A child's init told to move into its root, not known to be there yet: the fork waits
+    for it (_Child.settle). Its meta file is written by the copy's thread meanwhile."""
+
+    written: Future | None = None  # the write of its meta file
+
+    def discard(self) -> None:
+        _wait_quietly(self.written)  # before its directory goes
+        super().discard()
+
+
+def _wait_quietly(f: Future | None) -> None:
+    if f is not None:
+        try:
+            f.result()
+        except BaseException:  # noqa: BLE001 - its directory goes all the same
+            pass
 
 
 def _seize_source(cg, plans: list) -> tuple[dict, seize.Pinned]:
@@ -750,7 +854,7 @@ def _release_source(cg, tracees: dict, pin: seize.Pinned) -> None:
     seize.release_all(cg, tracees)
 
 
-def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None,
+def _start_copy(body: Body, frozen: Path, sp: slots.Spare | None,
                 until_started: bool = True) -> Future:
     """_copy_upper in the copy's thread; ``until_started``: returns once that thread is in the
     copy's system call, for a caller that plans meanwhile (a thread waiting for the GIL while
@@ -760,44 +864,50 @@ def _start_copy(body: Body, frozen: Path, spares: slots.Spares | None,
     except OSError as e:
         raise ForkError(f"workspace {body.id}: its children's copy of its files: {e}", step="snapshot") from None
     started = threading.Event()
-    pool = _copier.get()
-    assert pool is not None  # its make() never turns it off
-    copy = pool.submit(_copy_upper, make, started, body, frozen, spares)
+    copy = _copier_pool().submit(_copy_upper, make, started, body, frozen, sp)
     if until_started:
         started.wait()
     return copy
 
 
 def _copy_upper(make: Callable[[], None], started: threading.Event, body: Body, frozen: Path,
-                spares: slots.Spares | None) -> slots.Slot | None:
+                sp: slots.Spare | None) -> slots.Slot | None:
     """``body``'s upper layer frozen at ``frozen`` (by ``make``), and a slot for its first
-    child, its root mounted on it (from one of ``spares``; None if there is none ready)."""
+    child, its root mounted on it (on the spare ``sp``, which the slot takes over; None if
+    there is none, or the mount failed: ``sp`` stays the caller's)."""
     started.set()
     make()
-    sp = spares.take() if spares is not None else None
     if sp is None:
         return None
     try:
         lowers = _child_lowers(frozen / "upper", body)
         return slots.Slot(sp.dir, sp.cg, engine.overlay_fd(lowers, sp.dir.upper, sp.dir.work))
     except BaseException:  # noqa: BLE001 - the fork mounts one itself, and says what fails
-        sp.destroy()
         return None
 
 
-def _discard(copy: Future, frozen: Path) -> None:
-    """Once the copy is over, remove what it made."""
+def _discard(copy: Future, frozen: Path) -> bool:
+    """Once the copy is over, remove what it made; returns whether that was a slot (its
+    spare goes with it)."""
     try:
         slot = copy.result()
     except BaseException:  # noqa: BLE001 - nothing made (layers.freeze leaves nothing on failure)
-        return
+        return False
     if slot is not None:
         slot.destroy()
     layers.remove(frozen)
+    return slot is not None
 
 
-# the thread that copies sources' upper layers (freeze_source)
+# the thread that copies sources' upper layers, then writes the meta file of the first child
+# of each (freeze_source)
 _copier = PerProcess(lambda: ThreadPoolExecutor(1, thread_name_prefix="bunshin-layer-copy"))
+
+
+def _copier_pool() -> ThreadPoolExecutor:
+    pool = _copier.get()
+    assert pool is not None  # its make() never turns it off
+    return pool
 
 
 VFORK_WAIT_S = 2.0  # how long a snapshot lets a vfork child run to its exec

@@ -203,14 +203,18 @@ class Maker:
 
     def child(self, k) -> None:
         """Every clone of child ``k`` (template._Child), then each fixed up; its clones in plan
-        order."""
-        ctx = k.ready()
+        order. The child's init moves into its root meanwhile: only what enters the child's
+        namespaces waits for it (_make), so the first clones are made beside that move."""
+        ctx = k.context()
         ctx.shared.setdefault(LED, set())
         ctx.shared.setdefault(INHERITED, set())
         made: dict[int, Tracee] = {}
         for p in self.shape.kids[self.core.plans[0].vpid]:
             self._make(k, ctx, p, None, made)
         earlyinit.drop_mids(k.mids, self.tracees)  # those of clones made by their parents'
+        for pl in self.core.plans[1:]:  # the template's answers, while the init may still move
+            k.ask(pl)
+        k.ready()
         k.clones[:] = [made[pl.vpid] for pl in self.core.plans[1:]]
         # fixed once all exist, in plan order as a flat tree's: the resources that share a file
         # between processes count on its first holder's clone being fixed first
@@ -226,6 +230,9 @@ class Maker:
               made: dict[int, Tracee]) -> None:
         s = self.shape
         how, image = s.how[p.vpid], s.image[p.vpid]
+        kids = s.kids[p.vpid]
+        if how == COPY or kids:  # a blank made in the child, or a clone that enters it (_lead)
+            k.ready()
         by_parent = parent if p.vpid in s.parent_made else None
         c, born_in_cg = self._clone(k, p, how, image, by_parent)
         k.clones.append(c)  # abort() discards it from here on
@@ -235,7 +242,6 @@ class Maker:
         k.born_in_cg.add(p.hostpid)
         if by_parent is not None:
             ctx.shared[INHERITED].add(p.vpid)
-        kids = s.kids[p.vpid]
         if kids:
             self._lead(ctx, p, c)
             for kid in kids:

@@ -159,8 +159,8 @@ def fixup_proc(ctx, proc, r) -> None:
         got = r.queue("mmap", m.start, m.end - m.start, m.prot, mmap.MAP_SHARED | 0x10,  # MAP_FIXED
                       fd, m.offset, ok_errnos=ANY_ERROR)
         r.queue("close", fd)
-        if got.check() != m.start:
-            raise ForkError(f"process {proc.vpid}: shared mapping moved from {m.start:#x} to {got.value:#x}")
+        # checked at finish, before the child runs: reading it now would cost a stop of its own
+        ctx.shared.setdefault("shmem-mapped", []).append((proc, m, got))
 
 
 def claims_fd(proc, f) -> bool:
@@ -182,6 +182,9 @@ def fixup_fd(ctx, proc, r, f) -> None:
 def finish(ctx) -> None:
     """Seal each copy as the template's object is (now that every clone has mapped it: a seal
     may forbid new writable mappings) and close the memfds kept open for later clones."""
+    for proc, m, got in ctx.shared.pop("shmem-mapped", []):
+        if got.check() != m.start:
+            raise ForkError(f"process {proc.vpid}: shared mapping moved from {m.start:#x} to {got.value:#x}")
     for t, fd, seals in ctx.shared.pop("seals", []):
         got = t.syscall(72, fd, _F_ADD_SEALS, seals)  # fcntl
         if got < 0:
