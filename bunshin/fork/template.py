@@ -45,7 +45,7 @@ from ..runtime.statedir import Meta, own_start_time
 from ..runtime.workspace_config import WorkspaceConfig
 from . import cloners, earlyinit, engine, keeper, nspool, resources, seize, slots, tree
 from .perprocess import PerProcess
-from .resources import ptys, sysv_msg, sysv_sem, sysv_shm
+from .resources import ptys, sysv_msg, sysv_sem, sysv_shm, threads
 from .resources.sysv_ipc import ids as sysv_ids, in_ipc_ns
 from .plan import Unsettled, plan_tree
 
@@ -116,6 +116,9 @@ class TemplateCore(slots.Holder):
         self.held_by = 0
         # held and thawed (still ptrace-stopped): a fork refreezes only once the engine is idle
         self.awake = False
+        # a source's: when it was frozen (its own blocked calls count down from then when it is
+        # let go), None: not known
+        self.frozen_at: float | None = None
         # each template process's intermediates (engine.make_mid) take a pid of their own in
         # the child's namespace, unused by the template's, as several may live at once
         self.tmp_pids: dict[int, int] = {}
@@ -366,6 +369,11 @@ class TemplateCore(slots.Holder):
         for s in self.slots:  # intermediates made ahead live only while held
             if s.early is not None:
                 earlyinit.drop_mids(s.early.mids, held)
+        if self.source and self.awake and self.frozen_at is not None:
+            # as after fork(2): its select or ppoll wakes at its deadline, not later by the
+            # time the fork held it (the freezer made it write its time left)
+            threads.count_down_source(self.plans, held, self.frozen_at)
+            self.frozen_at = None
         # a source's workspace runs on, the same tasks: thawed above, they run once detached
         seize.release_all(self.body.cgroup, held, frozen=not (self.source and self.awake))
         if self.source and not self.awake:  # _wake() failed
@@ -703,6 +711,9 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     slot, which the caller closes after the fork: TemplateCore.close_slots)."""
     cg = body.cgroup
     cg.freeze()
+    # every task is in the freezer by now: the time left of a blocked call it keeps in its own
+    # memory (select, ppoll) was written before this, and counts down from it (resources/threads.py)
+    frozen_at: float | None = time.monotonic()
     frozen = body.dir.frozen_path()
     copy: Future | None = None
     sp = spares.take() if spares is not None else None  # the first child's root goes on it
@@ -724,7 +735,7 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
         copy = _start_copy(body, frozen, sp, until_started=False)
         try:
             plans, sysv, seized = keeper.fork_thread().run(
-                _plan_and_seize, cg, body.init_pid, body.channel, sp, copy, config.hostname)
+                _plan_and_seize, cg, body.init_pid, body.channel, sp, copy, config.hostname, frozen_at)
         except Unsettled:
             # the group runs in short spells until the process is through (_plan_settled),
             # without the copy, which is made again once the plan is
@@ -732,6 +743,7 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             if sp is None:
                 sp = spares.take() if spares is not None else None
             plans, sysv = _plan_settled(cg, before_thaw), None
+            frozen_at = None  # it ran in spells: the seize's stop is when it was taken
             copy = _start_copy(body, frozen, sp)
             seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
@@ -742,6 +754,7 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
             sp.destroy()
         sp = None  # the slot's
         core = TemplateCore(body, plans, shells, config, build, frozen_upper=frozen, sysv=sysv)
+        core.frozen_at = frozen_at
         core.hold(*seized)
         seized = None  # the core's: its fork, or its release, lets them go
         if slot is not None:
@@ -764,11 +777,13 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
 
 
 def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None, copy: Future,
-                    hostname: str) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
+                    hostname: str, frozen_at: float | None) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
     """A frozen source's plan with its SysV objects and its processes seized (_seize_source),
     in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
     Given a spare, the first child's init too (_init_beside_copy). Unsettled: nothing seized."""
     plans = plan_tree(cg.pids())
+    for pl in plans:  # its blocked calls' time left was taken at the freeze, not at the seize
+        pl.stopped_at = frozen_at
     sysv = sysv_objects(init_pid, plans)  # may refuse: before anything is seized
     tracees, pin = _seize_source(cg, plans)
     if sp is not None and earlyinit.enabled():

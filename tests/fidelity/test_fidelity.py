@@ -321,3 +321,24 @@ def test_fidelity_in_an_exact_tree(victim, path, binaries, family, tmp_path, mon
     assert tasks(ws) == before
     source = verdict(ws, pid)
     assert source["outcome"] == "PASS", source
+
+
+def test_a_source_held_long_by_a_fork_wakes_at_its_deadlines(binaries, family, monkeypatch):
+    """Not recorded in the table: a fork that holds the source frozen for 1 s (a slow copy of
+    its files) leaves its select, pselect and ppoll their deadlines, in the source and the
+    child (the freezer made them write their time left; it counts down from the freeze)."""
+    from bunshin.fork import template
+
+    real = template._copy_upper
+
+    def slow(*args, **kw):
+        time.sleep(HELD)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(template, "_copy_upper", slow)
+    ws, pid = _start(family, binaries["deadline_main"])
+    (kid,) = ws.fork(1)
+    family.append(kid)
+    for w in (kid, ws):
+        got = verdict(w, pid)
+        assert got["outcome"] == "PASS", got

@@ -16,6 +16,7 @@ its snapshot (_count_down)."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 import time
@@ -23,8 +24,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...compel import Tracee
-from ...errors import ForkError
+from ...errors import BunshinError, ForkError
 from ..remote import set_affinity
+
+log = logging.getLogger(__name__)
 
 _SS_DISABLE, _SS_ONSTACK = 2, 1
 _STACK_T = struct.Struct("QiiQ")  # ss_sp, ss_flags, (padding), ss_size
@@ -190,6 +193,28 @@ def _count_down(ctx, proc, r) -> None:
         child.write(addr, value)
         regs = child.thread_state(ctid).regs
         _WRITTEN[child.pid, ctid] = Written(reg, addr, unit, now, value, (regs["rip"], regs["rax"], regs["orig_rax"]))
+
+
+def count_down_source(plans, tracees: dict, since: float) -> None:
+    """The source's own blocked calls whose time left the freezer made them write to its
+    memory (select, pselect, ppoll; ptrace-stopped in ``tracees`` by host pid), counted down by
+    the time since ``since`` (once every task was frozen), as the kernel would have had the
+    workspace not been held: they wake at their deadlines, a little late, never early."""
+    for p in plans:
+        t = tracees.get(p.hostpid)
+        if t is None:
+            continue
+        for tid in getattr(p, "time_left_tids", ()):
+            try:
+                at = _time_left_at(t.thread_state(tid), None)
+                if at is None:
+                    continue
+                _reg, addr, unit = at
+                sec, frac = struct.unpack("qq", t.read(addr, 16))
+                left = max(0, sec * unit + frac - int((time.monotonic() - since) * unit))
+                t.write(addr, struct.pack("qq", *divmod(left, unit)))
+            except BunshinError as e:  # gone meanwhile: it has no deadline left to keep
+                log.warning("process %d thread %d: its blocked call's time left: %s", p.vpid, tid, e)
 
 
 def fixup_proc(ctx, proc, r) -> None:
