@@ -56,7 +56,7 @@ CARRIED = {"setuid"}
 # stock kernel each is transplanted, so their classes show what a transplant carries.
 UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
                      "itimer", "locks", "madvise", "memfd", "opath", "pipe", "procattrs", "ptimer",
-                     "robust", "rseq", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
+                     "robust", "rseq", "shared_files", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
                      "threads", "timer_thread", "udp", "unix_stream"]
 RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
 # Victims that check times against the fork's duration (a blocked call's deadline, CPU timers):

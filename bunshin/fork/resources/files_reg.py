@@ -89,6 +89,8 @@ def check_tree(procs) -> None:
 
 
 def fixup(ctx, proc, r, f) -> None:
+    if sharing.take_shared(r, f):
+        return
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
         newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),

@@ -65,6 +65,17 @@ def remember(ctx, kind: str, proc, f, fd: int) -> None:
     _made(ctx, kind).append((proc.hostpid, f.fd, (proc.vpid, fd)))
 
 
+def take_shared(r, f) -> bool:
+    """Install, for ``f``, the earlier clone's descriptor of the open file ``f`` shares with
+    another process in the template (plan: shared_from), if it does: one offset and one set of
+    status flags among the child's processes as among the template's. For what a resource
+    reopens per process (a path, a memfd, a pipe), which would split it."""
+    if f.shared_from is None:
+        return False
+    r.install(grab(r, f.shared_from), f)
+    return True
+
+
 def grab(r, where: tuple[int, int]) -> int:
     """A descriptor, in the clone behind ``r``, for descriptor ``where`` of an earlier clone;
     taken by the trainer and handed over where the clone may not (EPERM: it runs under
