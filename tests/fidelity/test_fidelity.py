@@ -54,7 +54,7 @@ CARRIED = {"setuid"}
 
 # Victims run under another uid from their start (setpriv, as a daemon that dropped root): on a
 # stock kernel each is transplanted, so their classes show what a transplant carries.
-UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
+UNDER_ANOTHER_UID = ["altstack", "deadlines", "deleted_mapped", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
                      "itimer", "locks", "madvise", "memfd", "opath", "pipe", "procattrs", "ptimer",
                      "robust", "rseq", "shared_files", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
                      "threads", "timer_thread", "udp", "unix_stream"]

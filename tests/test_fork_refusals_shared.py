@@ -1,0 +1,45 @@
+"""What a fork cannot carry of files and memory shared with something outside the process is
+refused up front (ForkError naming the process and the object), and the source runs on
+unchanged: a shared mapping of an object no file names (an AIO ring), a shared mapping of a
+deleted file no descriptor holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from bunshin.errors import ForkError
+
+from conftest import fork_by, start_script
+
+AIO_RING = """
+import ctypes
+ctx = ctypes.c_ulong(0)
+assert ctypes.CDLL(None, use_errno=True).syscall(206, 8, ctypes.byref(ctx)) == 0  # io_setup
+out('/tmp/ready', 'ok')
+time.sleep(1000)
+"""
+
+DELETED_UNHELD = """
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open('/tmp/mapped', os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 4096)
+assert libc.mmap(None, 4096, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0) not in (None, 2**64 - 1)
+os.close(fd)
+os.unlink('/tmp/mapped')
+out('/tmp/ready', 'ok')
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
+@pytest.mark.parametrize("script,said", [(AIO_RING, "/[aio]"), (DELETED_UNHELD, "deleted file /tmp/mapped")],
+                         ids=["aio-ring", "deleted-unheld"])
+def test_shared_mapping_refused(family, script, said, path):
+    ws = start_script(family, script, "/tmp/ready")
+    with pytest.raises(ForkError, match="shared mapping") as e:
+        fork_by(ws, path)
+    assert said in str(e.value) and "python3" in str(e.value)
+    assert ws.run("cat /tmp/ready").stdout == b"ok"  # the source runs on
