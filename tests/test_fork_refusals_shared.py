@@ -1,7 +1,7 @@
 """What a fork cannot carry of files and memory shared with something outside the process is
 refused up front (ForkError naming the process and the object), and the source runs on
 unchanged: a shared mapping of an object no file names (an AIO ring), a shared mapping of a
-deleted file no descriptor holds."""
+deleted file no descriptor holds, a SysV segment attached in part."""
 
 from __future__ import annotations
 
@@ -43,3 +43,25 @@ def test_shared_mapping_refused(family, script, said, path):
         fork_by(ws, path)
     assert said in str(e.value) and "python3" in str(e.value)
     assert ws.run("cat /tmp/ready").stdout == b"ok"  # the source runs on
+
+
+SYSV_PART = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+shmid = libc.shmget(0, 3 * 4096, 0o1600)
+addr = libc.shmat(shmid, None, 0)
+assert libc.munmap(ctypes.c_void_p(addr + 2 * 4096), 4096) == 0
+out('/tmp/ready', 'ok')
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
+def test_sysv_attachment_in_part_refused(family, path):
+    ws = start_script(family, SYSV_PART, "/tmp/ready")
+    with pytest.raises(ForkError, match="attached at 0x[0-9a-f]+ only in part") as e:
+        fork_by(ws, path)
+    assert "python3" in str(e.value)
+    assert ws.run("cat /tmp/ready").stdout == b"ok"
