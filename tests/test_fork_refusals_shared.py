@@ -1,7 +1,8 @@
 """What a fork cannot carry of files and memory shared with something outside the process is
 refused up front (ForkError naming the process and the object), and the source runs on
 unchanged: a shared mapping of an object no file names (an AIO ring), a shared mapping of a
-deleted file no descriptor holds, a SysV segment attached in part."""
+deleted file no descriptor holds, a SysV segment attached in part, a unix socket bound to a
+path another file has taken since."""
 
 from __future__ import annotations
 
@@ -65,3 +66,23 @@ def test_sysv_attachment_in_part_refused(family, path):
         fork_by(ws, path)
     assert "python3" in str(e.value)
     assert ws.run("cat /tmp/ready").stdout == b"ok"
+
+
+NAME_TAKEN = """
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind('/tmp/s.sock')
+s.listen()
+os.unlink('/tmp/s.sock')
+out('/tmp/s.sock', 'another file')
+out('/tmp/ready', 'ok')
+time.sleep(1000)
+"""
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
+def test_unix_socket_name_taken_refused(family, path):
+    ws = start_script(family, NAME_TAKEN, "/tmp/ready")
+    with pytest.raises(ForkError, match="bound to /tmp/s.sock, where another file is now") as e:
+        fork_by(ws, path)
+    assert "python3" in str(e.value) and "fd " in str(e.value)
+    assert ws.read_file("/tmp/s.sock") == b"another file"
