@@ -105,7 +105,7 @@ def _other_name(root: str, proc, f, found: dict) -> str:
 
 
 def fixup(ctx, proc, r, f) -> None:
-    if sharing.take_shared(r, f):
+    if sharing.take_shared(proc, r, f):
         return
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):

@@ -212,7 +212,7 @@ def claims_fd(proc, f) -> bool:
 def fixup_fd(ctx, proc, r, f) -> None:
     """A memfd descriptor: the child's copy of the same object its mappings use, opened with
     the template's flags."""
-    if sharing.take_shared(r, f):
+    if sharing.take_shared(proc, r, f):
         return
     size = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}").st_size
     path = _object(ctx, proc, r, (f.dev, f.ino), f"/proc/{proc.hostpid}/fd/{f.fd}", size, f.target)
