@@ -97,7 +97,7 @@ def _other_name(root: str, proc, f, found: dict) -> str:
     from .inotify import _handle, _path_of, _upper
 
     held = f"/proc/{proc.hostpid}/fd/{f.fd}"
-    path = _path_of(root, _upper(proc.hostpid), proc, os.stat(held).st_ino, f.dev, _handle(held, True), found)
+    path = _path_of(root, _upper(proc.hostpid), proc, f.ino, f.dev, _handle(held, True), found)
     if path is None:
         raise _refuse(proc, f, "the file has another name (hard link), not found in the workspace, "
                       "so the child's copy would not be the file by that name")
@@ -132,13 +132,18 @@ def fixup(ctx, proc, r, f) -> None:
 
 def _open_linked(proc, r, f, flags: int):
     """The child's file by its other name, opened with ``flags``: linked at the removed name
-    while it is opened, so /proc names it alike, where that name is free (plan: a way to it)
-    and the clone may make it there; else opened by the other name."""
+    while it is opened, so /proc names it alike, where that name is free (plan: a way to it),
+    the clone may make it there and the file system takes the link; else opened by the other
+    name."""
     path = f.target[: -len(_DELETED)]
     if f.way is None or sharing.by_trainer(proc):
         return sharing.queue_open(r, proc, f.other_name, flags)
     make_way(r, f.way)
-    r.queue("linkat", _AT_FDCWD, r.queue_path(f.other_name), _AT_FDCWD, r.queue_path(path), 0)
+    linked = r.queue("linkat", _AT_FDCWD, r.queue_path(f.other_name), _AT_FDCWD, r.queue_path(path), 0,
+                     ok_errnos=ANY_ERROR)
+    if linked.value < 0:
+        drop_way(r, f.way)  # another mount (EXDEV), a read-only one
+        return sharing.queue_open(r, proc, f.other_name, flags)
     newfd = r.queue_openat(path, flags)
     r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
     drop_way(r, f.way)

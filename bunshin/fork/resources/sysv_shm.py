@@ -135,7 +135,7 @@ def plan_proc(proc) -> None:
         covered = a.start
         for start, end, _prot_ in sorted(a.pieces):
             covered = end if start == covered else -1
-        if covered != a.start + -(-size // mmap.PAGESIZE) * mmap.PAGESIZE:
+        if covered < a.start + size:  # a gap (-1), or its end unmapped
             raise ForkError(f"process {proc.vpid} ({proc.name}) has SysV segment {a.shmid} attached at "
                             f"{a.start:#x} only in part (a piece unmapped with munmap): shmat maps a segment "
                             "whole, so its clone could not have it so", pid=proc.hostpid, step="plan")
