@@ -1,10 +1,11 @@
 """SysV shared memory lives in the workspace's IPC namespace (a fork gets a new, empty one):
 every segment is recreated there with the same id (shm_next_id), key, size, creator, owner and
-mode, its bytes copied, and each clone's attachment is remapped onto the child's segment at the
-same address (SHM_REMAP), its pieces given their protections again (an mprotect splits one).
-A segment removed while attached (SHM_DEST) is removed in the child once every clone has
-attached it. An attachment of which a piece was unmapped is refused: shmat maps a segment
-whole. Semaphores and message queues: sysv_sem.py, sysv_msg.py."""
+mode, its bytes copied, locked in memory if it was (SHM_LOCK), and each clone's attachment is
+remapped onto the child's segment at the same address (SHM_REMAP), its pieces given their
+protections again (an mprotect splits one). A segment removed while attached (SHM_DEST) is
+removed in the child once every clone has attached it. An attachment of which a piece was
+unmapped is refused: shmat maps a segment whole. Semaphores and message queues: sysv_sem.py,
+sysv_msg.py."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ _libc.shmat.restype = ctypes.c_void_p
 _libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.shmdt.argtypes = [ctypes.c_void_p]
 _SHM_RDONLY, _SHM_REMAP, _SHM_EXEC = 0o10000, 0o40000, 0o100000
-_SHM_DEST = 0o1000  # in a segment's mode: removed, gone at its last detach
-_IPC_RMID = 0
+_SHM_DEST, _SHM_LOCKED = 0o1000, 0o2000  # in a segment's mode: removed (gone at its last detach); locked
+_IPC_RMID, _SHM_LOCK = 0, 11
 _SYS_MPROTECT = 10
 
 
@@ -87,6 +88,8 @@ def copy_segments(template_init: int, child_init: int, segs: list[Segment]) -> N
             s.owner.set_on(ds.perm)
             if _libc.shmctl(s.id, IPC_SET, ctypes.byref(ds)):
                 raise OSError(ctypes.get_errno(), f"shmctl({s.id}, IPC_SET)")
+            if s.mode & _SHM_LOCKED and _libc.shmctl(s.id, _SHM_LOCK, None):
+                raise OSError(ctypes.get_errno(), f"shmctl({s.id}, SHM_LOCK)")
             addr = _libc.shmat(s.id, None, 0)
             ctypes.memmove(addr, data[s.id], s.size)
             _libc.shmdt(addr)
@@ -133,7 +136,7 @@ def plan_proc(proc) -> None:
     for a in found.values():
         size = os.stat(f"/proc/{proc.hostpid}/map_files/{a.pieces[0][0]:x}-{a.pieces[0][1]:x}").st_size
         covered = a.start
-        for start, end, _prot_ in sorted(a.pieces):
+        for start, end, _ in sorted(a.pieces):
             covered = end if start == covered else -1
         if covered < a.start + size:  # a gap (-1), or its end unmapped
             raise ForkError(f"process {proc.vpid} ({proc.name}) has SysV segment {a.shmid} attached at "
@@ -144,7 +147,8 @@ def plan_proc(proc) -> None:
 
 def fixup_proc(ctx, proc, r) -> None:
     for a in getattr(proc, "sysv_maps", ()):
-        flags = _SHM_REMAP | (0 if a.prot & mmap.PROT_WRITE else _SHM_RDONLY) | (_SHM_EXEC if a.prot & mmap.PROT_EXEC else 0)
+        flags = (_SHM_REMAP | (0 if a.prot & mmap.PROT_WRITE else _SHM_RDONLY)
+                 | (_SHM_EXEC if a.prot & mmap.PROT_EXEC else 0))
         got = r.call("shmat", a.shmid, a.start, flags)
         if got != a.start:
             raise ForkError(f"process {proc.vpid}: SysV segment {a.shmid} moved from {a.start:#x} to {got:#x}")

@@ -1,4 +1,4 @@
-/* fidelity: SysV shared memory (owner, a segment removed while attached, an attachment split by mprotect) */
+/* fidelity: SysV shared memory (owner, SHM_LOCK, a segment removed while attached, an attachment split by mprotect) */
 #include "../victim.h"
 #include <sys/ipc.h>
 #include <sys/mman.h>
@@ -34,6 +34,7 @@ int main(void)
 	ds.shm_perm.gid = 5678;
 	ds.shm_perm.mode = 0644;
 	MUST(shmctl(owned, IPC_SET, &ds));
+	MUST(shmctl(owned, SHM_LOCK, 0));
 	int gone = shmget(0xf1e2, page, IPC_CREAT | IPC_EXCL | 0600);
 	MUST(gone);
 	char *g = shmat(gone, 0, 0);
@@ -52,6 +53,7 @@ int main(void)
 	EQ("owner uid", ds.shm_perm.uid, 1234);
 	EQ("owner gid", ds.shm_perm.gid, 5678);
 	EQ("mode", ds.shm_perm.mode & 0777, 0644);
+	CHECK(ds.shm_perm.mode & SHM_LOCKED, "the segment is not locked (SHM_LOCK)");
 	CHECK(shmctl(gone, IPC_STAT, &ds) == 0, "the removed segment: IPC_STAT: %s", strerror(errno));
 	CHECK(ds.shm_perm.mode & SHM_DEST, "the removed segment is not marked removed (SHM_DEST)");
 	EQ("the removed segment's attaches", ds.shm_nattch, 1);
