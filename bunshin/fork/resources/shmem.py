@@ -190,7 +190,6 @@ def fixup_proc(ctx, proc, r) -> None:
                                         m.size, m.path),
                                 os.O_RDWR | os.O_CLOEXEC)
         else:
-            # a deleted file: the child's copy that clone holds (its descriptor fixed already)
             flags = (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC
             if m.held_by is None:
                 fd = r.queue_openat(m.path, flags)
