@@ -40,6 +40,9 @@ class FdInfo:
     dev: int
     handler: SimpleNamespace | None = None  # the resource ops that own it (set by plan_tree)
     dup_of: int | None = None  # an earlier fd of the same process sharing the open file
+    # (vpid, fd) of the first descriptor of an earlier process sharing the open file (inherited
+    # across fork(): one offset, one set of status flags), found by plan_tree (_shared_across)
+    shared_from: tuple[int, int] | None = None
     # FD_CLOEXEC, None: ask the first fork's clone (frozen, it cannot change). fdinfo's flags
     # show O_CLOEXEC when the descriptor has it, but also when only the file has it in its own
     # flags (eventfd, epoll, inotify, timerfd... made with *_CLOEXEC keep it there, as open()
@@ -502,11 +505,46 @@ def plan_tree(hostpids: list[int]) -> list[ProcPlan]:
                     except OSError:
                         pass
             f.handler = resources.handler_for(p, f)
+    _shared_across(procs)
     resources.check_tree(procs)
     resources.plan_procs(procs)
     for p in procs:
         p.reads.clear()
     return procs
+
+
+def _shared_across(procs: list[ProcPlan]) -> None:
+    """Set ``shared_from`` on each descriptor whose open file an earlier process holds too.
+    Only descriptors alike in what fdinfo shows of the open file (inode, offset, status flags:
+    O_CLOEXEC is the descriptor's own) can share one; kcmp confirms, the candidates sorted by
+    it so that sharers are neighbours (as _sharing_runs). The init forks its processes: its own
+    are not carried as such."""
+    from .._core._syscalls import KCMP_FILE, kcmp
+
+    alike: dict[tuple, list[tuple[ProcPlan, FdInfo]]] = {}
+    for p in procs:
+        if p.is_init:
+            continue
+        for f in p.fds:
+            if f.dup_of is None:
+                alike.setdefault((f.dev, f.ino, f.pos, f.flags & ~os.O_CLOEXEC), []).append((p, f))
+
+    def cmp(a: tuple[ProcPlan, FdInfo], b: tuple[ProcPlan, FdInfo]) -> int:
+        return (0, -1, 1)[kcmp(a[0].hostpid, b[0].hostpid, KCMP_FILE, a[1].fd, b[1].fd)]
+
+    for group in alike.values():
+        if len({p.vpid for p, _f in group}) < 2:
+            continue
+        try:
+            ranked = sorted(group, key=functools.cmp_to_key(cmp))
+            first = ranked[0]
+            for prev, this in zip(ranked, ranked[1:]):
+                if cmp(prev, this) != 0:
+                    first = this
+                elif this[0] is not first[0]:  # sorted stably: in plan order within one file
+                    this[1].shared_from = (first[0].vpid, first[1].fd)
+        except OSError:  # no kcmp (CONFIG_KCMP off), or one of them is gone
+            pass
 
 
 def kind_of(f: FdInfo) -> str:

@@ -51,9 +51,9 @@ CARRIED = {"setuid"}
 
 # Victims run under another uid from their start (setpriv, as a daemon that dropped root): on a
 # stock kernel each is transplanted, so their classes show what a transplant carries.
-UNDER_ANOTHER_UID = ["altstack", "deadlines", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
+UNDER_ANOTHER_UID = ["altstack", "deadlines", "deleted_mapped", "epoll_closed", "eventfds", "fifo", "inotify_deleted",
                      "itimer", "locks", "madvise", "memfd", "opath", "pipe", "procattrs", "ptimer",
-                     "robust", "rseq", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
+                     "robust", "rseq", "shared_files", "shmem", "sighandlers", "sockopts", "stopped", "tcp",
                      "threads", "timer_thread", "udp", "unix_stream"]
 RUN_AS_1001 = ("setpriv", "--reuid=1001", "--regid=1001", "--clear-groups")
 # Classes a transplant refuses up front (ForkError naming this): its threads take the process's

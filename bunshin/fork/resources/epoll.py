@@ -63,7 +63,13 @@ def _holds(epoll_proc, epfd: int, tfd: int, nth: int, proc, fd: int) -> bool:
 
 def _entries(procs, proc, f) -> list[Entry]:
     with open(f"/proc/{proc.hostpid}/fdinfo/{f.fd}") as fh:
-        lines = [m for m in map(_LINE.search, fh) if m]
+        text = fh.read().splitlines()
+    lines = [m for m in map(_LINE.search, text) if m]
+    listed = sum(line.startswith("tfd:") for line in text)
+    if len(lines) != listed:  # a format this fork cannot read: never an entry left out
+        raise ForkError(f"process {proc.vpid} ({proc.name}) fd {f.fd}: epoll lists {listed} entries in fdinfo, "
+                        f"{len(lines)} of them in a form this fork reads, so the child would miss some",
+                        pid=proc.hostpid, step="plan")
     seen: dict[int, int] = {}
     out = []
     for m in lines:

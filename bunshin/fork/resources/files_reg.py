@@ -74,6 +74,7 @@ def drop_way(r, way: list[str]) -> None:
 def check_tree(procs) -> None:
     """Refuse, at plan time, deleted things that cannot be made again faithfully."""
     root = f"/proc/{procs[0].hostpid}/root"
+    found: dict = {}  # (ino, dev) -> path, for inotify._path_of
     for p in procs:
         for f in p.fds:
             if f.handler not in (OPS, PATHS) or f.dup_of is not None or not f.target.endswith(_DELETED):
@@ -84,17 +85,36 @@ def check_tree(procs) -> None:
                     raise _refuse(p, f, why)
             elif stat.S_ISREG(f.mode):
                 f.way = way_to(root, f.target)[0]  # None: a copy under another name
+                if os.stat(f"/proc/{p.hostpid}/fd/{f.fd}").st_nlink:
+                    f.other_name = _other_name(root, p, f, found)
             else:
                 raise _refuse(p, f, "only deleted files, directories and symlinks can be made again")
 
 
+def _other_name(root: str, proc, f, found: dict) -> str:
+    """The name a file removed from ``f``'s path still has (another hard link): the child's
+    descriptor must be of the child's file by that name, where a write shows, not a copy."""
+    from .inotify import _handle, _path_of, _upper
+
+    held = f"/proc/{proc.hostpid}/fd/{f.fd}"
+    path = _path_of(root, _upper(proc.hostpid), proc, f.ino, f.dev, _handle(held, True), found)
+    if path is None:
+        raise _refuse(proc, f, "the file has another name (hard link), not found in the workspace, "
+                      "so the child's copy would not be the file by that name")
+    return path
+
+
 def fixup(ctx, proc, r, f) -> None:
+    if sharing.take_shared(proc, r, f):
+        return
     flags = f.flags & ~_NOT_KEPT | os.O_NOCTTY
     if f.target.endswith(_DELETED) and stat.S_ISDIR(f.mode):
         newfd = _remake_dir(proc, r, f.target[: -len(_DELETED)], flags, os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}"),
                             f.way, f"fd {f.fd}: deleted directory {f.target}")
     elif f.target.endswith(_DELETED) and stat.S_ISLNK(f.mode):  # O_PATH | O_NOFOLLOW
         newfd = _remake_symlink(proc, r, f, flags)
+    elif getattr(f, "other_name", None) is not None:
+        newfd = _open_linked(proc, r, f, flags)
     elif f.target.endswith(_DELETED):
         made = ctx.shared.setdefault("deleted-files", {})
         if (f.dev, f.ino) in made:  # another open of the same file: of the same copy
@@ -108,6 +128,26 @@ def fixup(ctx, proc, r, f) -> None:
     if f.pos:  # a directory's is an opaque cookie: replayed as getdents would
         r.queue("lseek", newfd, f.pos, os.SEEK_SET)
     r.install(newfd, f)
+
+
+def _open_linked(proc, r, f, flags: int):
+    """The child's file by its other name, opened with ``flags``: linked at the removed name
+    while it is opened, so /proc names it alike, where that name is free (plan: a way to it),
+    the clone may make it there and the file system takes the link; else opened by the other
+    name."""
+    path = f.target[: -len(_DELETED)]
+    if f.way is None or sharing.by_trainer(proc):
+        return sharing.queue_open(r, proc, f.other_name, flags)
+    make_way(r, f.way)
+    linked = r.queue("linkat", _AT_FDCWD, r.queue_path(f.other_name), _AT_FDCWD, r.queue_path(path), 0,
+                     ok_errnos=ANY_ERROR)
+    if linked.value < 0:
+        drop_way(r, f.way)  # another mount (EXDEV), a read-only one
+        return sharing.queue_open(r, proc, f.other_name, flags)
+    newfd = r.queue_openat(path, flags)
+    r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
+    drop_way(r, f.way)
+    return newfd
 
 
 def _owner(proc, r, fd, st: os.stat_result) -> None:

@@ -47,13 +47,19 @@ def claims(proc, f) -> bool:
 
 def _watches_handles(hostpid: int, fd: int) -> list[tuple[int, int, int, int, str]]:
     """(wd, inode, st_dev, mask, file handle) of every watch, from fdinfo."""
+    return _watches_listed(hostpid, fd)[0]
+
+
+def _watches_listed(hostpid: int, fd: int) -> tuple[list[tuple[int, int, int, int, str]], int]:
+    """_watches_handles, and how many watches fdinfo lists (in a form it reads or not)."""
     with open(f"/proc/{hostpid}/fdinfo/{fd}") as fh:
+        text = fh.read()
         out = []
-        for m in _WATCH.finditer(fh.read()):
+        for m in _WATCH.finditer(text):
             wd, ino, sdev, mask = (int(x, 16) for x in m.groups()[:4])
             handle = f"{m[5]}:{m[6]}" if m[5] else "none"  # a file system without handles
             out.append((wd, ino, os.makedev(sdev >> 20, sdev & 0xFFFFF), mask, handle))
-    return sorted(out)
+    return sorted(out), sum(line.startswith("inotify wd:") for line in text.splitlines())
 
 
 def _handle(path: str, follow: bool) -> str:
@@ -182,7 +188,11 @@ def check_tree(procs) -> None:
             if upper is None:
                 upper = _upper(procs[0].hostpid) or ""
             f.inotify_held, f.inotify_paths = {}, {}
-            watches = _watches_handles(p.hostpid, f.fd)
+            watches, listed = _watches_listed(p.hostpid, f.fd)
+            if len(watches) != listed:  # a format this fork cannot read: never a watch left out
+                raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify lists {listed} watches in "
+                                f"fdinfo, {len(watches)} of them in a form this fork reads, so the child would "
+                                "miss some", pid=p.hostpid, step="plan")
             if watches and watches[-1][0] - len(watches) > _MAX_HOLES:
                 raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: inotify watch descriptors go up to "
                                 f"{watches[-1][0]} for {len(watches)} watches; more than {_MAX_HOLES} removed "

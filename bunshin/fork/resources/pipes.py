@@ -100,6 +100,8 @@ def _queued(fd: int) -> int:
 
 
 def fixup(ctx, proc, r, f) -> None:
+    if sharing.take_shared(proc, r, f):  # another process's open file: its O_NONBLOCK is this one's
+        return
     made = ctx.shared.setdefault("pipes", {})
     key = (f.dev, f.ino)
     if key in made:

@@ -65,6 +65,26 @@ def remember(ctx, kind: str, proc, f, fd: int) -> None:
     _made(ctx, kind).append((proc.hostpid, f.fd, (proc.vpid, fd)))
 
 
+def take_shared(proc, r, f) -> bool:
+    """Install, for ``f``, the earlier clone's descriptor of the open file ``f`` shares with
+    another process in the template (plan: shared_from), if it does: one offset and one set of
+    status flags among the child's processes as among the template's. For what a resource
+    reopens per process (a path, a memfd, a pipe), which would split it. Queued where the
+    clone may take it itself (CAP_SYS_PTRACE: it is not by_trainer), as most stdouts are:
+    no stop of its own."""
+    if f.shared_from is None:
+        return False
+    if by_trainer(proc):
+        r.install(grab(r, f.shared_from), f)
+        return True
+    vpid, fd = f.shared_from
+    pidfd = r.queue("pidfd_open", vpid, 0)
+    got = r.queue("pidfd_getfd", pidfd, fd, 0)
+    r.queue("close", pidfd)
+    r.install(got, f)
+    return True
+
+
 def grab(r, where: tuple[int, int]) -> int:
     """A descriptor, in the clone behind ``r``, for descriptor ``where`` of an earlier clone;
     taken by the trainer and handed over where the clone may not (EPERM: it runs under

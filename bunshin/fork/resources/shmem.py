@@ -42,6 +42,7 @@ class SharedMap:
     ino: int
     size: int  # of the backing object
     kept: bool | None = None  # inherited as it is, not remapped (_immutable): set at the first fork
+    held_by: tuple[int, int] | None = None  # (vpid, fd) holding a deleted file (check_maps)
 
     @property
     def anonymous(self) -> bool:
@@ -58,7 +59,12 @@ _SHARED = re.compile(r"^\S+ \S{3}s .*$", re.M)
 
 
 def plan_proc(proc) -> None:
-    """Find the shared mappings of ``proc`` (called at snapshot time, processes frozen)."""
+    """Find the shared mappings of ``proc`` (check_maps has, for every process)."""
+    if not hasattr(proc, "shared_maps"):
+        proc.shared_maps = _shared_maps(proc)
+
+
+def _shared_maps(proc) -> list[SharedMap]:
     maps = []
     for line in _SHARED.findall(maps_of(proc)):
         parts = line.split(None, 5)
@@ -67,9 +73,40 @@ def plan_proc(proc) -> None:
             continue  # sysv_shm.py
         start, end = (int(x, 16) for x in parts[0].split("-"))
         st = os.stat(f"/proc/{proc.hostpid}/map_files/{parts[0]}")
+        if not stat.S_ISREG(st.st_mode) or not path.startswith("/") or path.startswith("/["):
+            # an AIO ring ("/[aio]"), io_uring's rings (anon_inode:[io_uring]), a device's memory
+            raise ForkError(f"process {proc.vpid} ({proc.name}) has a shared mapping {parts[0]} of "
+                            f"{path or 'an unnamed object'}, neither a file, a memfd nor shared memory: "
+                            "a fork cannot make its object again", pid=proc.hostpid, step="plan")
         maps.append(SharedMap(start, end, _prot(parts[1]), int(parts[2], 16), path, st.st_dev,
                               st.st_ino, st.st_size))
-    proc.shared_maps = maps
+    return maps
+
+
+def check_maps(procs) -> None:
+    """Refuse the shared mappings a fork cannot make again, before anything is made; find, for
+    a mapping of a deleted file, a descriptor whose clone holds the child's copy of it
+    (files_reg): the child's mapping is of that copy, as the template's is of the file a
+    descriptor holds. A process is fixed after those before it in the plan: the holder is one
+    of them or the mapper itself."""
+    holders: dict[tuple[int, int], tuple] = {}  # (dev, ino) -> (vpid, fd), first in plan order
+    for p in procs:
+        if p.is_init:
+            continue
+        for f in p.fds:
+            if f.target.endswith(_DELETED) and stat.S_ISREG(f.mode) and not claims_fd(p, f):
+                holders.setdefault((f.dev, f.ino), (p.vpid, f.fd))
+        p.shared_maps = _shared_maps(p)
+        for m in p.shared_maps:
+            if m.anonymous or not m.path.endswith(_DELETED):
+                continue
+            m.held_by = holders.get((m.dev, m.ino))
+            if m.held_by is None:
+                raise ForkError(f"process {p.vpid} ({p.name}) has a shared mapping {m.start:x}-{m.end:x} of "
+                                f"deleted file {m.path.removesuffix(_DELETED)}, of which no descriptor of "
+                                "this or an earlier process of the workspace is the copy the child would "
+                                "map (a fork copies a deleted file a descriptor holds)",
+                                pid=p.hostpid, step="plan")
 
 
 def _name(path: str) -> str:
@@ -153,8 +190,11 @@ def fixup_proc(ctx, proc, r) -> None:
                                         m.size, m.path),
                                 os.O_RDWR | os.O_CLOEXEC)
         else:
-            fd = r.queue_openat(m.path.replace(_DELETED, ""),
-                                (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC)
+            flags = (os.O_RDWR if m.prot & mmap.PROT_WRITE else os.O_RDONLY) | os.O_CLOEXEC
+            if m.held_by is None:
+                fd = r.queue_openat(m.path, flags)
+            else:  # a deleted file: the child's copy that clone holds (its descriptor fixed already)
+                fd = sharing.queue_open(r, proc, "/proc/{}/fd/{}".format(*m.held_by), flags)
         # queued, so open, map and close take one stop; close runs whatever mmap returned
         got = r.queue("mmap", m.start, m.end - m.start, m.prot, mmap.MAP_SHARED | 0x10,  # MAP_FIXED
                       fd, m.offset, ok_errnos=ANY_ERROR)
@@ -171,6 +211,8 @@ def claims_fd(proc, f) -> bool:
 def fixup_fd(ctx, proc, r, f) -> None:
     """A memfd descriptor: the child's copy of the same object its mappings use, opened with
     the template's flags."""
+    if sharing.take_shared(proc, r, f):
+        return
     size = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}").st_size
     path = _object(ctx, proc, r, (f.dev, f.ino), f"/proc/{proc.hostpid}/fd/{f.fd}", size, f.target)
     fd = r.queue_openat(path, f.flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL))
@@ -195,4 +237,5 @@ def finish(ctx) -> None:
 
 
 OPS = SimpleNamespace(kind="memfd", claims=claims_fd, fixup=fixup_fd)
-MAPPINGS = SimpleNamespace(kind="shared-memory", plan_proc=plan_proc, fixup_proc=fixup_proc, finish=finish)
+MAPPINGS = SimpleNamespace(kind="shared-memory", plan_proc=plan_proc, check_tree=check_maps,
+                           fixup_proc=fixup_proc, finish=finish)

@@ -84,6 +84,7 @@ class UnixSk:
     shutdown: int = 0  # RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2
     vfs_ino: int = 0  # the socket file of a name that is a path
     bind_dir: str | None = None  # where a relative name was bound from
+    file_gone: bool | None = None  # a path whose socket file was removed since (check_tree)
     opts: dict | None = None  # sockopts.read
     queue: list = field(default_factory=list)  # pair: the messages queued at it, with credentials
     creds_from: set = field(default_factory=set)  # the vpids its queue's credentials name
@@ -204,6 +205,30 @@ def _bind_dirs(procs, sk: UnixSk) -> set[str]:
     return {os.path.normpath(d) for d in _socket_dirs(procs[0].hostpid, rel) if leads(d)}
 
 
+def _file_gone(hostpid: int, p, f, sk: UnixSk) -> bool:
+    """Whether the socket file of ``sk``, bound to an absolute path, was removed since (its copy
+    is bound, then its file removed too); refused when another file is there now, which
+    binding the copy would replace."""
+    path = _path(sk)
+    try:
+        held = sharing.open_in_root(hostpid, path, os.O_PATH | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        try:
+            os.close(sharing.open_in_root(hostpid, os.path.dirname(path), os.O_PATH | os.O_DIRECTORY))
+        except OSError:
+            _refuse(p, f, f"bound to {path}, whose directory is gone: its copy could not be bound there")
+        return True
+    try:
+        st = os.fstat(held)
+    finally:
+        os.close(held)
+    # overlayfs reports a device of its own per layer to stat: the inode alone is compared
+    if not stat.S_ISSOCK(st.st_mode) or st.st_ino != sk.vfs_ino:
+        _refuse(p, f, f"bound to {path}, where another file is now (its socket file removed and the name "
+                "taken again): binding its copy there would replace that file")
+    return False
+
+
 def _socket_dirs(hostpid: int, rel: str):
     """Directories, as the workspace sees them, where one of its own layers (the overlay's upper
     and lower layers but the host's root) or its /dev holds a socket file ``rel``."""
@@ -318,6 +343,8 @@ def check_tree(procs) -> None:
                 _refuse(p, f, f"bound to the relative name {rel!r}, whose socket file is in each of {sorted(dirs)}: "
                         "which one it was bound from cannot be told")
             sk.bind_dir = dirs.pop()
+        if f.sk_fate != "pair" and sk.name[:1] == b"/" and sk.file_gone is None:
+            sk.file_gone = _file_gone(procs[0].hostpid, p, f, sk)
         if sk.opts is None:
             _read(p, f, sk, f.sk_fate, vpids, names)
     # The queues are refilled once every unix socket of the child exists (fixup); a message's
@@ -450,12 +477,17 @@ def _bind(proc, r, f) -> int:
     r.call("bind", fd, addr, 2 + len(sk.name))
     if sk.bind_dir is not None:
         r.call("chdir", r.path(proc.cwd), ok_errnos=(2,))
-    if sk.name[0] != 0:
+    if sk.file_gone:  # removed in the template since it was bound
+        r.call("unlinkat", -100 & 0xFFFFFFFFFFFFFFFF, r.put(sk.name), 0)
+    elif sk.name[0] != 0:
         path = _path(sk)
         try:
-            os.chmod(f"/proc/{r.t.pid}/root{path}", os.stat(f"/proc/{proc.hostpid}/root{path}").st_mode & 0o7777)
+            st = os.stat(f"/proc/{proc.hostpid}/root{path}")
         except OSError:
-            pass  # the template's file is gone: keep the mode bind gave
+            st = None  # the template's file is gone: keep the owner and mode bind gave
+        if st is not None:
+            os.chown(f"/proc/{r.t.pid}/root{path}", st.st_uid, st.st_gid, follow_symlinks=False)
+            os.chmod(f"/proc/{r.t.pid}/root{path}", st.st_mode & 0o7777)
     if f.sk_fate == "listen":
         r.call("listen", fd, sk.wq)
     return fd
