@@ -99,7 +99,7 @@ def clone_init(tinit: Tracee, tpl_sock: socket.socket, mount_fd: int, hostname: 
     The init is let go on the CPUs other than the engine's, so that its move into the new
     root runs beside the clones made meanwhile, not in their place on the pinned CPU."""
     _wait_taken(tpl_sock)
-    p = nspool.pool()
+    p = nspool.pool_for(tinit.pid)
     made = p.take() if p is not None else None
     try:
         ci = tinit.clone(flags=CLONE_NS_ALL & ~nspool.POOLED if made else CLONE_NS_ALL)
@@ -283,8 +283,13 @@ def copy_dev_shm(template_init: int, child_init: int) -> None:
                     f"/proc/{child_init}/root/dev/shm/"], check=True, capture_output=True)
 
 
-def overlay_fd(lowers, upper, work) -> int:
+def overlay_fd(lowers, upper, work, userns=None) -> int:
+    """A child's root, detached. ``userns`` (runtime/userns.py, a sandbox workspace's): the
+    rootfs's layers through its idmapped views, and the new upper layer owned by its root."""
     try:
+        if userns is not None:
+            lowers = userns.layers(lowers)
+            userns.give_dirs(upper, work)
         return _syscalls.overlay_mount_fd([str(p) for p in lowers], str(upper), str(work))
     except OSError as e:
         raise ForkError(f"cannot build the child's root from {len(lowers)} layers: {e}") from None

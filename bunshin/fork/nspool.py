@@ -146,3 +146,16 @@ _pool = PerProcess(_make_pool)
 def pool() -> NamespacePool | None:
     """The process's pool, or None when ``BUNSHIN_NS_POOL=0``."""
     return _pool.get()
+
+
+_own_userns = PerProcess(lambda: os.stat("/proc/self/ns/user").st_ino)
+
+
+def pool_for(init_pid: int) -> NamespacePool | None:
+    """The pool whose namespaces the child of the template whose init is ``init_pid`` may
+    join: ours are owned by the trainer's user namespace, which a sandbox workspace's init
+    (in a user namespace of its own, runtime/userns.py) has no power in; its children's
+    inits are cloned with fresh ones, owned by its user namespace."""
+    if os.stat(f"/proc/{init_pid}/ns/user").st_ino != _own_userns.get():
+        return None
+    return _pool.get()

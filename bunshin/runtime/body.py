@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .cgroup.base import Cgroup
     from .channel import Channel
     from .rootfs.model import Rootfs
+    from .userns import UserNs
 
 __all__ = ["Allocation", "Body", "SessionCopy", "allocate", "remove_parts", "session_copies"]
 
@@ -110,6 +111,8 @@ class Body:
     # would die with it. Closed meanwhile, it stays frozen until the last of them goes.
     holds: int = 0
     closing: bool = False
+    # isolation="sandbox": the user namespace it and its forks run in (runtime/userns.py)
+    userns: UserNs | None = None
 
     @property
     def id(self) -> str:

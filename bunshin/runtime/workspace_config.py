@@ -22,6 +22,7 @@ class WorkspaceConfig:
     limits: Limits = field(default_factory=Limits)
     hostname: str = ""
     run_shell: str = "/bin/sh"  #: what :meth:`Workspace.run` runs its command with (``-c``)
+    isolation: str = "trusted"  #: ``sandbox``: in a user namespace of its own (runtime/userns.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
@@ -30,10 +31,10 @@ class WorkspaceConfig:
         """As an image's metadata holds it (:mod:`bunshin.criu`)."""
         return {"env": dict(self.env), "workdir": self.workdir, "max_output": self.max_output,
                 "limits": self.limits.to_dict(), "hostname": self.hostname,
-                "run_shell": self.run_shell}
+                "run_shell": self.run_shell, "isolation": self.isolation}
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkspaceConfig:
         return cls(env=d["env"], workdir=d["workdir"], max_output=d["max_output"],
                    limits=Limits.from_dict(d["limits"]), hostname=d["hostname"],
-                   run_shell=d["run_shell"])
+                   run_shell=d["run_shell"], isolation=d.get("isolation", "trusted"))
