@@ -49,6 +49,13 @@ def _freezer_dir(body: Body) -> str | None:
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
 
 
+# CRIU would have to run in the workspace's user namespace and restore it with its maps, on
+# an overlay root over idmapped layers: not done yet.
+SANDBOX_REFUSED = ("workspace {id} runs in a user namespace of its own (isolation='sandbox'), which "
+                   "Bunshin cannot checkpoint with CRIU yet (save, dump, the prefix cache's "
+                   "spilled states, rebase): use isolation='trusted' for workspaces you save")
+
+
 def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
 
@@ -64,6 +71,8 @@ def dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, path: str | os.
     """Write a workspace's body, settings and shell sessions (``terminals``) into ``path`` (new
     or empty directory); nothing may use the body meanwhile. :func:`restore.restore` gives
     them back. Returns the metadata written."""
+    if body.userns is not None:
+        raise CheckpointError(SANDBOX_REFUSED.format(id=body.id))
     if body.holds:
         raise CheckpointError(f"workspace {body.id} has live forks: their inits are children of its "
                               "init, which CRIU would take along (and cannot, in their own cgroups): "

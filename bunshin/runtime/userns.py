@@ -148,3 +148,41 @@ def shift_tree(top: Path) -> None:
             os.chown(p, shifted(st.st_uid), shifted(st.st_gid), follow_symlinks=False)
             if not os.path.islink(p):
                 os.chmod(p, st.st_mode & 0o7777)  # chown clears set-id bits
+
+
+_maps: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
+_maps_lock = threading.Lock()
+_OVERFLOW = 65534  # what a user namespace shows for an id it does not map
+
+
+def _extents(pid: int, kind: str) -> list[tuple[int, int, int]]:
+    """``kind`` ("uid" or "gid") map of ``pid``'s user namespace, read once per namespace:
+    (first id inside, first host id, count) per line."""
+    key = (os.stat(f"/proc/{pid}/ns/user").st_ino, kind)
+    got = _maps.get(key)
+    if got is None:
+        with open(f"/proc/{pid}/{kind}_map") as f:
+            got = [tuple(int(x) for x in line.split()) for line in f if line.strip()]  # type: ignore[misc]
+        with _maps_lock:
+            _maps[key] = got
+    return got
+
+
+def inside(pid: int, kind: str, ids) -> list[int]:
+    """Host ``ids`` (what the trainer reads in /proc or stat) as ``pid``'s user namespace
+    names them: what a system call made by that process (an injected one) must pass."""
+    ext = _extents(pid, kind)
+    out = []
+    for i in ids:
+        for first, host, count in ext:
+            if host <= i < host + count:
+                out.append(first + i - host)
+                break
+        else:
+            out.append(_OVERFLOW)
+    return out
+
+
+def owner_inside(pid: int, st: os.stat_result) -> tuple[int, int]:
+    """``st``'s owner as ``pid``'s user namespace names it (for an injected chown)."""
+    return inside(pid, "uid", (st.st_uid,))[0], inside(pid, "gid", (st.st_gid,))[0]

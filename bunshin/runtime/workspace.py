@@ -27,6 +27,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from .. import _core, config, criu
+from ..config import isolation as _default_isolation
 from .._core import _syscalls
 from ..errors import (
     BunshinError,
@@ -279,7 +280,7 @@ class Workspace:
         if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.match(hostname)):
             raise BunshinError(f"hostname must be a valid host name (letters, digits, '-'; ≤ 63), got {hostname!r}")
         max_output = _check_max_output(max_output)
-        isolation = _userns.check(config.isolation() if isolation is None else isolation)
+        isolation = _userns.check(_default_isolation() if isolation is None else isolation)
         if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
                                        or pids_limit < 1):
             raise LimitError("pids_limit must be an int ≥ 1 (processes + threads in the workspace), "
@@ -869,10 +870,10 @@ class Workspace:
         except OSError as e:
             raise _file_error(self.id, path, e) from None
         if flags & os.O_CREAT:
-            self._give(fd)
+            self.give(fd)
         return fd
 
-    def _give(self, fd: int) -> None:
+    def give(self, fd: int) -> None:
         """A file the trainer (host root) made in a sandbox workspace belongs to its root
         inside, as one its root made would: host root is nobody there."""
         if self._body.userns is not None and os.fstat(fd).st_uid == 0:
@@ -991,6 +992,8 @@ def _not_dumpable(ws: Workspace) -> str | None:
     leader is outside its pid namespace (a shell's job started before a fork: its clone keeps
     the template's session, docs/design.md), which CRIU cannot dump; live forks (their inits
     are children of its init)."""
+    if ws.body.userns is not None:
+        return "it runs in a user namespace of its own (isolation='sandbox'), which CRIU cannot dump here yet"
     if ws.body.holds:
         return "it has live forks (their inits are children of its init): close them first"
     for hp in ws.host_pids():
