@@ -363,14 +363,12 @@ class Workspace:
         namespace gets the shifted map, and once it reports ready in its namespaces it is
         moved into its root, built here as a fork's is (mounted by the trainer on the
         rootfs's idmapped layers), by the same request a fork's init gets (REROOT)."""
-        from ..fork import engine as _engine
-
         b = self._body
         b.cgroup.add(b.init_pid)
         b.userns = _userns.UserNs.of_new_init(b.init_pid, b.rootfs.lowers)
         ours.send(b"g")
         b.channel.wait_ready(ready_timeout)
-        mfd = _engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
+        mfd = engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
         try:
             typ, payload = b.channel.request(_core.PROTO["REQ_REROOT"], self._config.hostname.encode(),
                                              fds=[mfd, theirs.fileno()], timeout=ready_timeout)
