@@ -26,6 +26,9 @@ ATTEMPTS = {
     "swappiness": "echo 17 > /proc/sys/vm/swappiness",
     "core_pattern": "echo '|/bin/false' > /proc/sys/kernel/core_pattern",
     "clock": "date -s 2031-01-01",
+    # its limits are in the host's cgroup files, which it can neither reach nor mount
+    "cgroup v1": "mkdir -p /mnt/c && mount -t cgroup -o pids none /mnt/c",
+    "cgroup v2": "mkdir -p /mnt/c && mount -t cgroup2 none /mnt/c",
 }
 
 
@@ -39,6 +42,18 @@ def _caps(w) -> str:
                 if l.startswith("CapEff:"))
 
 
+def _limit_files(w) -> dict[str, str]:
+    """The workspace's cgroup limit files as the host reads them."""
+    out = {}
+    for procs in w.cgroup.procs_files():
+        d = os.path.dirname(procs)
+        for name in ("pids.max", "memory.max", "memory.limit_in_bytes"):
+            if os.path.exists(f"{d}/{name}"):
+                out[f"{d}/{name}"] = _host(f"{d}/{name}")
+    assert out
+    return out
+
+
 def _check_sandboxed(w, source=None) -> None:
     """``w`` is in a shifted user namespace (its source's when given), root there with every
     capability, and each of ATTEMPTS fails leaving the host as it was."""
@@ -50,16 +65,18 @@ def _check_sandboxed(w, source=None) -> None:
         assert ns == os.readlink(f"/proc/{source.init_pid}/ns/user")
     assert int(_caps(w), 16) == (1 << (int(_host("/proc/sys/kernel/cap_last_cap")) + 1)) - 1
     before = {p: _host(p) for p in ("/proc/sys/vm/swappiness", "/proc/sys/kernel/core_pattern")}
+    limits = _limit_files(w)
     for what, cmd in ATTEMPTS.items():
         r = w.run(cmd)
         assert r.exit_code != 0, (what, r)
     assert " /mnt/d " not in w.run("cat /proc/mounts").stdout.decode()
     assert {p: _host(p) for p in before} == before
+    assert _limit_files(w) == limits
     assert time.gmtime().tm_year < 2031
 
 
 def test_sandbox_has_no_host_power(no_leaks):
-    with bunshin.Workspace.create(isolation="sandbox") as ws:
+    with bunshin.Workspace.create(isolation="sandbox", pids_limit=100) as ws:
         assert ws.config.isolation == "sandbox"
         _check_sandboxed(ws)
         assert ws.run("id -u").stdout == b"0\n"
