@@ -71,12 +71,12 @@ def dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, path: str | os.
     """Write a workspace's body, settings and shell sessions (``terminals``) into ``path`` (new
     or empty directory); nothing may use the body meanwhile. :func:`restore.restore` gives
     them back. Returns the metadata written."""
-    if body.userns is not None:
-        raise CheckpointError(SANDBOX_REFUSED.format(id=body.id))
     if body.holds:
         raise CheckpointError(f"workspace {body.id} has live forks: their inits are children of its "
                               "init, which CRIU would take along (and cannot, in their own cgroups): "
                               "close them first, or save a snapshot (ws.snapshot().save(path))")
+    if body.userns is not None:
+        raise CheckpointError(SANDBOX_REFUSED.format(id=body.id))
     info = runner.criu()
     start = time.perf_counter()
     existed = Path(path).exists()

@@ -990,10 +990,10 @@ def _not_dumpable(ws: Workspace) -> str | None:
     leader is outside its pid namespace (a shell's job started before a fork: its clone keeps
     the template's session, docs/design.md), which CRIU cannot dump; live forks (their inits
     are children of its init)."""
-    if ws.body.userns is not None:
-        return "it runs in a user namespace of its own (isolation='sandbox'), which CRIU cannot dump here yet"
     if ws.body.holds:
         return "it has live forks (their inits are children of its init): close them first"
+    if ws.body.userns is not None:
+        return "it runs in a user namespace of its own (isolation='sandbox'), which CRIU cannot dump here yet"
     for hp in ws.host_pids():
         try:
             st = proc_status(hp)
