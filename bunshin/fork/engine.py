@@ -279,7 +279,11 @@ def copy_dev_shm(template_init: int, child_init: int) -> None:
     """/dev/shm is workspace state (a tmpfs of its own): the child starts with a copy."""
     import subprocess
 
-    subprocess.run(["cp", "-a", f"/proc/{template_init}/root/dev/shm/.",
+    # A sandbox's /dev/shm belongs to its user namespace, where host root is nobody and may
+    # make no file: the copy is made as that namespace's root.
+    as_root = ([] if os.stat(f"/proc/{child_init}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino
+               else ["nsenter", f"--user=/proc/{child_init}/ns/user", "--setuid=0", "--setgid=0"])
+    subprocess.run([*as_root, "cp", "-a", f"/proc/{template_init}/root/dev/shm/.",
                     f"/proc/{child_init}/root/dev/shm/"], check=True, capture_output=True)
 
 
