@@ -160,7 +160,7 @@ def test_trusted_is_the_host(no_leaks):
 
 
 def test_bad_isolation_refused(no_leaks):
-    with pytest.raises(userns.IsolationError, match="'trusted', 'sandbox'") as e:
+    with pytest.raises(bunshin.IsolationError, match="'trusted', 'sandbox'") as e:
         bunshin.Workspace.create(isolation="strict")
     assert isinstance(e.value, BunshinError)
 

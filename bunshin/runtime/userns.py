@@ -22,10 +22,10 @@ import struct
 import threading
 from pathlib import Path
 
-from ..errors import BunshinError
+from ..errors import IsolationError
 
-__all__ = ["BASE", "ISOLATIONS", "SIZE", "CLONE_NEWUSER", "IsolationError", "UserNs", "check",
-           "shift_tree"]
+__all__ = ["BASE", "CLONE_NEWUSER", "ISOLATIONS", "SIZE", "UserNs", "check", "give", "inside",
+           "owner_inside", "shift_tree"]
 
 BASE = 100000  # host id of the workspace's root (uid and gid)
 SIZE = 65536  # ids mapped: 0-65535 inside
@@ -36,10 +36,6 @@ _SYS_OPEN_TREE, _SYS_MOUNT_SETATTR = 428, 442
 _OPEN_TREE_CLONE, _AT_EMPTY_PATH = 1, 0x1000
 _MOUNT_ATTR_IDMAP = 0x00100000
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-class IsolationError(BunshinError, ValueError):
-    """``isolation`` is not one of :data:`ISOLATIONS`, or the sandbox cannot be made here."""
 
 
 def check(isolation: object) -> str:
