@@ -158,4 +158,4 @@ def pool_for(init_pid: int) -> NamespacePool | None:
     inits are cloned with fresh ones, owned by its user namespace."""
     if os.stat(f"/proc/{init_pid}/ns/user").st_ino != _own_userns.get():
         return None
-    return _pool.get()
+    return pool()
