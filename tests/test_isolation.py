@@ -7,6 +7,7 @@ layers, the workspace's own (and what the trainer writes) shifted in its upper l
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
@@ -95,11 +96,28 @@ def test_forks_share_the_sandbox(family, path):
     assert kid.config.isolation == "sandbox"
     _check_sandboxed(kid, source=ws)
     _check_sandboxed(ws)
+    # every namespace of the child is owned by the source's user namespace
+    for w in (kid, ws):
+        for kind in ("mnt", "pid", "net", "ipc", "uts"):
+            assert _owner_ino(w.init_pid, kind) == os.stat(f"/proc/{ws.init_pid}/ns/user").st_ino, kind
     # the forked process runs on as root of the namespace, in the child and the source
     for w in (kid, ws):
         assert w.run(f"grep Uid: /proc/{pid}/status").stdout == b"Uid:\t0\t0\t0\t0\n"
         # the host's view of it: the namespace's root is the host's BASE
         assert f"Uid:\t{userns.BASE}\t" in w.read_file(f"/proc/{pid}/status").decode()
+
+
+def _owner_ino(pid: int, kind: str) -> int:
+    """Inode of the user namespace that owns namespace ``kind`` of ``pid`` (NS_GET_USERNS)."""
+    fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
+    try:
+        owner = fcntl.ioctl(fd, 0xB701)
+    finally:
+        os.close(fd)
+    try:
+        return os.fstat(owner).st_ino
+    finally:
+        os.close(owner)
 
 
 @pytest.fixture

@@ -54,7 +54,8 @@ def pooled(monkeypatch):
 def test_each_fork_has_its_own_net_ipc_uts(use_pool, pooled, monkeypatch):
     if not use_pool:
         monkeypatch.setattr(nspool, "pool", lambda: None)
-    ws = bunshin.Workspace.create(hostname="src")
+    # the pool's namespaces are the trainer's user namespace's: a sandbox's forks make their own
+    ws = bunshin.Workspace.create(hostname="src", isolation="trusted")
     family = [ws]
     try:
         ws.run("python3 -c \"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', 8765))\"")
