@@ -27,9 +27,11 @@ ATTEMPTS = {
     "swappiness": "echo 17 > /proc/sys/vm/swappiness",
     "core_pattern": "echo '|/bin/false' > /proc/sys/kernel/core_pattern",
     "clock": "date -s 2031-01-01",
-    # its limits are in the host's cgroup files, which it can neither reach nor mount
-    "cgroup v1": "mkdir -p /mnt/c && mount -t cgroup -o pids none /mnt/c",
-    "cgroup v2": "mkdir -p /mnt/c && mount -t cgroup2 none /mnt/c",
+    # its own cgroup is the root of its cgroup namespace: it may mount it, not change it
+    "cgroup limit": "mkdir -p /mnt/c && mount -t cgroup -o pids none /mnt/c && echo 5 > /mnt/c/pids.max",
+    "cgroup move": "mkdir -p /mnt/f && mount -t cgroup -o freezer none /mnt/f && mkdir /mnt/f/out "
+                   "&& echo $$ > /mnt/f/out/cgroup.procs",
+    "cgroup v2": "mkdir -p /mnt/u && mount -t cgroup2 none /mnt/u && mkdir /mnt/u/out",
 }
 
 
@@ -71,6 +73,8 @@ def _check_sandboxed(w, source=None) -> None:
         r = w.run(cmd)
         assert r.exit_code != 0, (what, r)
     assert " /mnt/d " not in w.run("cat /proc/mounts").stdout.decode()
+    # its cgroup namespace is rooted at its own cgroup
+    assert w.run("grep -v ':/$' /proc/self/cgroup").stdout == b""
     assert {p: _host(p) for p in before} == before
     assert _limit_files(w) == limits
     assert time.gmtime().tm_year < 2031
@@ -98,7 +102,7 @@ def test_forks_share_the_sandbox(family, path):
     _check_sandboxed(ws)
     # every namespace of the child is owned by the source's user namespace
     for w in (kid, ws):
-        for kind in ("mnt", "pid", "net", "ipc", "uts"):
+        for kind in ("mnt", "pid", "net", "ipc", "uts", "cgroup"):
             assert _owner_ino(w.init_pid, kind) == os.stat(f"/proc/{ws.init_pid}/ns/user").st_ino, kind
     # the forked process runs on as root of the namespace, in the child and the source
     for w in (kid, ws):

@@ -314,7 +314,9 @@ class Workspace:
         logfd = os.open(d.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         argv = ["bunshin-init", "--hostname", self._config.hostname]
-        if not sandbox:
+        if sandbox:
+            argv += ["--cgroupns", "1"]
+        else:
             argv += ["--root", str(d.root), "--lower", ":".join(str(p) for p in b.rootfs.lowers),
                      "--upper", str(d.upper), "--work", str(d.work)]
             for f in b.cgroup.procs_files():
