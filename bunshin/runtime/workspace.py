@@ -370,7 +370,11 @@ class Workspace:
         b.userns = _userns.UserNs.of_new_init(b.init_pid, b.rootfs.lowers)
         ours.send(b"g")
         b.channel.wait_ready(ready_timeout)
-        mfd = engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
+        try:
+            mfd = engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
+        except ForkError as e:
+            raise RootfsError(f"{e}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
+                              "lower layer") from None
         try:
             typ, payload = b.channel.request(_core.PROTO["REQ_REROOT"], self._config.hostname.encode(),
                                              fds=[mfd, theirs.fileno()], timeout=ready_timeout)
