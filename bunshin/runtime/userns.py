@@ -1,7 +1,7 @@
 """A workspace's own user namespace (``isolation="sandbox"``).
 
-The workspace's init is cloned into a new user namespace U (with its mount, pid, net, ipc and
-uts namespaces, which U therefore owns) whose ids 0-65535 are the host's ``BASE`` to
+The workspace's init is cloned into a new user namespace U (with its mount, pid, net, ipc,
+uts and cgroup namespaces, which U therefore owns) whose ids 0-65535 are the host's ``BASE`` to
 ``BASE + 65535``: root inside is root of U only, and no id inside is a host id that owns
 anything of the host. The forks of a workspace are made from its processes, so they are in U
 too and their namespaces are U's.
@@ -151,17 +151,35 @@ _maps_lock = threading.Lock()
 _OVERFLOW = 65534  # what a user namespace shows for an id it does not map
 
 
+_IDENTITY = [(0, 0, 1 << 32)]
+
+
 def _extents(pid: int, kind: str) -> list[tuple[int, int, int]]:
-    """``kind`` ("uid" or "gid") map of ``pid``'s user namespace, read once per namespace:
-    (first id inside, first host id, count) per line."""
-    key = (os.stat(f"/proc/{pid}/ns/user").st_ino, kind)
-    got = _maps.get(key)
+    """``kind`` ("uid" or "gid") map of ``pid``'s user namespace: (first id inside, first
+    host id, count) per line. The trainer's own needs no read; a sandbox's is kept by the
+    namespace's inode (a number the kernel may give again once the namespace is gone: kept
+    only when it is the one map every sandbox has)."""
+    ino = os.stat(f"/proc/{pid}/ns/user").st_ino
+    if ino == _own_ino():
+        return _IDENTITY
+    got = _maps.get((ino, kind))
     if got is None:
         with open(f"/proc/{pid}/{kind}_map") as f:
             got = [tuple(int(x) for x in line.split()) for line in f if line.strip()]  # type: ignore[misc]
-        with _maps_lock:
-            _maps[key] = got
+        if got == [(0, BASE, SIZE)]:
+            with _maps_lock:
+                _maps[(ino, kind)] = got
     return got
+
+
+def _own_ino() -> int:
+    global _own
+    if _own is None:
+        _own = os.stat("/proc/self/ns/user").st_ino
+    return _own
+
+
+_own: int | None = None
 
 
 def inside(pid: int, kind: str, ids) -> list[int]:
