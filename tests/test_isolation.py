@@ -97,11 +97,14 @@ def test_forks_share_the_sandbox(family, path):
         time.sleep(0.01)
     kid = fork_by(ws, path)
     family.append(kid)
+    more = fork_by(ws, path)  # by then from the pool of the namespace (fork/nsmaker.py), if on
+    family.append(more)
     assert kid.config.isolation == "sandbox"
+    _check_sandboxed(more, source=ws)
     _check_sandboxed(kid, source=ws)
     _check_sandboxed(ws)
     # every namespace of the child is owned by the source's user namespace
-    for w in (kid, ws):
+    for w in (kid, more, ws):
         for kind in ("mnt", "pid", "net", "ipc", "uts", "cgroup"):
             assert _owner_ino(w.init_pid, kind) == os.stat(f"/proc/{ws.init_pid}/ns/user").st_ino, kind
     # the forked process runs on as root of the namespace, in the child and the source

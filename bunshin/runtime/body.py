@@ -114,6 +114,10 @@ class Body:
     # isolation="sandbox": the user namespace it and its forks run in (runtime/userns.py)
     userns: UserNs | None = None
 
+    def __post_init__(self) -> None:
+        if self.userns is not None:
+            self.userns.acquire()
+
     @property
     def id(self) -> str:
         return self.dir.id
@@ -186,6 +190,9 @@ class Body:
                 if self.template is not None:
                     template, self.template = self.template, None
                     template.release()
+                if self.userns is not None:
+                    userns, self.userns = self.userns, None
+                    userns.release()
 
 
 class SessionCopy(NamedTuple):

@@ -20,6 +20,7 @@ import ctypes
 import os
 import struct
 import threading
+import weakref
 from pathlib import Path
 
 from ..errors import IsolationError
@@ -60,7 +61,11 @@ class UserNs:
         self.fd = fd
         self.lowers = frozenset(lowers)
         self._views: dict[Path, int] = {}
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.pool = None  # its forks' namespace sets, made ahead (fork/nsmaker.py)
+        self.users = 0  # bodies running in it (Body.__post_init__, Body._close)
+        self.ino = os.fstat(fd).st_ino
+        _live[self.ino] = self
 
     @classmethod
     def of_new_init(cls, pid: int, lowers: tuple[Path, ...]) -> UserNs:
@@ -77,7 +82,7 @@ class UserNs:
         lower = Path(lower)
         if lower not in self.lowers:
             return str(lower)
-        with self._lock:
+        with self.lock:
             fd = self._views.get(lower)
             if fd is None:
                 fd = self._views[lower] = _idmapped(lower, self.fd)
@@ -92,8 +97,25 @@ class UserNs:
         (overlayfs works in the work directory as its mounter, the trainer)."""
         os.chown(upper, BASE, BASE)
 
+    def acquire(self) -> None:
+        with self.lock:
+            self.users += 1
+
+    def release(self) -> None:
+        """A body in it closed; the last one takes its views and pool along."""
+        with self.lock:
+            self.users -= 1
+            last = self.users == 0
+        if last:
+            self.close()
+
     def close(self) -> None:
-        with self._lock:
+        if _live.get(self.ino) is self:
+            del _live[self.ino]
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()
+        with self.lock:
             fds, self._views = list(self._views.values()), {}
             if self.fd >= 0:
                 fds.append(self.fd)
@@ -106,6 +128,14 @@ class UserNs:
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit os may be gone
             pass
+
+
+_live: weakref.WeakValueDictionary[int, UserNs] = weakref.WeakValueDictionary()
+
+
+def live(ino: int) -> UserNs | None:
+    """The UserNs of the user namespace whose inode is ``ino``, while a body runs in it."""
+    return _live.get(ino)
 
 
 def _idmapped(path: Path, userns_fd: int) -> int:

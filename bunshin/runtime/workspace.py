@@ -368,6 +368,7 @@ class Workspace:
         b = self._body
         b.cgroup.add(b.init_pid)
         b.userns = _userns.UserNs.of_new_init(b.init_pid, b.rootfs.lowers)
+        b.userns.acquire()
         ours.send(b"g")
         b.channel.wait_ready(ready_timeout)
         try:
