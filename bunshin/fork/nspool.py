@@ -127,7 +127,8 @@ class NamespacePool:
                 s = self._make()
             except OSError as e:
                 # Forks still work (fresh namespaces per fork); say why once and stop trying.
-                log.warning("namespace pool off: %s", e)
+                if not self._closed:  # (a closed pool's maker may fail on its way out)
+                    log.warning("namespace pool off: %s", e)
                 with self._cv:
                     self._broken = str(e)
                     self._thread = None
