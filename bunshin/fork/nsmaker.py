@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from . import nspool
 from .nspool import NamespacePool, NsSet
@@ -85,13 +86,25 @@ _helper = PerProcess(_Helper)
 
 
 class _SandboxPool(NamespacePool):
-    """Refilled as soon as a set is taken: the sets are made in another process, and the
-    trainer's pool's refill calls (after a batch of forks) do not reach this one."""
+    """Refilled once a set is taken (the trainer's pool's refill calls, after a batch of
+    forks, do not reach this one), a moment later: a namespace made while the fork that took
+    the set runs would slow it (both take the kernel's network locks)."""
+
+    _due = 0.0
 
     def take(self) -> NsSet | None:
         got = super().take()
+        self._due = time.monotonic() + _REFILL_AFTER
         self.refill()
         return got
+
+    def _before_make(self) -> None:
+        wait = self._due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+
+_REFILL_AFTER = 0.02  # s: longer than a small fork
 
 
 def pool_for(userns) -> NamespacePool | None:

@@ -123,6 +123,7 @@ class NamespacePool:
                     return
                 if len(self._ready) >= self.size:
                     continue
+            self._before_make()
             try:
                 s = self._make()
             except OSError as e:
@@ -138,6 +139,9 @@ class NamespacePool:
                     s.close()
                 else:
                     self._ready.append(s)
+
+    def _before_make(self) -> None:
+        """Called by the thread before it makes a set (a subclass may wait there)."""
 
     def close(self) -> None:
         """No more sets: the thread ends and the ready ones are closed."""
