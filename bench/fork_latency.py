@@ -24,8 +24,10 @@ Two application workspaces ("apps" in the JSON), measured the same way:
     Child check: `xwd -root` succeeds in the child.
   CRIU: not measured for either (the CRIU baseline covers the medium worker only).
 
-usage: python bench/fork_latency.py [--quick] [--sizes small,medium]   (last stdout line: JSON;
-PNG in bench/out/, with all sizes)
+usage: python bench/fork_latency.py [--quick] [--sizes small,medium] [--isolation sandbox]
+(last stdout line: JSON; PNG in bench/out/, with all sizes; with --isolation sandbox the
+workspaces run in user namespaces of their own and the JSON's name ends in _sandbox;
+bench/runtime.py has the two side by side)
 """
 
 from __future__ import annotations
@@ -342,19 +344,23 @@ def main() -> None:
     ap.add_argument("--sizes", default="small,medium,large",
                     help="the workspace sizes to measure (comma-separated); the apps and CRIU only "
                          "with all three: `--quick --sizes small,medium` gives the aims' figures alone")
+    ap.add_argument("--isolation", choices=("trusted", "sandbox"), default="trusted",
+                    help="the workspaces' isolation (Workspace.create(isolation=...))")
     args = ap.parse_args()
+    os.environ["BUNSHIN_ISOLATION"] = args.isolation  # what Workspace.create uses unless told
+    suffix = "" if args.isolation == "trusted" else "_" + args.isolation
     n, n_criu = (20, 5) if args.quick else (40, 15)
     large = 1024 if args.quick else 2048
     sizes = {"small": 0, "medium": MEDIUM_MIB, "large": large}
     chosen = args.sizes.split(",")
     if unknown := set(chosen) - set(sizes):
         ap.error(f"unknown sizes {sorted(unknown)}: choose among {list(sizes)}")
-    res: dict = {"quick": args.quick, "iterations": n, "large_mib": large, "memory": memory_facts(),
+    res: dict = {"quick": args.quick, "isolation": args.isolation, "iterations": n, "large_mib": large, "memory": memory_facts(),
                  "ws_fork_max_per_workspace": WS_FORK_MAX,
                  "sizes": {name: measure_size(name, mib, n) for name, mib in sizes.items() if name in chosen}}
     if set(chosen) != set(sizes):  # a partial run: beside the full run's figures, not over them
         res["aims"] = _ws_aims(res["sizes"])
-        emit("fork_latency_" + "_".join(name for name in sizes if name in chosen), res)
+        emit("fork_latency_" + "_".join(name for name in sizes if name in chosen) + suffix, res)
         return
     res["apps"] = {kind: measure_app(kind, n) for kind in APPS}
     res["criu"] = measure_criu(MEDIUM_MIB, n_criu)
@@ -373,7 +379,7 @@ def main() -> None:
         res["criu_dump_restore_over_bunshin_tpl_fork_medium"] = (
             c["dump_plus_restore"]["p50_ms"] / med["bunshin_tpl_fork"]["p50_ms"])
     plot(res)
-    emit("fork_latency", res)
+    emit("fork_latency" + suffix, res)
 
 
 def _ws_aims(sizes: dict) -> dict:

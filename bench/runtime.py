@@ -3,6 +3,9 @@
 create+close vs clone3 into the same fresh namespaces + exec /bin/true (the kernel's floor
 for a namespaced process) and vs `unshare -mpniu --fork true` (what a shell script pays);
 run("true") vs posix_spawn + wait of /bin/true from this process (the fork/exec floor).
+Isolation side by side ("isolation" in the JSON): create+close, run("true") and tpl.fork(1) of
+a snapshot of a small workspace (init + a bash session), isolation="trusted" and "sandbox"
+interleaved in one loop, with the sandbox's cost as ratios (aim: <= 1.10 for run and fork).
 
 usage: python bench/runtime.py [--quick]   (last stdout line: JSON; PNG in bench/out/)
 """
@@ -11,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,10 +51,73 @@ def create_close() -> None:
     bunshin.Workspace.create().close()
 
 
+ISOLATIONS = ("trusted", "sandbox")
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _fork_closed(tpl) -> float:
+    t = time.perf_counter()
+    kids = tpl.fork(1)
+    dt = time.perf_counter() - t
+    for k in kids:
+        k.close()
+    time.sleep(0.005)  # the trainer's own work, in which the next child's init is made ahead
+    return dt
+
+
+def isolation_side_by_side(n_create: int, n_run: int, n_fork: int) -> dict:
+    """Each measure for both isolations, alternating, so that noise falls on both alike."""
+    times: dict = {iso: {"create_close": [], "run_true": [], "tpl_fork_1": []} for iso in ISOLATIONS}
+    for _ in range(n_create):
+        for iso in ISOLATIONS:
+            times[iso]["create_close"].append(
+                _timed(lambda: bunshin.Workspace.create(isolation=iso).close()))
+    wss = {iso: bunshin.Workspace.create(isolation=iso) for iso in ISOLATIONS}
+    try:
+        for w in wss.values():
+            w.shell()
+        tpls = {iso: w.snapshot() for iso, w in wss.items()}
+        try:
+            for _ in range(3):  # warm-up
+                for iso in ISOLATIONS:
+                    _fork_closed(tpls[iso])
+                    wss[iso].run("true")
+            for i in range(max(n_run, n_fork)):
+                for iso in ISOLATIONS:
+                    if i < n_run:
+                        times[iso]["run_true"].append(_timed(lambda: wss[iso].run("true")))
+                    if i < n_fork:
+                        times[iso]["tpl_fork_1"].append(_fork_closed(tpls[iso]))
+        finally:
+            for t in tpls.values():
+                t.close()
+    finally:
+        for w in wss.values():
+            w.close()
+    out: dict = {iso: {k: summary(v) for k, v in m.items()} for iso, m in times.items()}
+    out["sandbox_over_trusted_p50"] = {
+        k: statistics.median(times["sandbox"][k]) / statistics.median(times["trusted"][k])
+        for k in times["trusted"]}
+    r = out["sandbox_over_trusted_p50"]
+    out["aims"] = {"run_true_le_1.10": r["run_true"] <= 1.10, "tpl_fork_1_le_1.10": r["tpl_fork_1"] <= 1.10}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (well under 2 minutes)")
+    ap.add_argument("--isolation-only", action="store_true",
+                    help="only the trusted/sandbox side by side (JSON name runtime_isolation)")
     args = ap.parse_args()
+    if args.isolation_only:
+        n = (20, 200, 100) if args.quick else (60, 1000, 300)
+        emit("runtime_isolation", {"isolation": isolation_side_by_side(*n)})
+        return
     n_create, n_run = (30, 200) if args.quick else (200, 2000)
 
     res = {"create_close": summary(timeit(create_close, n_create)),
@@ -71,6 +139,7 @@ def main() -> None:
     res["aims"] = {"create_p50_ms_le": 50, "run_true_overhead_ms_le": 2,
                    "create_met": res["create_close"]["p50_ms"] <= 50,
                    "run_met": res["ratios"]["run_true_overhead_ms"] <= 2}
+    res["isolation"] = isolation_side_by_side(*((20, 200, 100) if args.quick else (60, 1000, 300)))
     plot(res, run_t, exec_t, shell_t, base_t)
     emit("runtime", res)
 

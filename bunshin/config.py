@@ -29,6 +29,7 @@ __all__ = [
     "fork_slots",
     "fork_tree",
     "freezer_on",
+    "isolation",
     "kmod_fork",
     "kmod_mode",
     "kmod_run",
@@ -93,6 +94,10 @@ KNOBS: tuple[Knob, ...] = (
          "0: no watcher process removing a trainer's workspaces when it dies without closing them"),
     Knob("BUNSHIN_FAVOR_DYNMODS", "1", "switch",
          "0: leave the kernel's cgroup `favordynmods` option alone"),
+    Knob("BUNSHIN_ISOLATION", "trusted", "choice",
+         "what `Workspace.create` makes unless told: `sandbox` (a user namespace of its own, "
+         "root inside has no power over the host) or `trusted` (its root is the host's)",
+         ("trusted", "sandbox")),
     Knob("BUNSHIN_PAGEMAP_SCAN", "auto", "choice",
          "memory accounting: `auto` scans long ranges with PAGEMAP_SCAN, `0` never, `all` always",
          ("auto", "0", "all")),
@@ -226,6 +231,11 @@ def owner_watch() -> bool:
 def favor_dynmods() -> bool:
     """Turn the kernel's cgroup ``favordynmods`` option on once per boot."""
     return _switch("BUNSHIN_FAVOR_DYNMODS")
+
+
+def isolation() -> str:
+    """``trusted`` or ``sandbox``: the isolation of a workspace created without one."""
+    return _choice("BUNSHIN_ISOLATION")
 
 
 def pagemap_scan() -> str:

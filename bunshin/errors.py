@@ -11,6 +11,7 @@ __all__ = [
     "UnsupportedKernel",
     "PermissionDenied",
     "RootfsError",
+    "IsolationError",
     "LimitError",
     "OutOfResources",
     "WorkspaceClosed",
@@ -42,6 +43,11 @@ class PermissionDenied(BunshinError):
 
 class RootfsError(BunshinError):
     """The rootfs given to ``Workspace.create`` cannot be used (missing, unreadable, malformed)."""
+
+
+class IsolationError(BunshinError, ValueError):
+    """``isolation`` is not ``"trusted"`` or ``"sandbox"``, or a sandbox cannot be made for this
+    rootfs (a layer whose file system has no idmapped mounts)."""
 
 
 class LimitError(BunshinError):

@@ -40,7 +40,14 @@ def ws_status(ws, pid: int, key: str) -> str:
     """One field of /proc/PID/status as the workspace ``ws`` sees it (PID its own)."""
     for line in ws.read_file(f"/proc/{pid}/status").decode().splitlines():
         if line.startswith(key + ":"):
-            return line.split(":", 1)[1].strip()
+            value = line.split(":", 1)[1].strip()
+            if key in ("Uid", "Gid", "Groups"):  # the trainer reads them as the host names them
+                from bunshin.runtime.userns import inside
+
+                kind = "uid" if key == "Uid" else "gid"
+                sep = "\t" if "\t" in value else " "
+                value = sep.join(str(i) for i in inside(ws.init_pid, kind, map(int, value.split())))
+            return value
     raise KeyError(key)
 
 

@@ -54,7 +54,8 @@ def pooled(monkeypatch):
 def test_each_fork_has_its_own_net_ipc_uts(use_pool, pooled, monkeypatch):
     if not use_pool:
         monkeypatch.setattr(nspool, "pool", lambda: None)
-    ws = bunshin.Workspace.create(hostname="src")
+    # the pool's namespaces are the trainer's user namespace's: a sandbox's forks make their own
+    ws = bunshin.Workspace.create(hostname="src", isolation="trusted")
     family = [ws]
     try:
         ws.run("python3 -c \"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', 8765))\"")
@@ -90,3 +91,28 @@ def test_pool_sets_are_fresh_and_distinct():
             s.close()
     finally:
         p.drain()
+
+
+def test_a_sandboxs_forks_take_sets_of_its_own_user_namespace():
+    """fork/nsmaker.py: the sets a sandbox's children join are made in its user namespace."""
+    ws = bunshin.Workspace.create(hostname="src", isolation="sandbox")
+    family = [ws]
+    try:
+        family += ws.fork(1)  # its namespace's pool is made, and filled after this first take
+        pool = ws.body.userns.pool
+        assert pool is not None
+        deadline = time.monotonic() + 10
+        while len(pool._ready) < pool.size and time.monotonic() < deadline:
+            time.sleep(0.01)
+        taken = pool.taken
+        family += ws.fork(2)
+        assert pool.taken == taken + 2
+        _check_own_namespaces(family)
+        user = os.stat(f"/proc/{ws.init_pid}/ns/user").st_ino
+        for w in family:
+            assert os.stat(f"/proc/{w.init_pid}/ns/user").st_ino == user
+    finally:
+        for w in reversed(family):
+            w.close()
+    assert ws.body.userns is None  # the last one closed took its namespace's pool along
+    assert pool._ready == []

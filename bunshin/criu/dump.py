@@ -49,6 +49,13 @@ def _freezer_dir(body: Body) -> str | None:
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
 
 
+# CRIU would have to run in the workspace's user namespace and restore it with its maps, on
+# an overlay root over idmapped layers: not done yet.
+SANDBOX_REFUSED = ("workspace {id} runs in a user namespace of its own (isolation='sandbox'), which "
+                   "Bunshin cannot checkpoint with CRIU yet (save, dump, the prefix cache's "
+                   "spilled states, rebase): use isolation='trusted' for workspaces you save")
+
+
 def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
 
@@ -68,6 +75,8 @@ def dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, path: str | os.
         raise CheckpointError(f"workspace {body.id} has live forks: their inits are children of its "
                               "init, which CRIU would take along (and cannot, in their own cgroups): "
                               "close them first, or save a snapshot (ws.snapshot().save(path))")
+    if body.userns is not None:
+        raise CheckpointError(SANDBOX_REFUSED.format(id=body.id))
     info = runner.criu()
     start = time.perf_counter()
     existed = Path(path).exists()

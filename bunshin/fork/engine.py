@@ -106,7 +106,7 @@ def clone_init_unrooted(tinit: Tracee, cgroup, pin: Pinned) -> tuple[Tracee, nsp
     """The first half of :func:`clone_init`: the child's init in ``cgroup``, stopped until
     :func:`reroot` (given the pooled namespaces returned, which it then owns) sends it its
     root, which need not exist yet."""
-    p = nspool.pool()
+    p = nspool.pool_for(tinit.pid)
     made = p.take() if p is not None else None
     try:
         ci = tinit.clone(flags=CLONE_NS_ALL & ~nspool.POOLED if made else CLONE_NS_ALL)
@@ -302,12 +302,21 @@ def copy_dev_shm(template_init: int, child_init: int) -> None:
     """/dev/shm is workspace state (a tmpfs of its own): the child starts with a copy."""
     import subprocess
 
-    subprocess.run(["cp", "-a", f"/proc/{template_init}/root/dev/shm/.",
+    # A sandbox's /dev/shm belongs to its user namespace, where host root is nobody and may
+    # make no file: the copy is made as that namespace's root.
+    as_root = ([] if os.stat(f"/proc/{child_init}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino
+               else ["nsenter", f"--user=/proc/{child_init}/ns/user", "--setuid=0", "--setgid=0"])
+    subprocess.run([*as_root, "cp", "-a", f"/proc/{template_init}/root/dev/shm/.",
                     f"/proc/{child_init}/root/dev/shm/"], check=True, capture_output=True)
 
 
-def overlay_fd(lowers, upper, work) -> int:
+def overlay_fd(lowers, upper, work, userns=None) -> int:
+    """A child's root, detached. ``userns`` (runtime/userns.py, a sandbox workspace's): the
+    rootfs's layers through its idmapped views, and the new upper layer owned by its root."""
     try:
+        if userns is not None:
+            lowers = userns.layers(lowers)
+            userns.give_dirs(upper, work)
         return _syscalls.overlay_mount_fd([str(p) for p in lowers], str(upper), str(work))
     except OSError as e:
         raise ForkError(f"cannot build the child's root from {len(lowers)} layers: {e}") from None

@@ -21,9 +21,11 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import config
+from ..runtime.userns import live
 from .perprocess import PerProcess
 
 log = logging.getLogger("bunshin.fork")
@@ -79,10 +81,13 @@ def make_set() -> NsSet:
 
 
 class NamespacePool:
-    """Up to ``size`` ready namespace sets, refilled by one daemon thread."""
+    """Up to ``size`` ready namespace sets, refilled by one daemon thread with ``make``
+    (default: in the trainer's user namespace, by the thread itself)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, make: Callable[[], NsSet] | None = None) -> None:
         self.size = size
+        self._make = make or make_set
+        self._closed = False
         self._ready: list[NsSet] = []
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -111,21 +116,40 @@ class NamespacePool:
     def _refill(self) -> None:
         while True:
             with self._cv:
-                if len(self._ready) >= self.size:
+                if len(self._ready) >= self.size and not self._closed:
                     self._cv.wait()
+                if self._closed:
+                    self._thread = None
+                    return
                 if len(self._ready) >= self.size:
                     continue
+            self._before_make()
             try:
-                s = make_set()
+                s = self._make()
             except OSError as e:
                 # Forks still work (fresh namespaces per fork); say why once and stop trying.
-                log.warning("namespace pool off: %s", e)
+                if not self._closed:  # (a closed pool's maker may fail on its way out)
+                    log.warning("namespace pool off: %s", e)
                 with self._cv:
                     self._broken = str(e)
                     self._thread = None
                 return
             with self._cv:
-                self._ready.append(s)
+                if self._closed:
+                    s.close()
+                else:
+                    self._ready.append(s)
+
+    def _before_make(self) -> None:
+        """Called by the thread before it makes a set (a subclass may wait there)."""
+
+    def close(self) -> None:
+        """No more sets: the thread ends and the ready ones are closed."""
+        with self._cv:
+            self._closed = True
+            self._broken = "closed"
+            self._cv.notify()
+        self.drain()
 
     def drain(self) -> None:
         """Close every ready set (the thread makes new ones when forks take again)."""
@@ -146,3 +170,20 @@ _pool = PerProcess(_make_pool)
 def pool() -> NamespacePool | None:
     """The process's pool, or None when ``BUNSHIN_NS_POOL=0``."""
     return _pool.get()
+
+
+_own_userns = PerProcess(lambda: os.stat("/proc/self/ns/user").st_ino)
+
+
+def pool_for(init_pid: int) -> NamespacePool | None:
+    """The pool whose namespaces the child of the template whose init is ``init_pid`` may
+    join: ours are owned by the trainer's user namespace, which a sandbox workspace's init
+    (in a user namespace of its own, runtime/userns.py) has no power in; a sandbox's come
+    from a pool of its user namespace (nsmaker.py)."""
+    ino = os.stat(f"/proc/{init_pid}/ns/user").st_ino
+    if ino == _own_userns.get():
+        return pool()
+    from .nsmaker import pool_for as sandbox_pool  # it builds on this module
+
+    u = live(ino)
+    return sandbox_pool(u) if u is not None else None

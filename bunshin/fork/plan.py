@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from ..errors import ForkError
+from ..runtime.userns import inside
 
 
 @dataclass
@@ -340,7 +341,8 @@ def check_caps(procs: list[ProcPlan]) -> None:
             p.transplanted = True
             continue
         raise ForkError(
-            f"process {p.vpid} ({p.name}) runs as uid {p.uid} without {' and '.join(missing)}: "
+            f"process {p.vpid} ({p.name}) runs as uid {inside(p.hostpid, 'uid', (p.uid,))[0]} "
+            f"without {' and '.join(missing)}: "
             f"{why} (fork: {cl.name}), and a clone enters "
             "the child's namespaces and takes its pid there with system calls that need them "
             "(clone3 set_tid, setns), so this workspace cannot be forked here. The kernel module's "

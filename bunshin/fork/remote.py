@@ -46,6 +46,7 @@ SYS = {
 }
 AT_FDCWD = -100
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
+CLONE_NEWCGROUP = 0x02000000
 TIOCSCTTY = 0x540E
 ANY_ERROR = tuple(range(1, 4096))  # ok_errnos: no error stops a queue (check the Ref after)
 F_SETFL, F_GETFL = 4, 3
@@ -386,6 +387,7 @@ def enter_namespaces(r: Remote, cwd: str, setns: bool = True) -> None:
     directory: only the chdir."""
     if setns:
         pfd = r.queue("pidfd_open", 1, 0)
-        r.queue("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        # the init's cgroup namespace: a sandbox's child's own (init.c), else the host's
+        r.queue("setns", pfd, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
         r.queue("close", pfd)
     r.queue("chdir", r.queue_path(cwd), ok_errnos=(_errno.ENOENT,))

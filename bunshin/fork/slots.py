@@ -83,7 +83,8 @@ def make(core: TemplateCore) -> Slot:
     if sp is None:
         sp = _spare(core.config.limits, "slot", [str(p) for p in core.lowers], core.id)
     try:
-        return Slot(sp.dir, sp.cg, engine.overlay_fd(core.lowers, sp.dir.upper, sp.dir.work))
+        return Slot(sp.dir, sp.cg, engine.overlay_fd(core.lowers, sp.dir.upper, sp.dir.work,
+                                                 core.body.userns))
     except BaseException:
         sp.destroy()
         raise

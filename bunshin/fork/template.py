@@ -591,7 +591,8 @@ class _Child:
             meta = core.child_meta(d, cg, self.init_pid)
             d.write_meta(meta)
         body = Body(d, cg, meta, core.child_rootfs(), init_pid=self.init_pid,
-                    pidfd=self.pidfd, init_is_child=False, channel=self.chan)
+                    pidfd=self.pidfd, init_is_child=False, channel=self.chan,
+                    userns=core.body.userns)
         try:
             body.open_root()
             ws = core.build(core.config, body, session_copies(core.shells, masters))
@@ -896,7 +897,8 @@ def _copy_upper(make: Callable[[], None], started: threading.Event, body: Body, 
         return None
     try:
         lowers = _child_lowers(frozen / "upper", body)
-        return slots.Slot(sp.dir, sp.cg, engine.overlay_fd(lowers, sp.dir.upper, sp.dir.work))
+        return slots.Slot(sp.dir, sp.cg, engine.overlay_fd(lowers, sp.dir.upper, sp.dir.work,
+                                                         body.userns))
     except BaseException:  # noqa: BLE001 - the fork mounts one itself, and says what fails
         return None
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from ..compel import Tracee, suspends_seccomp
 from ..errors import ForkError
+from ..runtime.userns import inside
 from .plan import ProcPlan, proc_status, read_text, seccomp_filters
 
 log = logging.getLogger("bunshin.fork")
@@ -898,9 +899,10 @@ def set_credentials(t: Tracee, what: str, s: Source, pdeath_signal: int | None) 
     changes keep the capabilities, SECURE_NO_SETUID_FIXUP, until they are set themselves),
     then what a change of credentials resets (dumpable, the parent-death signal)."""
     st = s.status
-    uids = [int(x) for x in st["Uid"].split()]
-    gids = [int(x) for x in st["Gid"].split()]
-    groups = [int(x) for x in st.get("Groups", "").split()]
+    # /proc shows the trainer's view of them; the process sets them in its user namespace
+    uids = inside(t.pid, "uid", (int(x) for x in st["Uid"].split()))
+    gids = inside(t.pid, "gid", (int(x) for x in st["Gid"].split()))
+    groups = inside(t.pid, "gid", (int(x) for x in st.get("Groups", "").split()))
 
     tids = t.threads()
 

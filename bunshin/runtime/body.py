@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .cgroup.base import Cgroup
     from .channel import Channel
     from .rootfs.model import Rootfs
+    from .userns import UserNs
 
 __all__ = ["Allocation", "Body", "SessionCopy", "allocate", "remove_parts", "session_copies"]
 
@@ -110,6 +111,12 @@ class Body:
     # would die with it. Closed meanwhile, it stays frozen until the last of them goes.
     holds: int = 0
     closing: bool = False
+    # isolation="sandbox": the user namespace it and its forks run in (runtime/userns.py)
+    userns: UserNs | None = None
+
+    def __post_init__(self) -> None:
+        if self.userns is not None:
+            self.userns.acquire()
 
     @property
     def id(self) -> str:
@@ -183,6 +190,9 @@ class Body:
                 if self.template is not None:
                     template, self.template = self.template, None
                     template.release()
+                if self.userns is not None:
+                    userns, self.userns = self.userns, None
+                    userns.release()
 
 
 class SessionCopy(NamedTuple):

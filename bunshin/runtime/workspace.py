@@ -27,6 +27,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from .. import _core, config, criu, sandbox
+from ..config import isolation as _default_isolation
 from .._core import _syscalls
 from ..errors import (
     BunshinError,
@@ -51,6 +52,7 @@ from .channel import Channel
 from .result import Result, exit_code_from_status
 from .shell import Shell
 from . import aio, headroom, template, trainer
+from . import userns as _userns
 from .template import Template
 from .workspace_config import WorkspaceConfig
 
@@ -258,7 +260,7 @@ class Workspace:
         hostname: str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         ready_timeout: float = 30.0,
-        isolation: str = "trusted",
+        isolation: str | None = None,
     ) -> Workspace:
         """Start a workspace.
 
@@ -267,9 +269,11 @@ class Workspace:
         image (layout directory, OCI archive or ``docker save`` archive), or ``"debian:SUITE"``.
         ``memory_limit`` (bytes or "512M"/"2G") and ``pids_limit`` bound the whole workspace.
         ``env`` and ``workdir`` are the defaults for every tool call.
-        ``isolation``: ``"sandbox"`` adds container-runtime defaults (seccomp filter,
-        capability bounding set, masked and read-only /proc and /sys: :mod:`bunshin.sandbox`);
-        ``"trusted"`` gives the workspace's root the host's powers.
+        ``isolation``: ``"sandbox"`` runs it in a user namespace of its own, whose root has no
+        power over the host (docs/design.md, "Isolation"), with container-runtime defaults
+        (seccomp filter, capability bounding set, masked and read-only /proc and /sys:
+        :mod:`bunshin.sandbox`); ``"trusted"``: its root is the host's. None:
+        ``BUNSHIN_ISOLATION`` (default ``"trusted"``). Its forks have the same.
         """
         if os.geteuid() != 0:
             raise PermissionDenied("bunshin needs root (namespaces, mounts, cgroups); run as root")
@@ -278,7 +282,8 @@ class Workspace:
         if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.match(hostname)):
             raise BunshinError(f"hostname must be a valid host name (letters, digits, '-'; ≤ 63), got {hostname!r}")
         max_output = _check_max_output(max_output)
-        isolation = sandbox.check_isolation(isolation)
+        isolation = sandbox.check_isolation(
+            _userns.check(_default_isolation() if isolation is None else isolation))
         if pids_limit is not None and (isinstance(pids_limit, bool) or not isinstance(pids_limit, int)
                                        or pids_limit < 1):
             raise LimitError("pids_limit must be an int ≥ 1 (processes + threads in the workspace), "
@@ -293,6 +298,8 @@ class Workspace:
         self = cls.from_body(config, body)
         try:
             rfs.prepare_upper(body.dir.upper)
+            if isolation == "sandbox":
+                _userns.shift_tree(body.dir.upper)
             self._start_init(ready_timeout)
         except BaseException:
             self._closed = True
@@ -305,38 +312,50 @@ class Workspace:
     def _start_init(self, ready_timeout: float) -> None:
         b = self._body
         d = b.dir
+        sandbox = self._config.isolation == "sandbox"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         logfd = os.open(d.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-        argv = ["bunshin-init", "--root", str(d.root),
-                "--lower", ":".join(str(p) for p in b.rootfs.lowers),
-                "--upper", str(d.upper), "--work", str(d.work), "--hostname", self._config.hostname]
-        for f in b.cgroup.procs_files():
-            argv += ["--cgroup", f]
+        argv = ["bunshin-init", "--hostname", self._config.hostname]
+        if sandbox:
+            argv += ["--cgroupns", "1"]
+        else:
+            argv += ["--root", str(d.root), "--lower", ":".join(str(p) for p in b.rootfs.lowers),
+                     "--upper", str(d.upper), "--work", str(d.work)]
+            for f in b.cgroup.procs_files():
+                argv += ["--cgroup", f]
+        flags = _NS_FLAGS | (_userns.CLONE_NEWUSER if sandbox else 0)
         try:
-            pid, pidfd = _syscalls.clone_exec(_NS_FLAGS, str(_core.init_path()), argv,
+            pid, pidfd = _syscalls.clone_exec(flags, str(_core.init_path()), argv,
                                               ["PATH=" + DEFAULT_ENV["PATH"], *self._sandbox_env()],
                                               (null, null, logfd),
                                               theirs.fileno())
         except OSError as e:
             ours.close()
+            theirs.close()
             if e.errno == errno.EAGAIN:
                 raise headroom.no_process("the workspace init") from None
             raise BunshinError(f"cannot start the workspace init: {e} (see `bunshin doctor`)") from None
         finally:
-            theirs.close()
             os.close(logfd)
             os.close(null)
         b.init_pid, b.pidfd = pid, pidfd
         b.channel = Channel(ours, f"workspace {self.id}")
         try:
-            b.channel.wait_ready(ready_timeout)
+            if sandbox:
+                self._enter_sandbox(ours, theirs, ready_timeout)
+            else:
+                theirs.close()
+                b.channel.wait_ready(ready_timeout)
         except WorkspaceDied as e:
             msg = str(e)
             if "mount overlay" in msg:
                 raise RootfsError(f"{msg}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
                                   "lower layer") from None
             raise
+        finally:
+            if theirs.fileno() >= 0:
+                theirs.close()
         trainer.give_own_limits(pid)  # set up, and not yet asked to start anything
         b.meta.init_pid = pid
         d.write_meta(b.meta)
@@ -346,6 +365,32 @@ class Workspace:
 
     def _sandbox_env(self) -> tuple[str, ...]:
         return sandbox.init_env() if self._config.isolation == "sandbox" else ()
+
+    def _enter_sandbox(self, ours: socket.socket, theirs: socket.socket, ready_timeout: float) -> None:
+        """The init just cloned into a new user namespace waits for its maps (clone_exec.c):
+        it is put into its cgroup (whose files are the host's, out of its reach), its user
+        namespace gets the shifted map, and once it reports ready in its namespaces it is
+        moved into its root, built here as a fork's is (mounted by the trainer on the
+        rootfs's idmapped layers), by the same request a fork's init gets (REROOT)."""
+        b = self._body
+        assert b.channel is not None  # made with the body, before the init runs
+        b.cgroup.add(b.init_pid)
+        b.userns = _userns.UserNs.of_new_init(b.init_pid, b.rootfs.lowers)
+        b.userns.acquire()
+        ours.send(b"g")
+        b.channel.wait_ready(ready_timeout)
+        try:
+            mfd = engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
+        except ForkError as e:
+            raise RootfsError(f"{e}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
+                              "lower layer") from None
+        try:
+            typ, payload = b.channel.request(_core.PROTO["REQ_REROOT"], self._config.hostname.encode(),
+                                             fds=[mfd, theirs.fileno()], timeout=ready_timeout)
+        finally:
+            os.close(mfd)
+        if typ != _core.PROTO["REP_READY"]:
+            raise WorkspaceDied(f"workspace {self.id}: setup failed: {payload.decode(errors='replace')}")
 
     def _exists(self, path: str) -> bool:
         try:
@@ -833,10 +878,19 @@ class Workspace:
             self._host_writes += 1
         try:
             # openat2 rejects a mode without O_CREAT
-            return _syscalls.openat2(self._body.root_fd, path, flags | os.O_CLOEXEC,
-                                     mode if flags & os.O_CREAT else 0, _syscalls.RESOLVE_IN_ROOT)
+            fd = _syscalls.openat2(self._body.root_fd, path, flags | os.O_CLOEXEC,
+                                   mode if flags & os.O_CREAT else 0, _syscalls.RESOLVE_IN_ROOT)
         except OSError as e:
             raise _file_error(self.id, path, e) from None
+        if flags & os.O_CREAT:
+            self.give(fd)
+        return fd
+
+    def give(self, fd: int) -> None:
+        """A file the trainer (host root) made in a sandbox workspace belongs to its root
+        inside, as one its root made would: host root is nobody there."""
+        if self._body.userns is not None and os.fstat(fd).st_uid == 0:
+            _userns.give(fd)
 
     def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644, parents: bool = True) -> None:
         """Write ``data`` to ``path`` inside the workspace (replacing it), creating parent
@@ -887,6 +941,8 @@ class Workspace:
             dfd = self.open_path(parent, _O_PATH | os.O_DIRECTORY)
             try:
                 os.mkdir(part, 0o755, dir_fd=dfd)
+                if self._body.userns is not None:
+                    os.chown(part, _userns.BASE, _userns.BASE, dir_fd=dfd, follow_symlinks=False)
             except FileExistsError:
                 pass
             except OSError as e:
@@ -951,6 +1007,8 @@ def _not_dumpable(ws: Workspace) -> str | None:
     are children of its init)."""
     if ws.body.holds:
         return "it has live forks (their inits are children of its init): close them first"
+    if ws.body.userns is not None:
+        return "it runs in a user namespace of its own (isolation='sandbox'), which CRIU cannot dump here yet"
     for hp in ws.host_pids():
         try:
             st = proc_status(hp)

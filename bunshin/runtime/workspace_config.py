@@ -22,7 +22,9 @@ class WorkspaceConfig:
     limits: Limits = field(default_factory=Limits)
     hostname: str = ""
     run_shell: str = "/bin/sh"  #: what :meth:`Workspace.run` runs its command with (``-c``)
-    isolation: str = "trusted"  #: "sandbox": container-runtime defaults (:mod:`bunshin.sandbox`)
+    #: "sandbox": in a user namespace of its own (runtime/userns.py), with container-runtime
+    #: defaults (:mod:`bunshin.sandbox`)
+    isolation: str = "trusted"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 
-from ..errors import BunshinError
+from ..errors import IsolationError
 
 ISOLATIONS = ("sandbox", "trusted")
 
@@ -57,10 +57,6 @@ WRITABLE = ("/proc/sys/net", "/proc/sys/fs/mqueue",
             *(f"/proc/sys/kernel/{n}" for n in (
                 "msgmax", "msgmnb", "msgmni", "msg_next_id", "sem", "sem_next_id", "shmall",
                 "shmmax", "shmmni", "shm_next_id", "shm_rmid_forced", "hostname", "domainname")))
-
-
-class IsolationError(BunshinError, ValueError):
-    """``Workspace.create(isolation=...)`` got a value other than those of ISOLATIONS."""
 
 
 def check_isolation(isolation: object) -> str:

@@ -1,11 +1,13 @@
 /* bunshin-init: PID 1 of a workspace.
  *
  * usage: bunshin-init [--root DIR --lower L --upper U --work W] [--hostname H] [--cgroup PROCS]...
+ *                     [--cgroupns 1]
  * The control socket is fd 3 (BX_CTL_FD). When it closes, the trainer is gone: init kills every
  * process of the workspace and exits, so a crashed trainer leaves no orphans behind. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,9 @@
 #include "init.h"
 
 static int ctl = BX_CTL_FD;
+/* Each root it moves into (REROOT) gets a cgroup namespace of its own, rooted at the cgroup the
+ * trainer put it in by then. A forked init is a copy of this one: its forks do the same. */
+static int own_cgroupns;
 static pid_t *tracked;
 static size_t ntracked, captracked;
 
@@ -96,7 +101,13 @@ static void reroot(const struct bx_msg *m, const char *payload, size_t plen, int
 		memcpy(host, payload, plen);
 		host[plen] = 0;
 	}
-	int r = reroot_after_fork(fds[0], nfds == 5 ? fds + 2 : NULL, host, err, sizeof(err));
+	int r = 0;
+	if (own_cgroupns && unshare(CLONE_NEWCGROUP)) {
+		snprintf(err, sizeof(err), "a cgroup namespace of its own: %s", strerror(errno));
+		r = -1;
+	}
+	if (!r)
+		r = reroot_after_fork(fds[0], nfds == 5 ? fds + 2 : NULL, host, err, sizeof(err));
 	if (dup3(fds[1], ctl, O_CLOEXEC) < 0)
 		exit(1);
 	if (r) {
@@ -219,6 +230,8 @@ int main(int argc, char **argv)
 			cfg.hostname = v;
 		else if (!strcmp(k, "--cgroup") && cfg.ncgroups < 16)
 			cfg.cgroups[cfg.ncgroups++] = v;
+		else if (!strcmp(k, "--cgroupns"))
+			own_cgroupns = !strcmp(v, "1");
 		else {
 			fprintf(stderr, "bunshin-init: unknown option %s\n", k);
 			return 2;

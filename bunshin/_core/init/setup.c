@@ -75,9 +75,22 @@ static int mount_dev(const char *root, char *err, size_t errlen)
 		FAIL("mount tmpfs on %s", p);
 	for (size_t i = 0; i < sizeof(devnodes) / sizeof(devnodes[0]); i++) {
 		snprintf(p, sizeof(p), "%s/dev/%s", root, devnodes[i].name);
-		if (mknod(p, S_IFCHR | 0666, makedev(devnodes[i].maj, devnodes[i].min)))
+		if (mknod(p, S_IFCHR | 0666, makedev(devnodes[i].maj, devnodes[i].min)) == 0) {
+			chmod(p, 0666); /* mknod obeys the umask */
+			continue;
+		}
+		/* In a user namespace of its own a workspace may not make device nodes (and a
+		 * tmpfs mounted there opens none): bind the current root's node instead. */
+		if (errno != EPERM)
 			FAIL("mknod %s", p);
-		chmod(p, 0666); /* mknod obeys the umask */
+		char src[64];
+		snprintf(src, sizeof(src), "/dev/%s", devnodes[i].name);
+		int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		if (fd < 0)
+			FAIL("create %s", p);
+		close(fd);
+		if (mount(src, p, NULL, MS_BIND, NULL))
+			FAIL("bind %s on %s", src, p);
 	}
 	for (size_t i = 0; i < sizeof(devlinks) / sizeof(devlinks[0]); i++) {
 		snprintf(p, sizeof(p), "%s/dev/%s", root, devlinks[i][1]);

@@ -14,6 +14,7 @@ import stat
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ...runtime.userns import owner_inside
 from ..plan import kind_of
 from ..remote import ANY_ERROR
 from . import sharing, shmem
@@ -158,7 +159,7 @@ def _owner(proc, r, fd, st: os.stat_result) -> None:
         os.chown(held, st.st_uid, st.st_gid)
         os.chmod(held, stat.S_IMODE(st.st_mode))
         return
-    r.queue("fchown", fd, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+    r.queue("fchown", fd, *owner_inside(r.t.pid, st))  # first: it drops set-user-ID
     r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))  # not the umask-cut mode it was made with
 
 
@@ -209,7 +210,7 @@ def _remake_symlink(proc, r, f, flags: int):
                 os.unlink(name, dir_fd=parent)
     make_way(r, f.way)
     r.queue("symlinkat", r.queue_path(content), _AT_FDCWD, r.queue_path(path))
-    r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, _AT_SYMLINK_NOFOLLOW)
+    r.queue("fchownat", _AT_FDCWD, r.queue_path(path), *owner_inside(r.t.pid, st), _AT_SYMLINK_NOFOLLOW)
     newfd = r.queue_openat(path, flags)
     r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)
     drop_way(r, f.way)

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 _WATCH = re.compile(r"inotify wd:(\w+) ino:(\w+) sdev:(\w+) mask:(\w+)(?:[^\n]*fhandle-type:(\w+) f_handle:(\w+))?")
 _WALK_LIMIT = 200_000  # entries looked at before giving up on finding a watched inode
 _MAX_HOLES = 4096  # wds are handed out in order: each hole below the last costs two calls
+_MFD_CLOEXEC = 1
 _AT_FDCWD, _AT_HANDLE_FID, _AT_SYMLINK_FOLLOW, _MAX_HANDLE = -100, 0x200, 0x400, 128
 _libc = ctypes.CDLL(None, use_errno=True)
 # fdinfo's mask: the events, and the flags a watch keeps (IN_EXCL_UNLINK, IN_ONESHOT)
@@ -252,7 +253,7 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
     """The watches of template inotify ``f`` (of ``proc``) added to inotify ``fd`` of this
     clone, each with its wd."""
     held = getattr(f, "inotify_held", {})
-    next_wd, holes = 1, False
+    next_wd, holes, anchor = 1, False, -1
     for wd, _, _, mask, _ in _watches_handles(proc.hostpid, f.fd):
         if wd in held:
             holder, entry = held[wd]
@@ -263,8 +264,11 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
             path, how = f.inotify_paths[wd], _IN_DONT_FOLLOW
         while next_wd < wd:  # a removed watch left a hole: wds are handed out in order
             holes = True
-            # on the instance's own (anonymous) inode, which no watch of the template is on
-            hole = r.call("inotify_add_watch", fd, r.path(f"/proc/self/fd/{fd}"), 0x1)
+            if anchor < 0:
+                # a new inode, which no watch of the template is on, that the clone owns (the
+                # instance's own is the host root's, which a sandbox's root may not read)
+                anchor = r.call("memfd_create", r.path("inotify-hole"), _MFD_CLOEXEC)
+            hole = r.call("inotify_add_watch", fd, r.path(f"/proc/self/fd/{anchor}"), 0x1)
             r.call("inotify_rm_watch", fd, hole)
             next_wd += 1
         got = r.call("inotify_add_watch", fd, r.path(path), mask & _KEPT | how)
@@ -272,6 +276,7 @@ def _add_watches(ctx, proc, r, fd: int, f) -> None:
             raise ForkError(f"process {proc.vpid} fd {f.fd}: inotify watch {wd} on {path} came back as {got}")
         next_wd = wd + 1
     if holes:
+        r.queue("close", anchor)
         _drain(r, fd)  # removing the hole watches queued IN_IGNORED events
 
 

@@ -25,6 +25,7 @@ import termios
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ...runtime.userns import owner_inside
 from . import sharing
 from .files_reg import drop_way, in_childs_root, make_way, way_to
 
@@ -130,7 +131,7 @@ def fixup(ctx, proc, r, f) -> None:
             st = os.stat(f"/proc/{proc.hostpid}/fd/{f.fd}")
             make_way(r, f.way)
             r.queue("mknodat", _AT_FDCWD, r.queue_path(path), stat.S_IFIFO | 0o600, 0)
-            r.queue("fchownat", _AT_FDCWD, r.queue_path(path), st.st_uid, st.st_gid, 0)
+            r.queue("fchownat", _AT_FDCWD, r.queue_path(path), *owner_inside(r.t.pid, st), 0)
             r.queue("fchmodat", _AT_FDCWD, r.queue_path(path), stat.S_IMODE(st.st_mode))
             newfd = _open_named_fifo(r, proc, path, f)
             r.queue("unlinkat", _AT_FDCWD, r.queue_path(path), 0)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ...runtime.userns import owner_inside
 from ..plan import maps_of
 from ..remote import ANY_ERROR
 from . import sharing
@@ -144,7 +145,7 @@ def _object(ctx, proc, r, key, src_path: str, size: int, path: str) -> str:
                 seals = fcntl.fcntl(src.fileno(), _F_GET_SEALS)
             except OSError:  # not a shmem file (hugetlbfs): it has none
                 seals = 0
-        r.queue("fchown", fd, st.st_uid, st.st_gid)  # first: it drops set-user-ID
+        r.queue("fchown", fd, *owner_inside(r.t.pid, st))  # first: it drops set-user-ID
         r.queue("fchmod", fd, stat.S_IMODE(st.st_mode))
         objs[key] = (proc.vpid, fd)
         ctx.shared.setdefault("close_later", []).append((r.t, fd))

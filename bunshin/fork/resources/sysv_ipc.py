@@ -125,7 +125,23 @@ def write_limits(limits: dict[str, str]) -> None:
     the template's objects were made under them (a message longer than a new namespace's
     msgmax could not be sent again)."""
     for n, v in limits.items():
-        with open(f"/proc/sys/kernel/{n}", "r+") as f:
-            if f.read().split() != v.split():
-                f.seek(0)
+        path = f"/proc/sys/kernel/{n}"
+        with open(path) as f:
+            if f.read().split() == v.split():
+                continue
+        # Only its namespace's root may write them (not even host root, in the namespace of a
+        # sandbox's user namespace): the thread takes that root's ids for the write.
+        st = os.stat(path)
+        me_uid, me_gid = os.geteuid(), os.getegid()
+        switch = (st.st_uid, st.st_gid) != (me_uid, me_gid)
+        if switch and (libc.syscall(_SYS_SETRESGID, -1, st.st_gid, -1)
+                       or libc.syscall(_SYS_SETRESUID, -1, st.st_uid, -1)):
+            err = ctypes.get_errno()
+            _back(me_uid, me_gid)
+            raise OSError(err, f"taking uid {st.st_uid} to set the IPC namespace's {n}")
+        try:
+            with open(path, "w") as f:
                 f.write(v)
+        finally:
+            if switch:
+                _back(me_uid, me_gid)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ...errors import ForkError
+from ...runtime.userns import inside
 from ..plan import status_of
 from .signals import PTRACE_CONT, ptrace, set_sigmask, sigmask
 
@@ -239,7 +240,7 @@ def _take_ids(t, z: Zombie) -> None:
     it is root, fork/transplant.py). Not for a clone's: a change of ids resets the dumpability
     of the memory an exiting zombie shares with its parent, which a transplant sets after."""
     uids, gids = z.ids
-    for nr, ids in ((_SYS_SETRESGID, gids), (_SYS_SETRESUID, uids)):
+    for nr, ids in ((_SYS_SETRESGID, inside(t.pid, "gid", gids)), (_SYS_SETRESUID, inside(t.pid, "uid", uids))):
         got = t.syscall(nr, *ids)
         if got:
             raise ForkError(f"pid {t.pid}: a zombie's ids {ids}: {os.strerror(-got)}", pid=t.pid,
