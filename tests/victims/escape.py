@@ -93,8 +93,18 @@ def mount_sysfs():
 
 
 def mount_cgroup():
+    """A cgroupfs of its own is allowed (its cgroup namespace is rooted at its own group): what
+    must fail is seeing any other group through it, or raising its limit."""
     mount("none", "/tmp/cg", "cgroup", 0, "pids")
-    return "mounted the pids cgroup hierarchy"
+    others = [d for d in os.listdir("/tmp/cg") if os.path.isdir(f"/tmp/cg/{d}")]
+    if others:
+        return f"mounted the pids hierarchy and sees other groups: {others}"
+    try:
+        with open("/tmp/cg/pids.max", "w") as f:
+            f.write("max")
+    except OSError as e:
+        raise Refused(e.errno, f"write pids.max: {e}") from None
+    return "raised its pids limit through a cgroupfs mount"
 
 
 # attempts whose mounts must outlive them (in the workspace's mount namespace), for the host
