@@ -104,7 +104,8 @@ class _SandboxPool(NamespacePool):
             time.sleep(wait)
 
 
-_REFILL_AFTER = 0.02  # s: longer than a small fork
+_REFILL_AFTER = 0.1  # s: past the next forks of a loop (a refill during one slows it: at 20 ms a
+# template's forks in a loop took 1.5-1.7x a trusted one's, at 100 ms 1.0x; bench/runtime.py)
 
 
 def _the_helper() -> _Helper:
