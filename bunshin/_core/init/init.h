@@ -7,6 +7,18 @@
 #include <sys/types.h>
 #include "proto.h"
 
+/* In a function with ``char *err, size_t errlen``: the message, then ": strerror(errno)", into
+ * err; returns -1 with errno kept. */
+#define FAIL(...)                                                           \
+	do {                                                                \
+		int e_ = errno;                                             \
+		int n_ = snprintf(err, errlen, __VA_ARGS__);                \
+		if (n_ >= 0 && (size_t)n_ < errlen)                         \
+			snprintf(err + n_, errlen - n_, ": %s", strerror(e_)); \
+		errno = e_;                                                 \
+		return -1;                                                  \
+	} while (0)
+
 struct setup_cfg {
 	const char *root;   /* overlay mount point, becomes "/" */
 	const char *lower;  /* overlay lowerdir list, ':'-separated, topmost first */

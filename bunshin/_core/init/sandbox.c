@@ -20,16 +20,6 @@
 #include <unistd.h>
 #include "init.h"
 
-#define FAIL(...)                                                           \
-	do {                                                                \
-		int e_ = errno;                                             \
-		int n_ = snprintf(err, errlen, __VA_ARGS__);                \
-		if (n_ >= 0 && (size_t)n_ < errlen)                         \
-			snprintf(err + n_, errlen - n_, ": %s", strerror(e_)); \
-		errno = e_;                                                 \
-		return -1;                                                  \
-	} while (0)
-
 static struct {
 	int read, on, locked;
 	uint64_t drop;
