@@ -83,13 +83,18 @@ def start(tinit: Tracee, tpl_sock, mount_fd: int, hostname: str, cg, pin: Pinned
     """A child's init (engine.clone_init) with its pidfd and channel, ahead of a fork or in
     one; ``mount_fd`` stays the caller's. On failure nothing of the init is left."""
     ci, sock = engine.clone_init(tinit, tpl_sock, mount_fd, hostname, cg, pin)
+    return EarlyInit(ci, Channel(sock, name), pidfd_of(ci, sock))
+
+
+def pidfd_of(ci: Tracee, sock) -> int:
+    """A pidfd of a child's init let go running (``sock``: the trainer's end of its control
+    socket); on failure the init is killed and ``sock`` closed."""
     try:
-        pidfd = os.pidfd_open(ci.pid)
+        return os.pidfd_open(ci.pid)
     except BaseException:
         sock.close()
         os.kill(ci.pid, signal.SIGKILL)
         raise
-    return EarlyInit(ci, Channel(sock, name), pidfd)
 
 
 def clone_into(slot: Slot, tinit: Tracee, tpl_sock, hostname: str, pin: Pinned) -> EarlyInit:

@@ -818,12 +818,7 @@ def _init_beside_copy(tinit: Tracee, tpl_sock, sp: slots.Spare, pin: seize.Pinne
         return
     try:
         sock = engine.reroot(ci, tpl_sock, slot.mount_fd, hostname, made)
-        try:
-            pidfd = os.pidfd_open(ci.pid)
-        except BaseException:
-            sock.close()
-            os.kill(ci.pid, signal.SIGKILL)
-            raise
+        pidfd = earlyinit.pidfd_of(ci, sock)
     except (BunshinError, OSError) as e:  # reroot killed it
         log.info("workspace %s: the child's init cloned beside the copy: %s", sp.dir.id, e)
         return
