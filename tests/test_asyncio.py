@@ -108,6 +108,26 @@ def test_cancelling_at_any_point_leaves_no_process_and_no_exit_report(ws):
     _run(main())
 
 
+def test_an_exit_wait_cancelled_as_its_status_arrives_hands_the_status_on(ws):
+    """The reader gave the wait its status, then the wait was cancelled before it resumed
+    (the cancelled call's own wait, as its reaper starts): the next wait gets the status."""
+    async def main():
+        chan = ws.live_channel()
+        pid = await chan.aspawn(["sleep", "100"], ["PATH=/usr/bin:/bin"], "/", [])
+        wait = asyncio.ensure_future(chan.await_exit(pid))
+        while pid not in chan._exit_futures:
+            await asyncio.sleep(0)
+        fut = chan._exit_futures.pop(pid)  # what the reader does as the exit report arrives
+        fut.set_result(9)
+        wait.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await wait
+        assert chan.poll_exit(pid) == 9
+        await chan.aend(pid)
+        assert not chan._exits and not chan._exit_futures
+    _run(main())
+
+
 def test_shell_calls_keep_their_session_and_cancel_cleanly(ws):
     async def main():
         sh = ws.shell()

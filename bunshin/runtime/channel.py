@@ -147,6 +147,7 @@ class Channel:
         self._exits: dict[int, int] = {}
         self._exit_cond = threading.Condition(self._lock)
         self._exit_futures: dict[int, asyncio.Future] = {}
+        self._abandoned: set[int] = set()  # requests given up on (cancelled, timed out)
         self._dead: str | None = None
         self._started = False
 
@@ -222,8 +223,11 @@ class Channel:
             return
         with self._lock:
             p = self._pending.pop(rid, None)
+            abandoned = p is None and rid in self._abandoned
+            self._abandoned.discard(rid)
         if p is None:
-            log.warning("%s: unexpected message type %d id %d", self._name, typ, rid)
+            if not abandoned:
+                log.warning("%s: unexpected message type %d id %d", self._name, typ, rid)
             return
         p.reply = (typ, payload)
         p.done()
@@ -234,6 +238,7 @@ class Channel:
             if self._dead is None:
                 self._dead = why
             pending, self._pending = self._pending, {}
+            self._abandoned.clear()
             futures, self._exit_futures = self._exit_futures, {}
             self._exit_cond.notify_all()
         for p in pending.values():
@@ -262,8 +267,7 @@ class Channel:
         rid = self._send(pend, typ, payload, fds, flags)
         assert pend.event is not None
         if not pend.event.wait(timeout):
-            with self._lock:
-                self._pending.pop(rid, None)
+            self._abandon(rid)
             raise ProtocolError(f"{self._name}: init did not answer request {typ} within {timeout}s")
         if pend.reply is None:
             raise WorkspaceDied(f"{self._name}: {self._dead}")
@@ -287,11 +291,16 @@ class Channel:
         except TimeoutError:
             raise ProtocolError(f"{self._name}: init did not answer request {typ} within {timeout}s") from None
         finally:
-            with self._lock:
-                self._pending.pop(rid, None)
+            self._abandon(rid)
         if reply is None:
             raise WorkspaceDied(f"{self._name}: {self._dead}")
         return reply
+
+    def _abandon(self, rid: int) -> None:
+        """No one waits for request ``rid`` any more; its answer, if it comes, is dropped."""
+        with self._lock:
+            if self._pending.pop(rid, None) is not None:
+                self._abandoned.add(rid)
 
     def _send(self, pend: _Pending, typ: int, payload: bytes, fds: Sequence[int], flags: int) -> int:
         """Send one request whose answer goes to ``pend`` (a send never blocks for long: the
@@ -424,6 +433,12 @@ class Channel:
             fut = self._exit_futures[pid] = asyncio.get_running_loop().create_future()
         try:
             status = await fut
+        except asyncio.CancelledError:
+            # cancelled after the status was set but before this task resumed: the status
+            # goes back for the next wait (the cancelled call's reaper), not lost
+            if fut.done() and not fut.cancelled() and fut.result() is not None:
+                self._keep_exit(pid, fut.result())
+            raise
         finally:
             with self._lock:
                 if self._exit_futures.get(pid) is fut:
