@@ -15,6 +15,10 @@ import pytest
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="bunshin-test-"))
 os.environ.setdefault("BUNSHIN_STATE_DIR", str(_SESSION_TMP / "state"))
 os.environ.setdefault("BUNSHIN_CGROUP_PREFIX", f"bunshin-test-{os.getpid()}")
+# what the library leaves in the temporary directory on purpose (a failed CRIU run's log,
+# named in its error) goes with the session
+(_SESSION_TMP / "tmp").mkdir()
+tempfile.tempdir = str(_SESSION_TMP / "tmp")
 
 
 def init_processes() -> list[int]:
