@@ -13,7 +13,7 @@ from .. import config
 from ..compel import in_group_stop
 from ..errors import CheckpointError
 from ..fork.plan import proc_status
-from . import externals, images, initfds, runner
+from . import externals, images, initfds, runner, sandbox
 
 if TYPE_CHECKING:
     from ..runtime.body import Body
@@ -49,13 +49,6 @@ def _freezer_dir(body: Body) -> str | None:
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
 
 
-# CRIU would have to run in the workspace's user namespace and restore it with its maps, on
-# an overlay root over idmapped layers: not done yet.
-SANDBOX_REFUSED = ("workspace {id} runs in a user namespace of its own (isolation='sandbox'), which "
-                   "Bunshin cannot checkpoint with CRIU yet (save, dump, the prefix cache's "
-                   "spilled states, rebase): use isolation='trusted' for workspaces you save")
-
-
 def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
 
@@ -75,8 +68,6 @@ def dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, path: str | os.
         raise CheckpointError(f"workspace {body.id} has live forks: their inits are children of its "
                               "init, which CRIU would take along (and cannot, in their own cgroups): "
                               "close them first, or save a snapshot (ws.snapshot().save(path))")
-    if body.userns is not None:
-        raise CheckpointError(SANDBOX_REFUSED.format(id=body.id))
     info = runner.criu()
     start = time.perf_counter()
     existed = Path(path).exists()
@@ -122,6 +113,8 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                 argv += ["--freeze-cgroup", frz]
             for e in exts:
                 argv += ["--external", e.key]
+            if body.userns is not None:
+                argv += sandbox.AUTO_EXTERNAL_MOUNTS
             runner.run(argv, what=f"CRIU dump of workspace {body.id}", logfile=logfile,
                        env=runner.environ())
         finally:

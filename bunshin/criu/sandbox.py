@@ -1,0 +1,71 @@
+"""CRIU and a sandbox workspace (``isolation="sandbox"``, runtime/userns.py).
+
+CRIU dumps the workspace's user namespace U with its task tree (its uid and gid maps) and
+restores a new one with the same maps, owning the restored mount, pid, net, ipc, uts and
+cgroup namespaces; seccomp filters, capability sets (the bounding set too) and the mounts
+the init made inside U (masked and read-only ``/proc`` and ``/sys`` paths) are dumped and
+made again as they were. Two parts of a sandbox's mount tree CRIU cannot make by itself:
+
+- **The device nodes** (``/dev/null``, ``zero``, ..., and the ``/dev/null`` that covers a
+  masked ``/proc`` file) are binds of the host's devtmpfs (U may not ``mknod``). They are
+  dumped as external mounts found by CRIU itself (``--external mnt[]``: a bind whose source
+  the host's mount namespace shows, named by that host path) and bound again from the same
+  host paths on restore.
+- **The root**: overlayfs on the rootfs's layers idmapped with U, mounted by the trainer. The
+  root is never dumped (``--root``, as for any workspace); the restore mounts it again on views
+  of the rootfs's layers idmapped with a user namespace of the same maps (an idmapped mount
+  takes the maps, not the namespace), before CRIU makes the new U.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from .._core import _syscalls
+from ..errors import CheckpointError
+from ..runtime import userns as _userns
+
+#: the CRIU option that makes (dump) and takes (restore) the devtmpfs binds as external mounts
+AUTO_EXTERNAL_MOUNTS = ("--external", "mnt[]")
+
+
+def idmap_views(rootfs_lowers: list[str]) -> _userns.UserNs:
+    """Views of ``rootfs_lowers`` idmapped as a sandbox's (``UserNs.layer``), through a user
+    namespace made for that alone with the sandbox's maps; the caller closes it once the
+    overlay built on them is mounted (overlayfs keeps its own copies of its layers' mounts)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = pidfd = -1
+    try:
+        # A clone into a new user namespace waits for one byte before it execs (clone_exec.c):
+        # given its maps and opened, it gets EOF instead and exits without running anything.
+        pid, pidfd = _syscalls.clone_exec(_userns.CLONE_NEWUSER, "/bin/true", ["true"], [],
+                                          (theirs.fileno(),) * 3, theirs.fileno())
+        theirs.close()
+        return _userns.UserNs.of_new_init(pid, tuple(Path(p) for p in rootfs_lowers))
+    except OSError as e:
+        raise CheckpointError(f"cannot make a user namespace to idmap the rootfs layers of a "
+                              f"sandbox workspace: {e.strerror}") from None
+    finally:
+        ours.close()
+        theirs.close()
+        if pid > 0:
+            os.waitpid(pid, 0)
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def restored_userns(init_pid: int, rootfs_lowers: list[str]) -> _userns.UserNs:
+    """U of a restored sandbox's init, checked to have the sandbox's maps (CRIU restores the
+    maps the image holds; an image of another mapping would give the trainer's ids wrong)."""
+    want = [(0, _userns.BASE, _userns.SIZE)]
+    for kind in ("uid", "gid"):
+        with open(f"/proc/{init_pid}/{kind}_map") as f:
+            got = [tuple(int(x) for x in ln.split()) for ln in f if ln.strip()]
+        if got != want:
+            raise CheckpointError(f"the restored workspace's user namespace maps {kind}s {got}, "
+                                  f"not the sandbox's {want}: the image was made with another "
+                                  "mapping")
+    fd = os.open(f"/proc/{init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    return _userns.UserNs(fd, tuple(Path(p) for p in rootfs_lowers))
