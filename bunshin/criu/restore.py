@@ -35,8 +35,13 @@ from . import sandbox as _sandbox
 
 log = logging.getLogger("bunshin.criu")
 
+# With BX_CGROUP_ROOTS, each group it is in (but a hierarchy's root) becomes CRIU's root of
+# that hierarchy (--cgroup-root), where CRIU makes the image's groups of it again
 _SCRIPT = ('for f in $BX_CGROUPS; do echo $$ > "$f" || exit 71; done; '
-           'mount -t overlay overlay -o "$BX_OVERLAY" "$BX_ROOT" || exit 72; exec "$@"')
+           'mount -t overlay overlay -o "$BX_OVERLAY" "$BX_ROOT" || exit 72; '
+           'if [ -n "$BX_CGROUP_ROOTS" ]; then while IFS=: read -r _ c p; do case "$c:$p" in '
+           '*:/) ;; :*) set -- "$@" --cgroup-root "$p" ;; *) set -- "$@" --cgroup-root "$c:$p" ;; '
+           'esac; done < /proc/self/cgroup; fi; exec "$@"')
 _KSM_RUN = Path("/sys/kernel/mm/ksm/run")
 
 
@@ -95,13 +100,16 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
                 info.path, "restore", "-D", str(images.criu_dir(src)), "-W", str(work),
                 "-o", "restore.log", "-v4", "--root", str(d.root), "--restore-detached",
                 "--restore-sibling", "--shell-job", "--pidfile", str(work / "pid"),
-                "--manage-cgroups=ignore", "--network-lock", "skip", "--tcp-established",
+                "--network-lock", "skip", "--tcp-established",
                 "--file-locks"]
         for spec in inherit:
             argv += ["--inherit-fd", spec]
-        if views is not None:
-            argv += _sandbox.AUTO_EXTERNAL_MOUNTS
         env = runner.environ()
+        if views is None:
+            argv.append("--manage-cgroups=ignore")
+        else:
+            argv += [*_sandbox.AUTO_EXTERNAL_MOUNTS, *_sandbox.CGROUPS]
+            env["BX_CGROUP_ROOTS"] = "1"
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)

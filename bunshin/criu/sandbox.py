@@ -29,6 +29,15 @@ from ..runtime import userns as _userns
 
 #: the CRIU option that makes (dump) and takes (restore) the devtmpfs binds as external mounts
 AUTO_EXTERNAL_MOUNTS = ("--external", "mnt[]")
+#: The init's cgroup namespace (rooted at the workspace's group, owned by U) comes back only
+#: where CRIU moves the restored tasks into their groups itself: it enters the group the image
+#: names as the namespace's root, then unshares one in U. ``none``: into groups that exist
+#: (the restored workspace's, given as the root of each hierarchy with ``--cgroup-root``),
+#: their limits left as Bunshin set them. Threads need it too: CRIU 4.2.1 records a thread of
+#: a process other than the init in a set of its own (the namespace's prefix is copied into a
+#: set only after it is compared), and moves it there, which with ``ignore`` fails (no
+#: cgroup yard: EBADF).
+CGROUPS = ("--manage-cgroups=none",)
 
 
 def idmap_views(rootfs_lowers: list[str]) -> _userns.UserNs:
