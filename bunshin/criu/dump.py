@@ -98,6 +98,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         try:
             pids = cg.pids()
             _refuse_group_stopped(pids)
+            _refuse_nested_userns(init_pid, pids)
             exts = externals.scan(init_pid, pids, body.dir.path)
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
@@ -138,20 +139,42 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
     }
 
 
+def _named(pid: int) -> str | None:
+    """``process VPID (comm)`` as the workspace names it; None once it is gone."""
+    try:
+        vpid = proc_status(pid)["NSpid"].split()[-1]
+        with open(f"/proc/{pid}/comm") as f:
+            return f"process {vpid} ({f.read().strip()})"
+    except (OSError, KeyError):
+        return None
+
+
+def _refuse_nested_userns(init_pid: int, pids: list[int]) -> None:
+    """CRIU dumps the user namespace of the workspace's init with its tree (a sandbox's own,
+    or the host's) and no other: one a process made inside (``unshare -U``) stops the dump
+    ("Can't dump nested user namespace"). Say which process, before CRIU starts."""
+    own = os.stat(f"/proc/{init_pid}/ns/user").st_ino
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}/ns/user").st_ino == own:
+                continue
+        except OSError:
+            continue  # gone meanwhile
+        if (who := _named(pid)) is not None:
+            raise CheckpointError(
+                f"{who} is in a user namespace of its own, nested in the workspace's: CRIU "
+                "dumps only the workspace's user namespace with its processes. End that "
+                "process (and what it started in its namespace), then dump")
+
+
 def _refuse_group_stopped(pids: list[int]) -> None:
     """CRIU seizes the processes of a frozen cgroup, and the attach to one stopped by a signal
     waits, uninterruptibly, for the thaw it would do only afterwards (compel.in_group_stop):
     it would give up after its timeout at best. Say so before it starts."""
     for pid in pids:
-        if in_group_stop(pid):
-            try:
-                vpid = proc_status(pid)["NSpid"].split()[-1]
-                with open(f"/proc/{pid}/comm") as f:
-                    name = f.read().strip()
-            except (OSError, KeyError):
-                continue  # gone meanwhile
+        if in_group_stop(pid) and (who := _named(pid)) is not None:
             raise CheckpointError(
-                f"process {vpid} ({name}) is stopped by a signal (kill -STOP, a shell job "
+                f"{who} is stopped by a signal (kill -STOP, a shell job "
                 "suspended with Ctrl-Z): CRIU cannot dump a stopped process of a frozen "
                 "workspace. Resume it (SIGCONT, fg) or end it, then dump; ws.fork() and "
                 "ws.snapshot() keep it stopped")
