@@ -100,6 +100,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
             _refuse_group_stopped(pids)
             _refuse_nested_userns(init_pid, pids)
             exts = externals.scan(init_pid, pids, body.dir.path)
+            binds = sandbox.device_binds(init_pid) if body.userns is not None else []
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
                 dst.mkdir()
@@ -114,8 +115,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                 argv += ["--freeze-cgroup", frz]
             for e in exts:
                 argv += ["--external", e.key]
-            if body.userns is not None:
-                argv += sandbox.AUTO_EXTERNAL_MOUNTS
+            argv += sandbox.dump_binds(binds)
             runner.run(argv, what=f"CRIU dump of workspace {body.id}", logfile=logfile,
                        env=runner.environ())
         finally:
@@ -132,6 +132,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         "shells": [[idx, pid, nonce, prep.master_fds[idx]] for idx, pid, nonce in idents],
         "ctl_socket_ino": prep.stand_in_ino,
         "externals": [e.to_dict() for e in exts],
+        "device_binds": sorted({host for _point, host in binds}),
         "layers": len(own),
         "rootfs_lowers": rootfs_lowers,
         "rootfs_source": str(body.rootfs.source),

@@ -108,7 +108,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         if views is None:
             argv.append("--manage-cgroups=ignore")
         else:
-            argv += [*_sandbox.AUTO_EXTERNAL_MOUNTS, *_sandbox.CGROUPS, *_sandbox.cgroup_yard()]
+            argv += [*_sandbox.restore_binds(meta.get("device_binds", [])), *_sandbox.CGROUPS,
+                     *_sandbox.cgroup_yard()]
             env["BX_CGROUP_ROOTS"] = "1"
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"

@@ -7,10 +7,9 @@ the init made inside U (masked and read-only ``/proc`` and ``/sys`` paths) are d
 made again as they were. Two parts of a sandbox's mount tree CRIU cannot make by itself:
 
 - **The device nodes** (``/dev/null``, ``zero``, ..., and the ``/dev/null`` that covers a
-  masked ``/proc`` file) are binds of the host's devtmpfs (U may not ``mknod``). They are
-  dumped as external mounts found by CRIU itself (``--external mnt[]``: a bind whose source
-  the host's mount namespace shows, named by that host path) and bound again from the same
-  host paths on restore.
+  masked ``/proc`` file) are binds of the host's devtmpfs (U may not ``mknod``), whose root
+  CRIU cannot find in the workspace. Each is dumped as an external mount named by the host path
+  it binds (:func:`device_binds`) and bound again from that path on restore.
 - **The root**: overlayfs on the rootfs's layers idmapped with U, mounted by the trainer. The
   root is never dumped (``--root``, as for any workspace); the restore mounts it again on views
   of the rootfs's layers idmapped with a user namespace of the same maps (an idmapped mount
@@ -20,15 +19,14 @@ made again as they were. Two parts of a sandbox's mount tree CRIU cannot make by
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
 from .._core import _syscalls
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ImageError
 from ..runtime import userns as _userns
 
-#: the CRIU option that makes (dump) and takes (restore) the devtmpfs binds as external mounts
-AUTO_EXTERNAL_MOUNTS = ("--external", "mnt[]")
 #: The init's cgroup namespace (rooted at the workspace's group, owned by U) comes back only
 #: where CRIU moves the restored tasks into their groups itself: it enters the group the image
 #: names as the namespace's root, then unshares one in U. ``none``: into groups that exist
@@ -57,6 +55,45 @@ def cgroup_yard() -> list[str]:
             if f"{_CGROUP_TOP}/{name}" not in roots:
                 return []
     return ["--cgroup-yard", _CGROUP_TOP]
+
+
+def device_binds(init_pid: int) -> list[tuple[str, str]]:
+    """(mount point in the workspace, host path it binds) of each mount of the host's ``/dev``
+    in ``init_pid``'s mount namespace. Named explicitly: CRIU's own search (``mnt[]``) takes
+    the last mount of the host's that shows the file, which may be a passing one."""
+    host = _mounts("/proc/self/mountinfo")
+    devs = {dev for dev, root, point in host if point == "/dev" and root == "/"}
+    return [(point, "/dev" + root) for dev, root, point in _mounts(f"/proc/{init_pid}/mountinfo")
+            if dev in devs and root != "/"]
+
+
+def _mounts(mountinfo: str) -> list[tuple[str, str, str]]:
+    """(device, root, mount point) of each line of ``mountinfo``."""
+    out = []
+    with open(mountinfo) as f:
+        for line in f:
+            fields = line.split()
+            out.append((fields[2], _unescape(fields[3]), _unescape(fields[4])))
+    return out
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def dump_binds(binds: list[tuple[str, str]]) -> list[str]:
+    """CRIU's dump options for ``binds`` (:func:`device_binds`): each an external mount whose
+    key is the host path."""
+    return [a for point, host in binds for a in ("--external", f"mnt[{point}]:{host}")]
+
+
+def restore_binds(hosts: list[str]) -> list[str]:
+    """CRIU's restore options binding each host path of ``hosts`` (the dump's keys) again."""
+    for h in hosts:
+        if not os.path.exists(h):
+            raise ImageError(f"the image binds the host's {h} into the workspace, and this host "
+                             "has none")
+    return [a for h in hosts for a in ("--external", f"mnt[{h}]:{h}")]
 
 
 def idmap_views(rootfs_lowers: list[str]) -> _userns.UserNs:
