@@ -26,6 +26,7 @@ from pathlib import Path
 from .._core import _syscalls
 from ..errors import CheckpointError, ImageError
 from ..runtime import userns as _userns
+from ..runtime.cgroup._fs import cgroup_mounts
 
 #: The init's cgroup namespace (rooted at the workspace's group, owned by U) comes back only
 #: where CRIU moves the restored tasks into their groups itself: it enters the group the image
@@ -45,8 +46,6 @@ def cgroup_yard() -> list[str]:
     mounts none in a yard of its own (mounting the v2 hierarchy again costs ~9 ms here).
     Nothing otherwise, as CRIU would make a missing one's directory in the host's
     /sys/fs/cgroup."""
-    from ..runtime.cgroup._fs import cgroup_mounts
-
     roots = {m.point for m in cgroup_mounts() if m.root == "/"}
     with open("/proc/self/cgroup") as f:
         for line in f:
