@@ -9,7 +9,8 @@ that overlay, moved into the new cgroup before it execs, so the restored tasks a
 the workspace from their first page; ``--restore-sibling`` makes the restored init a child of
 the trainer, as a created workspace's is. The control socket is a new socketpair handed in with
 ``--inherit-fd``; host files the workspace used (``/dev/null``, the init binary, its log) are
-handed in the same way (see :mod:`bunshin.criu.externals`).
+handed in the same way (see :mod:`bunshin.criu.externals`). A sandbox's image is restored in a
+user namespace with its maps, on rootfs layers idmapped alike (see :mod:`bunshin.criu.sandbox`).
 """
 
 from __future__ import annotations
@@ -108,8 +109,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         if views is None:
             argv.append("--manage-cgroups=ignore")
         else:
-            argv += [*_sandbox.restore_binds(meta.get("device_binds", [])), *_sandbox.CGROUPS,
-                     *_sandbox.cgroup_yard()]
+            argv += _sandbox.restore_options(meta)
             env["BX_CGROUP_ROOTS"] = "1"
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"

@@ -4,7 +4,7 @@ CRIU dumps the workspace's user namespace U with its task tree (its uid and gid 
 restores a new one with the same maps, owning the restored mount, pid, net, ipc, uts and
 cgroup namespaces; seccomp filters, capability sets (the bounding set too) and the mounts
 the init made inside U (masked and read-only ``/proc`` and ``/sys`` paths) are dumped and
-made again as they were. Two parts of a sandbox's mount tree CRIU cannot make by itself:
+made again as they were. Three parts CRIU cannot make by itself:
 
 - **The device nodes** (``/dev/null``, ``zero``, ..., and the ``/dev/null`` that covers a
   masked ``/proc`` file) are binds of the host's devtmpfs (U may not ``mknod``), whose root
@@ -14,6 +14,8 @@ made again as they were. Two parts of a sandbox's mount tree CRIU cannot make by
   root is never dumped (``--root``, as for any workspace); the restore mounts it again on views
   of the rootfs's layers idmapped with a user namespace of the same maps (an idmapped mount
   takes the maps, not the namespace), before CRIU makes the new U.
+- **The cgroup namespace** the init made in U, rooted at the workspace's group: see
+  :data:`CGROUPS`.
 """
 
 from __future__ import annotations
@@ -86,13 +88,16 @@ def dump_binds(binds: list[tuple[str, str]]) -> list[str]:
     return [a for point, host in binds for a in ("--external", f"mnt[{point}]:{host}")]
 
 
-def restore_binds(hosts: list[str]) -> list[str]:
-    """CRIU's restore options binding each host path of ``hosts`` (the dump's keys) again."""
+def restore_options(meta: dict) -> list[str]:
+    """CRIU's restore options for a sandbox's image: its device binds (the host paths the dump
+    named them by) bound again, and its groups and cgroup namespace made (:data:`CGROUPS`,
+    :func:`cgroup_yard`; the restore's shell adds each hierarchy's ``--cgroup-root``)."""
+    hosts = meta.get("device_binds", [])
     for h in hosts:
         if not os.path.exists(h):
             raise ImageError(f"the image binds the host's {h} into the workspace, and this host "
                              "has none")
-    return [a for h in hosts for a in ("--external", f"mnt[{h}]:{h}")]
+    return [*(a for h in hosts for a in ("--external", f"mnt[{h}]:{h}")), *CGROUPS, *cgroup_yard()]
 
 
 def idmap_views(rootfs_lowers: list[str]) -> _userns.UserNs:
