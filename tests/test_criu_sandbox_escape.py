@@ -4,6 +4,7 @@ leaves the host unchanged, as from a created one."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -22,8 +23,12 @@ except CriuError as e:  # no CRIU >= 4 here: say why, run nothing
 
 import test_escape
 
-# its tests and the fixtures they take; where they run (WHERE, boxes, box) is defined below
-globals().update({n: v for n, v in vars(test_escape).items() if not n.startswith("_")})
+# its attempts (the tests that take a box) and the fixtures they take; where they run (WHERE,
+# boxes, box) is defined below
+ATTEMPT_TESTS = {n: f for n, f in vars(test_escape).items()
+                 if n.startswith("test_") and "box" in inspect.signature(f).parameters}
+globals().update({n: v for n, v in vars(test_escape).items() if not n.startswith(("_", "test_"))})
+globals().update(ATTEMPT_TESTS)
 
 from bunshin import criu
 from bunshin.runtime.userns import BASE, SIZE
@@ -61,6 +66,11 @@ def boxes(tmp_path_factory):
 @pytest.fixture(params=WHERE)
 def box(request, boxes):
     return request.param, boxes[request.param]
+
+
+def test_the_attempts_run_here():
+    """test_escape.py's attempts are found (a renamed ``box`` would leave none here)."""
+    assert len(ATTEMPT_TESTS) >= 20, sorted(ATTEMPT_TESTS)
 
 
 def test_the_restored_boxes_are_sandboxes(boxes):
