@@ -202,15 +202,3 @@ def test_isolation_knob(monkeypatch):
     monkeypatch.setenv("BUNSHIN_ISOLATION", "open")
     with pytest.raises(ConfigError, match="BUNSHIN_ISOLATION"):
         config.isolation()
-
-
-def test_criu_refused(no_leaks, tmp_path):
-    from bunshin import criu
-    from bunshin.errors import CheckpointError
-
-    with bunshin.Workspace.create(isolation="sandbox") as ws:
-        with pytest.raises(CheckpointError, match="isolation='sandbox'"):
-            criu.dump_workspace(ws, tmp_path / "images")
-        with ws.snapshot() as tpl, pytest.raises(CheckpointError, match="isolation='sandbox'"):
-            tpl.save(tmp_path / "tpl")
-        assert ws.run("true").ok

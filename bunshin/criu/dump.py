@@ -13,7 +13,7 @@ from .. import config
 from ..compel import in_group_stop
 from ..errors import CheckpointError
 from ..fork.plan import proc_status
-from . import externals, images, initfds, runner
+from . import externals, images, initfds, runner, sandbox
 
 if TYPE_CHECKING:
     from ..runtime.body import Body
@@ -49,13 +49,6 @@ def _freezer_dir(body: Body) -> str | None:
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
 
 
-# CRIU would have to run in the workspace's user namespace and restore it with its maps, on
-# an overlay root over idmapped layers: not done yet.
-SANDBOX_REFUSED = ("workspace {id} runs in a user namespace of its own (isolation='sandbox'), which "
-                   "Bunshin cannot checkpoint with CRIU yet (save, dump, the prefix cache's "
-                   "spilled states, rebase): use isolation='trusted' for workspaces you save")
-
-
 def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
 
@@ -75,8 +68,6 @@ def dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, path: str | os.
         raise CheckpointError(f"workspace {body.id} has live forks: their inits are children of its "
                               "init, which CRIU would take along (and cannot, in their own cgroups): "
                               "close them first, or save a snapshot (ws.snapshot().save(path))")
-    if body.userns is not None:
-        raise CheckpointError(SANDBOX_REFUSED.format(id=body.id))
     info = runner.criu()
     start = time.perf_counter()
     existed = Path(path).exists()
@@ -107,7 +98,9 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         try:
             pids = cg.pids()
             _refuse_group_stopped(pids)
+            _refuse_nested_userns(init_pid, pids)
             exts = externals.scan(init_pid, pids, body.dir.path)
+            binds = sandbox.device_binds(init_pid) if body.userns is not None else []
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
                 dst.mkdir()
@@ -122,6 +115,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                 argv += ["--freeze-cgroup", frz]
             for e in exts:
                 argv += ["--external", e.key]
+            argv += sandbox.dump_binds(binds)
             runner.run(argv, what=f"CRIU dump of workspace {body.id}", logfile=logfile,
                        env=runner.environ())
         finally:
@@ -138,6 +132,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         "shells": [[idx, pid, nonce, prep.master_fds[idx]] for idx, pid, nonce in idents],
         "ctl_socket_ino": prep.stand_in_ino,
         "externals": [e.to_dict() for e in exts],
+        "device_binds": sorted({host for _point, host in binds}),
         "layers": len(own),
         "rootfs_lowers": rootfs_lowers,
         "rootfs_source": str(body.rootfs.source),
@@ -145,20 +140,42 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
     }
 
 
+def _named(pid: int) -> str | None:
+    """``process VPID (comm)`` as the workspace names it; None once it is gone."""
+    try:
+        vpid = proc_status(pid)["NSpid"].split()[-1]
+        with open(f"/proc/{pid}/comm") as f:
+            return f"process {vpid} ({f.read().strip()})"
+    except (OSError, KeyError):
+        return None
+
+
+def _refuse_nested_userns(init_pid: int, pids: list[int]) -> None:
+    """CRIU dumps the user namespace of the workspace's init with its tree (a sandbox's own,
+    or the host's) and no other: one a process made inside (``unshare -U``) stops the dump
+    ("Can't dump nested user namespace"). Say which process, before CRIU starts."""
+    own = os.stat(f"/proc/{init_pid}/ns/user").st_ino
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}/ns/user").st_ino == own:
+                continue
+        except OSError:
+            continue  # gone meanwhile
+        if (who := _named(pid)) is not None:
+            raise CheckpointError(
+                f"{who} is in a user namespace of its own, nested in the workspace's: CRIU "
+                "dumps only the workspace's user namespace with its processes. End that "
+                "process (and what it started in its namespace), then dump")
+
+
 def _refuse_group_stopped(pids: list[int]) -> None:
     """CRIU seizes the processes of a frozen cgroup, and the attach to one stopped by a signal
     waits, uninterruptibly, for the thaw it would do only afterwards (compel.in_group_stop):
     it would give up after its timeout at best. Say so before it starts."""
     for pid in pids:
-        if in_group_stop(pid):
-            try:
-                vpid = proc_status(pid)["NSpid"].split()[-1]
-                with open(f"/proc/{pid}/comm") as f:
-                    name = f.read().strip()
-            except (OSError, KeyError):
-                continue  # gone meanwhile
+        if in_group_stop(pid) and (who := _named(pid)) is not None:
             raise CheckpointError(
-                f"process {vpid} ({name}) is stopped by a signal (kill -STOP, a shell job "
+                f"{who} is stopped by a signal (kill -STOP, a shell job "
                 "suspended with Ctrl-Z): CRIU cannot dump a stopped process of a frozen "
                 "workspace. Resume it (SIGCONT, fg) or end it, then dump; ws.fork() and "
                 "ws.snapshot() keep it stopped")

@@ -9,7 +9,8 @@ that overlay, moved into the new cgroup before it execs, so the restored tasks a
 the workspace from their first page; ``--restore-sibling`` makes the restored init a child of
 the trainer, as a created workspace's is. The control socket is a new socketpair handed in with
 ``--inherit-fd``; host files the workspace used (``/dev/null``, the init binary, its log) are
-handed in the same way (see :mod:`bunshin.criu.externals`).
+handed in the same way (see :mod:`bunshin.criu.externals`). A sandbox's image is restored in a
+user namespace with its maps, on rootfs layers idmapped alike (see :mod:`bunshin.criu.sandbox`).
 """
 
 from __future__ import annotations
@@ -28,13 +29,20 @@ from ..runtime.channel import Channel
 from ..runtime.reap import reap_init
 from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
+from ..runtime.userns import UserNs
 from ..runtime.workspace_config import WorkspaceConfig
 from . import externals, images, initfds, runner
+from . import sandbox as _sandbox
 
 log = logging.getLogger("bunshin.criu")
 
+# With BX_CGROUP_ROOTS, each group it is in (but a hierarchy's root) becomes CRIU's root of
+# that hierarchy (--cgroup-root), where CRIU makes the image's groups of it again
 _SCRIPT = ('for f in $BX_CGROUPS; do echo $$ > "$f" || exit 71; done; '
-           'mount -t overlay overlay -o "$BX_OVERLAY" "$BX_ROOT" || exit 72; exec "$@"')
+           'mount -t overlay overlay -o "$BX_OVERLAY" "$BX_ROOT" || exit 72; '
+           'if [ -n "$BX_CGROUP_ROOTS" ]; then while IFS=: read -r _ c p; do case "$c:$p" in '
+           '*:/) ;; :*) set -- "$@" --cgroup-root "$p" ;; *) set -- "$@" --cgroup-root "$c:$p" ;; '
+           'esac; done < /proc/self/cgroup; fi; exec "$@"')
 _KSM_RUN = Path("/sys/kernel/mm/ksm/run")
 
 
@@ -66,7 +74,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     alloc = allocate(cfg.limits, rootfs=f"image:{src}")
     d, cg = alloc.dir, alloc.cgroup
     fds: list[int] = []
-    ours = theirs = None
+    ours = theirs = views = None
     pidfd = -1
     try:
         lowers = []
@@ -76,6 +84,11 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
             images.copy_layer(images.layer_dir(src, i), lower)
             lowers.append(str(lower))
         lowers += meta["rootfs_lowers"]
+        mounted = lowers
+        if cfg.isolation == "sandbox":
+            views = _sandbox.idmap_views(meta["rootfs_lowers"])
+            mounted = views.layers(lowers)
+            views.give_dirs(d.upper, d.work)
         work = d.path / "criu"
         work.mkdir()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -88,20 +101,27 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
                 info.path, "restore", "-D", str(images.criu_dir(src)), "-W", str(work),
                 "-o", "restore.log", "-v4", "--root", str(d.root), "--restore-detached",
                 "--restore-sibling", "--shell-job", "--pidfile", str(work / "pid"),
-                "--manage-cgroups=ignore", "--network-lock", "skip", "--tcp-established",
+                "--network-lock", "skip", "--tcp-established",
                 "--file-locks"]
         for spec in inherit:
             argv += ["--inherit-fd", spec]
         env = runner.environ()
+        if views is None:
+            argv.append("--manage-cgroups=ignore")
+        else:
+            argv += _sandbox.restore_options(meta)
+            env["BX_CGROUP_ROOTS"] = "1"
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
-        env["BX_OVERLAY"] = f"lowerdir={':'.join(lowers)},upperdir={d.upper},workdir={d.work}"
+        env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)
         runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
-                   pass_fds=[theirs.fileno(), *fds], env=env)
+                   pass_fds=[theirs.fileno(), *fds, *_view_fds(mounted)], env=env)
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
         masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
-        body = _body(src, alloc.dir, cg, init_pid, pidfd, ours, masters, lowers)
+        userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None
+                  else None)
+        body = _body(src, alloc.dir, cg, init_pid, pidfd, ours, masters, lowers, userns)
         pidfd, ours = -1, None  # the body owns them now
         sessions = session_copies([(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]], masters)
         for m in set(masters.values()) - {sc.master for sc in sessions}:
@@ -118,6 +138,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     finally:
         for fd in fds:
             os.close(fd)
+        if views is not None:
+            views.close()  # the overlay holds its layers now
         if theirs is not None:
             theirs.close()
     try:
@@ -133,8 +155,14 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     return Restored(cfg, body, sessions)
 
 
+def _view_fds(layers: list[str]) -> list[int]:
+    """The descriptors behind the idmapped views among ``layers`` (``/proc/self/fd/N``), which
+    the mount of the overlay in CRIU's mount namespace names."""
+    return [int(p.rsplit("/", 1)[1]) for p in layers if p.startswith("/proc/self/fd/")]
+
+
 def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
-          masters: dict[int, int], lowers: list[str]) -> Body:
+          masters: dict[int, int], lowers: list[str], userns: UserNs | None) -> Body:
     """The restored body (its init our child), as a fork's child's would be of a template
     whose layers are the image's."""
     chan = Channel(ctl, f"workspace {d.id}")
@@ -147,11 +175,13 @@ def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
                     cgroup=cg.name, rootfs=rootfs.source, lowers=list(lowers), parent=origin)
         d.write_meta(meta)
         body = Body(d, cg, meta, rootfs, init_pid=init_pid, pidfd=pidfd, init_is_child=True,
-                    channel=chan)
+                    channel=chan, userns=userns)
         body.open_root()
         return body
     except BaseException:
         chan.close()
+        if userns is not None:
+            userns.close()
         for m in masters.values():
             os.close(m)
         masters.clear()

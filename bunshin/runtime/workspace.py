@@ -1007,8 +1007,6 @@ def _not_dumpable(ws: Workspace) -> str | None:
     are children of its init)."""
     if ws.body.holds:
         return "it has live forks (their inits are children of its init): close them first"
-    if ws.body.userns is not None:
-        return "it runs in a user namespace of its own (isolation='sandbox'), which CRIU cannot dump here yet"
     for hp in ws.host_pids():
         try:
             st = proc_status(hp)
