@@ -7,7 +7,7 @@ isolations so that load on the machine falls on both alike; each image is remove
 restored workspace closed after its round. Reported: medians of dump, restore and both, per
 isolation, and the sandbox/trusted ratios.
 
-usage: python bench/criu_isolation.py [--quick]   (last stdout line: JSON)
+usage: python bench/criu_isolation.py [--quick]   (last stdout line: JSON; PNG in bench/out/)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit
+from _common import emit, png_path
 
 import bunshin
 from bunshin import criu
@@ -96,6 +96,25 @@ def side_by_side(mib: int, reps: int, tmp: Path) -> dict:
     return out
 
 
+def plot(rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    width = 0.2
+    for j, (iso, part) in enumerate((i, p) for i in ISOLATIONS for p in ("dump", "restore")):
+        xs = [k + (j - 1.5) * width for k in range(len(rows))]
+        ax.bar(xs, [r[iso][f"{part}_ms"] for r in rows], width, label=f"{iso} {part}")
+    ax.set_xticks(range(len(rows)), [f"{r['worker_mib']} MiB worker" for r in rows])
+    ax.set_ylabel("median ms")
+    ax.set_title("CRIU dump and restore of one workspace, trusted vs sandbox")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path("criu_isolation"), dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -108,6 +127,7 @@ def main() -> None:
         rows = [side_by_side(mib, reps, tmp) for mib in sizes]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    plot(rows)
     emit("criu_isolation", {"quick": args.quick, "criu": runner.version_string(info), "sizes": rows,
                             "counted": "wall clock medians on a shared 2-core VM; rounds alternate "
                                        "isolations; the first round of each is dropped"})
