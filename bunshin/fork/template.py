@@ -759,30 +759,10 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     With one of ``spares``, the first child's root is mounted beside the plan too (the core's
     slot, which the caller closes after the fork: TemplateCore.close_slots).
 
-    The freeze and the copy's start are the caller's; the rest is one hand-off to the fork
-    thread, which goes on, once its caller is let go, to make the first child
-    (TemplateCore.premake): the caller's fork() finds it made."""
-    cg = body.cgroup
-    cg.freeze()
-    # every task is in the freezer by now: the time left of a blocked call it keeps in its own
-    # memory (select, ppoll) was written before this, and counts down from it (resources/threads.py)
-    frozen_at = time.monotonic()
-    frozen = body.dir.frozen_path()
-    sp = spares.take() if spares is not None else None  # the first child's root goes on it
-    try:
-        # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
-        # the overlay mount on it are made in the copy's thread while the fork thread plans
-        # and seizes the processes (each stops before its next instruction: nothing it could
-        # write is missed by the copy), then clones the first child's init into the spare's
-        # cgroup, and sends it into its root once the copy is mounted
-        copy = _start_copy(body, frozen, sp, until_started=False)
-    except BaseException:
-        if sp is not None:
-            sp.destroy()
-        cg.thaw()
-        raise
-    return keeper.fork_thread().run(_source_core, body, config, shells, build, spares,
-                                    frozen_at, frozen, sp, copy, abandon=_drop_unforked)
+    Made in the fork thread in one hand-off, which goes on, once its caller is let go, to
+    make the first child (TemplateCore.premake): the caller's fork() finds it made."""
+    return keeper.fork_thread().run(_freeze_source, body, config, shells, build, spares,
+                                    abandon=_drop_unforked)
 
 
 def _drop_unforked(core: TemplateCore) -> None:
@@ -791,12 +771,16 @@ def _drop_unforked(core: TemplateCore) -> None:
     core.release()
 
 
-def _source_core(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
-                 build: Build, spares: slots.Spares | None, frozen_at: float | None,
-                 frozen: Path, sp: slots.Spare | None, copy: Future | None) -> TemplateCore:
-    """freeze_source's work in the fork thread, once the copy is under way; on failure the
-    source is thawed and nothing is left."""
+def _freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
+                   build: Build, spares: slots.Spares | None) -> TemplateCore:
     cg = body.cgroup
+    cg.freeze()
+    # every task is in the freezer by now: the time left of a blocked call it keeps in its own
+    # memory (select, ppoll) was written before this, and counts down from it (resources/threads.py)
+    frozen_at: float | None = time.monotonic()
+    frozen = body.dir.frozen_path()
+    copy: Future | None = None
+    sp = spares.take() if spares is not None else None  # the first child's root goes on it
 
     def before_thaw() -> None:  # a copy must not miss what the group writes while it runs
         nonlocal copy, sp
@@ -807,9 +791,15 @@ def _source_core(body: Body, config: WorkspaceConfig, shells: list[tuple[int, in
 
     seized: tuple[dict, seize.Pinned] | None = None
     try:
+        # the copy (a btrfs snapshot: a transaction commit, waited for without the GIL) and
+        # the overlay mount on it are made in the copy's thread while the fork thread plans
+        # and seizes the processes (each stops before its next instruction: nothing it could
+        # write is missed by the copy), then clones the first child's init into the spare's
+        # cgroup, and sends it into its root once the copy is mounted
+        copy = _start_copy(body, frozen, sp, until_started=False)
         try:
-            plans, sysv, seized = _plan_and_seize(cg, body.init_pid, body.channel, sp, copy,
-                                                  config.hostname, frozen_at)
+            plans, sysv, seized = keeper.fork_thread().run(
+                _plan_and_seize, cg, body.init_pid, body.channel, sp, copy, config.hostname, frozen_at)
         except Unsettled:
             # the group runs in short spells until the process is through (_plan_settled),
             # without the copy, which is made again once the plan is
@@ -819,8 +809,7 @@ def _source_core(body: Body, config: WorkspaceConfig, shells: list[tuple[int, in
             plans, sysv = _plan_settled(cg, before_thaw), None
             frozen_at = None  # it ran in spells: the seize's stop is when it was taken
             copy = _start_copy(body, frozen, sp)
-            seized = _seize_source(cg, plans)
-        assert copy is not None  # made again by now if before_thaw dropped it
+            seized = keeper.fork_thread().run(_seize_source, cg, plans)
         try:
             slot = copy.result()
         except (OSError, BunshinError) as e:
@@ -844,7 +833,7 @@ def _source_core(body: Body, config: WorkspaceConfig, shells: list[tuple[int, in
         if sp is not None:
             sp.destroy()
         if seized is not None:
-            _release_source(cg, *seized)
+            keeper.fork_thread().run(_release_source, cg, *seized)
         cg.thaw()
         raise
     body.hold()
@@ -855,8 +844,8 @@ def _source_core(body: Body, config: WorkspaceConfig, shells: list[tuple[int, in
 def _plan_and_seize(cg, init_pid: int, chan, sp: slots.Spare | None, copy: Future,
                     hostname: str, frozen_at: float | None) -> tuple[list, tuple, tuple[dict, seize.Pinned]]:
     """A frozen source's plan with its SysV objects and its processes seized (_seize_source),
-    in the fork thread, while the copy is made. Given a spare, the first child's init too
-    (_init_beside_copy). Unsettled: nothing seized."""
+    in the fork thread: one hand-off for all, while the caller's thread waits for the copy.
+    Given a spare, the first child's init too (_init_beside_copy). Unsettled: nothing seized."""
     plans = plan_tree(cg.pids())
     for pl in plans:  # its blocked calls' time left was taken at the freeze, not at the seize
         pl.stopped_at = frozen_at
