@@ -248,10 +248,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="small,medium")
     ap.add_argument("-n", type=int, default=50)
     ap.add_argument("--what", default="fork,snapshot")
-    ap.add_argument("--bare", action="store_true", help="no spans: the calls' own time only")
     args = ap.parse_args()
-    if not args.bare:
-        _instrument()
+    _instrument()
     sizes = {"small": 0, "medium": 256}
     out: dict = {"n": args.n, "loadavg_before": os.getloadavg(), "sizes": {}}
     for name in args.sizes.split(","):

@@ -67,7 +67,6 @@ class ForkThread:
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._idle: collections.deque = collections.deque()
-        self._then: collections.deque = collections.deque()  # see then()
         self._guard = threading.Lock()  # a call finishing vs. its caller giving up on it
         self._thread = threading.Thread(target=self._loop, name="bunshin-fork", daemon=True)
         self._thread.start()
@@ -105,13 +104,6 @@ class ForkThread:
         self._idle.append((fn, args))
         self._calls.put(_WAKE)
 
-    def then(self, fn: Callable[..., Any], *args: Any) -> None:
-        """From a call the engine runs: ``fn(*args)`` at once after the call has returned to
-        its caller, before any later call (so that work its caller will ask for next overlaps
-        the caller's wake-up); its errors are logged."""
-        assert self.here()
-        self._then.append((fn, args))
-
     def _loop(self) -> None:
         after_call = False
         while True:
@@ -136,12 +128,6 @@ class ForkThread:
                 continue
             after_call = True
             self._finish(item)
-            while self._then:
-                fn, args = self._then.popleft()
-                try:
-                    fn(*args)
-                except BaseException as e:  # noqa: BLE001 - the call it prepares does it again
-                    log.warning("fork engine, %s: %s", getattr(fn, "__name__", fn), e)
 
     def _finish(self, call: _Call) -> None:
         try:

@@ -109,10 +109,6 @@ class TemplateCore(slots.Holder):
         # A source's init runs on and reaps its children itself: it keeps its SIGCHLD.
         self.autoreap: bool | None = False if self.source else None
         self._trainer_ptys: set[int] | None = None
-        # a source's first child, made as soon as the source is seized (premake), and what
-        # making it raised: the fork hands out the one, or raises the other
-        self.premade: _Child | None = None
-        self.premade_error: BaseException | None = None
         # while a Template handle is open, the engine's thread keeps the processes seized
         # between forks (keeper.py): their Tracees and CPU pin, and the trainer that holds them
         self.held: dict | None = None
@@ -264,9 +260,6 @@ class TemplateCore(slots.Holder):
                 self._depth_ok = True
             tracees, pin = self._stop()
             try:
-                if self.premade_error is not None:
-                    e, self.premade_error = self.premade_error, None
-                    raise e
                 if self.reap_due >= REAP_AT:
                     self.reap_due -= seize.reap_children(tracees[self.body.init_pid], self.reap_due)
                     self.reap_due = max(self.reap_due, 0)
@@ -288,22 +281,6 @@ class TemplateCore(slots.Holder):
                 raise clear from failed
             raise failed
         return kids
-
-    def premake(self) -> None:
-        """A source's first child, made by the fork thread as soon as it has let the caller of
-        freeze_source go: ws.fork() and ws.snapshot() ask for at least one child next, and
-        making it overlaps their thread's wake-up and hand-off. Not handed out (no on_fork, not
-        run) until that fork asks."""
-        with self.lock:
-            if self.closed or self.held is None or self.premade is not None or not self.source:
-                return
-            try:
-                if not self._depth_ok:
-                    engine.check_depth(self.body.init_pid)
-                    self._depth_ok = True
-                self.premade = self._make_children(self.held, self.pin, [None], cloners.cloner())[0]
-            except BaseException as e:  # noqa: BLE001 - the fork raises it (and counts its init)
-                self.premade_error = e
 
     def _stop(self) -> tuple[dict, seize.Pinned]:
         """The template's processes seized and ptrace-stopped, the engine on their CPU (called
@@ -376,10 +353,6 @@ class TemplateCore(slots.Holder):
             self._let_go_locked()
 
     def _let_go_locked(self) -> None:
-        if self.premade is not None:  # never asked for: its clones are held with the template's
-            self.premade.abort()
-            self.premade = None
-            self.child_init_gone()
         held, pin = self.held, self.pin
         self.held = self.pin = None
         keeper.released(self)
@@ -409,40 +382,13 @@ class TemplateCore(slots.Holder):
 
     def _fork_many(self, tracees, pin, on_fork, hostnames: list[str | None],
                    done: list, unrun: bool = False) -> None:
-        """The children (_make_children; a source's first one made already by premake), each
-        handed out into ``done``. On failure the children not yet handed out are removed
-        completely; the ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
-        start = time.perf_counter()
-        kids: list[_Child] = []
-        if self.premade is not None:
-            kids.append(self.premade)
-            self.premade = None
-            if hostnames[0] is None:  # a source's: made for it (premake)
-                hostnames = hostnames[1:]
-            else:
-                kids.pop().abort()
-                self.child_init_gone()
-        try:
-            if hostnames:
-                kids += self._make_children(tracees, pin, hostnames, cloners.cloner())
-            while kids:
-                done.append(kids[0].hand_out(on_fork, unrun))
-                kids.pop(0)
-        except BaseException:
-            for k in kids:
-                k.abort()
-            raise
-        done_ms = (time.perf_counter() - start) * 1e3
-        for ws in done:
-            log.info("forked %s from template %s in %.2f ms (%d at once, %d processes)",
-                     ws.id, self.id, done_ms, len(done), len(self.plans))
-
-    def _make_children(self, tracees, pin, hostnames: list[str | None],
-                       cl: cloners.Cloner) -> list[_Child]:
         """Every child's init first, then each template process cloned into all the children
         at once (one FORK call with the module; or, for an exact tree without it, each child's
-        clones made by their parents' clones, tree.py), then each child finished, not yet
-        handed out. On failure each is removed completely."""
+        clones made by their parents' clones, tree.py), then each child finished and handed out
+        into ``done``. On failure the children not yet handed out are removed completely; the
+        ones in ``done`` (``on_fork`` run, running) are the caller's to close."""
+        start = time.perf_counter()
+        cl = cloners.cloner()
         kids: list[_Child] = []
         try:
             for host in hostnames:
@@ -466,11 +412,17 @@ class TemplateCore(slots.Holder):
                         k.fix(pl, c)
             for k in kids:
                 k.finish()
+            while kids:
+                done.append(kids[0].hand_out(on_fork, unrun))
+                kids.pop(0)
         except BaseException:
             for k in kids:
                 k.abort()
             raise
-        return kids
+        done_ms = (time.perf_counter() - start) * 1e3
+        for ws in done:
+            log.info("forked %s from template %s in %.2f ms (%d at once, %d processes)",
+                     ws.id, self.id, done_ms, len(hostnames), len(self.plans))
 
 
 class _Waking(dict):
@@ -757,22 +709,7 @@ def freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, i
     holds ``body`` (Body.hold) and leaves it frozen: the fork thaws it as it lets it go, a
     caller whose fork never started thaws it. On failure it is thawed and nothing is left.
     With one of ``spares``, the first child's root is mounted beside the plan too (the core's
-    slot, which the caller closes after the fork: TemplateCore.close_slots).
-
-    Made in the fork thread in one hand-off, which goes on, once its caller is let go, to
-    make the first child (TemplateCore.premake): the caller's fork() finds it made."""
-    return keeper.fork_thread().run(_freeze_source, body, config, shells, build, spares,
-                                    abandon=_drop_unforked)
-
-
-def _drop_unforked(core: TemplateCore) -> None:
-    """A source core whose caller stopped waiting for it: its source let go, running."""
-    core.close_slots()
-    core.release()
-
-
-def _freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
-                   build: Build, spares: slots.Spares | None) -> TemplateCore:
+    slot, which the caller closes after the fork: TemplateCore.close_slots)."""
     cg = body.cgroup
     cg.freeze()
     # every task is in the freezer by now: the time left of a blocked call it keeps in its own
@@ -837,7 +774,6 @@ def _freeze_source(body: Body, config: WorkspaceConfig, shells: list[tuple[int, 
         cg.thaw()
         raise
     body.hold()
-    keeper.fork_thread().then(core.premake)
     return core
 
 
