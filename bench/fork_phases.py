@@ -113,6 +113,7 @@ PHASES = [
     (template.TemplateCore, "release", "core.release"),
     (slots, "request", "slots.request"),
     (template, "snapshot_body", None),
+    (template.TemplateCore, "plan_idle", "core.plan_idle"),
     (Body, "open_root", "Body.open_root"),
     (Workspace, "from_body", "Workspace.from_body"),
 ]
@@ -141,7 +142,8 @@ def _count_fork_thread_rusage() -> None:
 
 def _instrument() -> None:
     for owner, attr, name in PHASES:
-        _wrap(owner, attr, name)
+        if hasattr(owner, attr):  # an older engine may not have it (before/after runs)
+            _wrap(owner, attr, name)
     _count_fork_thread_rusage()
     mk = tree.maker
     # the tree maker's per-child work (clones and fixups without the kernel module)
@@ -248,8 +250,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="small,medium")
     ap.add_argument("-n", type=int, default=50)
     ap.add_argument("--what", default="fork,snapshot")
+    ap.add_argument("--bare", action="store_true", help="no spans: the calls' own time only")
     args = ap.parse_args()
-    _instrument()
+    if not args.bare:
+        _instrument()
     sizes = {"small": 0, "medium": 256}
     out: dict = {"n": args.n, "loadavg_before": os.getloadavg(), "sizes": {}}
     for name in args.sizes.split(","):
