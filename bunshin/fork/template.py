@@ -72,13 +72,15 @@ REAP_AT = 8
 class TemplateCore(slots.Holder):
     """The frozen processes, cgroup and layers behind a Template; reference counted."""
 
-    def __init__(self, body: Body, plans, shells: list[tuple[int, int, str]],
+    def __init__(self, body: Body, plans: list | None, shells: list[tuple[int, int, str]],
                  config: WorkspaceConfig, build: Build, frozen_upper: Path | None = None,
                  sysv: tuple | None = None) -> None:
+        """``plans`` None: read when first needed (see :attr:`plans`)."""
         self.body = body  # frozen: its processes are the template
         # a copy of the running workspace's upper layer taken at the freeze: a source core's
         self.frozen_upper = frozen_upper
-        self.plans = plans
+        self._plans: list | None = None
+        self._plan_lock = threading.Lock()
         self.shells = shells  # (pty index, bash pid, session id) of the source's shell sessions
         self.masters: list[int] = []  # the source's pty masters: the frozen shells' terminals
         self.config = config
@@ -88,9 +90,9 @@ class TemplateCore(slots.Holder):
         own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
         self.lowers = _child_lowers(own, body)
         self.own_upper: Path | None = own if self.lowers[:1] == (own,) else None
-        # read with the plan (sysv_objects), or now
-        self.sysv_segments, self.sysv_sets, self.sysv_queues = (
-            sysv if sysv is not None else sysv_objects(body.init_pid, plans))
+        self.sysv_segments: list = []  # with the plan (_set_plans)
+        self.sysv_sets: sysv_sem.Sets | None = None
+        self.sysv_queues: sysv_msg.Queues | None = None
         self.id = body.id
         assert body.channel is not None  # a snapshot is of a running body
         self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
@@ -122,12 +124,43 @@ class TemplateCore(slots.Holder):
         # each template process's intermediates (engine.make_mid) take a pid of their own in
         # the child's namespace, unused by the template's, as several may live at once
         self.tmp_pids: dict[int, int] = {}
+        if plans is not None:
+            self._set_plans(plans, sysv)
+
+    def _set_plans(self, plans: list, sysv: tuple | None) -> None:
+        """The plan and what comes with it: the SysV objects (read with the plan, or now) and
+        the intermediates' pids."""
+        self.sysv_segments, self.sysv_sets, self.sysv_queues = (
+            sysv if sysv is not None else sysv_objects(self.body.init_pid, plans))
         used, tmp = {p.vpid for p in plans}, engine.pid_max()
         for pl in plans[1:]:
             tmp -= 1
             while tmp in used:
                 tmp -= 1
             self.tmp_pids[pl.hostpid] = tmp
+        self._plans = plans
+
+    @property
+    def plans(self) -> list:
+        """The template's processes, as plan.py reads them. A snapshot's (an unrun fork's,
+        frozen for good) are read when first needed: by its first fork, or in the fork thread's
+        idle time before (plan_idle), not while ``ws.snapshot()`` is waited for; what the plan
+        refuses is then refused by that fork, before anything is made."""
+        if self._plans is None:
+            with self._plan_lock:
+                if self._plans is None:
+                    self._set_plans(_plan_settled(self.body.cgroup), None)
+        assert self._plans is not None
+        return self._plans
+
+    def plan_idle(self) -> None:
+        """Idle work of the fork thread: the plan, ahead of the first fork."""
+        if self.closed:
+            return
+        try:
+            self.plans  # noqa: B018 - read, kept
+        except Exception as e:  # noqa: BLE001 - the first fork plans again, and says why
+            log.debug("template %s: planning ahead of its first fork: %s", self.id, e)
 
     @property
     def source(self) -> bool:
@@ -258,6 +291,7 @@ class TemplateCore(slots.Holder):
             if not self._depth_ok:  # the template's nesting never changes: check once
                 engine.check_depth(self.body.init_pid)
                 self._depth_ok = True
+            self.plans  # noqa: B018 - read now if not yet: refusals come before anything is made
             tracees, pin = self._stop()
             try:
                 if self.reap_due >= REAP_AT:
@@ -673,16 +707,18 @@ def _empty(path: Path) -> bool:
 
 def snapshot_body(body: Body, config: WorkspaceConfig, shells: list[tuple[int, int, str]],
                   build: Build) -> TemplateCore:
-    """Freeze a body for good and plan its fork: its processes become a template, which owns
-    it once made; on failure thaw and raise."""
+    """Freeze a body for good: its processes become a template, which owns it once made, and
+    is planned ahead of its first fork (TemplateCore.plans); on failure thaw and raise."""
     cg = body.cgroup
     if not cg.frozen():  # an unrun fork is (hand_out)
         cg.freeze()
     try:
-        return TemplateCore(body, _plan_settled(cg), shells, config, build)
+        core = TemplateCore(body, None, shells, config, build)
     except BaseException:
         cg.thaw()
         raise
+    keeper.fork_thread().post(core.plan_idle)
+    return core
 
 
 def sysv_objects(init_pid: int, plans) -> tuple:
