@@ -558,6 +558,8 @@ class _Child:
         core = self.core
         self.settle()
         tinit = core.body.init_pid
+        _ = core.plans  # read now if not yet: the SysV objects come with it
+        assert core.sysv_sets is not None and core.sysv_queues is not None
         if core.dev_shm_used is None:
             core.dev_shm_used = engine.dev_shm_used(tinit)
         if core.dev_shm_used:
