@@ -64,15 +64,16 @@ def remove_parts(d: WorkspaceDir, cg: Cgroup, what: str = "workspace") -> None:
 
 
 def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
-             parent: str | None = None) -> Allocation:
-    """A new state directory, its meta file and a cgroup with ``limits``; on failure nothing
-    is left. The meta file is written first, so that `bunshin gc` elsewhere leaves the pieces
+             parent: str | None = None, disk_limit: int | None = None) -> Allocation:
+    """A new state directory (its layer holding at most ``disk_limit`` bytes written), its
+    meta file and a cgroup with ``limits``; on failure nothing is left. The meta file is
+    written first, so that `bunshin gc` elsewhere leaves the pieces
     alone while this process lives and removes them after it dies."""
     trainer.prepare()
     state = config.state_dir()
     headroom.check(state, statefs.image_path(state))
     try:
-        d = WorkspaceDir.create()
+        d = WorkspaceDir.create(disk_limit)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise headroom.no_space(state) from None
