@@ -6,7 +6,9 @@ must not live on the root file system. Unless the state directory already is a s
 Bunshin loop-mounts a sparse image (``<state_dir>.img``, ``BUNSHIN_STATE_SIZE``, default
 256G — only what is written takes disk space) there, once: btrfs, whose subvolume snapshots
 freeze a workspace's upper layer for its children in O(1) (runtime/layers.py), or ext4 where
-mkfs.btrfs is missing (each fork then copies the upper layer).
+mkfs.btrfs is missing (each fork then copies the upper layer). Bunshin's btrfs image gets
+simple quotas, which bound what each workspace writes, and a size that leaves the host's disk
+a reserve (runtime/quota.py).
 """
 
 from __future__ import annotations
