@@ -93,13 +93,16 @@ def quota_checks() -> list[Check]:
     import os
 
     from . import config
-    from .runtime import quota
+    from .runtime import quota, statefs
 
     state = config.state_dir()
     mode = quota.mode(state) if os.path.ismount(state) else None
     on = f"; {state}: {mode}" if mode is not None else ""
+    pending = mode == "disabled" and statefs.ours(state) is not None
+    if pending:
+        on += " (Bunshin's image: turned on with its next workspace)"
     if quota.supported():
-        return [Check("disk quotas", mode in (None, "squota"), False,
+        return [Check("disk quotas", mode in (None, "squota") or pending, False,
                       f"btrfs simple quotas{on}",
                       f"{state} is not in simple-quota mode → disk_limit is not enforced there")]
     return [Check("disk quotas", False, False, f"no btrfs simple quotas (Linux < 6.7){on}",

@@ -158,3 +158,16 @@ def test_doctor_names_the_quota(no_leaks):
 
     (row,) = [c for c in doctor.quota_checks() if c.name == "disk quotas"]
     assert row.ok and "simple quotas" in row.detail
+
+
+def test_a_full_workspace_still_runs_forks_and_closes(no_leaks):
+    with bunshin.Workspace.create(disk_limit="64M") as ws:
+        _stopped_at_limit(ws)
+        assert ws.run("echo alive").stdout == b"alive\n"
+        with pytest.raises(Exception) as e:  # the trainer's writes are bounded too
+            ws.write_file("/more", b"m" * (8 << 20))
+        assert "quota" in str(e.value).lower(), e.value
+        (kid,) = ws.fork(1)
+        with kid:
+            assert kid.run("wc -c < /fill").stdout.strip() == ws.run("wc -c < /fill").stdout.strip()
+            assert kid.run("head -c 32M /dev/zero > /w && rm /w").exit_code == 0

@@ -116,7 +116,7 @@ def limit(layer: Path, nbytes: int | None) -> None:
     except OSError as e:
         if e.errno not in (*_NOT_BTRFS, errno.ENOTCONN):  # ENOTCONN: quotas are off
             raise
-        _warn_once("limit", "the state file system %s has no quotas (%s): disk_limit is not "
+        _warn_once("squota", "the state file system %s has no quotas (%s): disk_limit is not "
                    "enforced", config.state_dir(), os.strerror(e.errno))
     finally:
         os.close(fd)

@@ -83,7 +83,7 @@ def _mount_image(state: Path) -> None:
     log.info("state directory %s is a loop-mounted image %s (%s sparse)", state, img, size)
 
 
-def _ours(state: Path) -> list[str] | None:
+def ours(state: Path) -> list[str] | None:
     """Type, source and options of the mount at ``state`` when it is our image (a file
     system of the user's own is left as it is), else None."""
     mounted = None
@@ -103,7 +103,7 @@ def _ours(state: Path) -> list[str] | None:
 def _tune(state: Path) -> None:
     """Our image, also one mounted by an older version, gets what this one mounts it with:
     no barriers, quotas, and a size that leaves the host's disk a reserve."""
-    mounted = _ours(state)
+    mounted = ours(state)
     if mounted is None:
         return
     if "nobarrier" not in mounted[2].split(","):
