@@ -17,7 +17,7 @@ import pytest
 
 import bunshin
 from bunshin import config
-from bunshin.errors import LimitError
+from bunshin.errors import LimitError, OutOfResources
 from bunshin.runtime import quota, statefs
 
 LIMIT = 64 << 20
@@ -171,3 +171,43 @@ def test_a_full_workspace_still_runs_forks_and_closes(no_leaks):
         with kid:
             assert kid.run("wc -c < /fill").stdout.strip() == ws.run("wc -c < /fill").stdout.strip()
             assert kid.run("head -c 32M /dev/zero > /w && rm /w").exit_code == 0
+
+
+@pytest.fixture
+def small_host(tmp_path, monkeypatch):
+    """A state directory on a host file system of 2.3 GiB of its own (an ext4 image)."""
+    host = tmp_path / "host"
+    host.mkdir()
+    img = tmp_path / "host.img"
+    subprocess.run(["truncate", "-s", "2300M", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(host)], check=True)
+    monkeypatch.setenv("BUNSHIN_STATE_DIR", str(host / "state"))
+    try:
+        yield host
+    finally:
+        statefs.release()
+        subprocess.run(["umount", str(host / "state")], capture_output=True)
+        for _ in range(50):  # the state image's loop device lets go of it in the background
+            if subprocess.run(["umount", str(host)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+
+
+def test_workspaces_together_leave_the_trainer_and_the_host_room(small_host, no_leaks):
+    state = statefs.ensure()
+    size = os.statvfs(state).f_blocks * os.statvfs(state).f_frsize
+    assert size < 1100 << 20  # the host's 2.2 GiB free less its 1 GiB reserve
+    with bunshin.Workspace.create(disk_limit=0) as ws:
+        n, err = _fill(ws, most=2 << 30)
+        assert err == errno.EDQUOT and n < size - (400 << 20), (n, size)
+        _host_writes(state)  # the trainer's state directory
+        with pytest.raises(OutOfResources, match="written all it keeps for them"):
+            bunshin.Workspace.create()
+        assert ws.run("rm /fill && echo alive").stdout == b"alive\n"
+        with bunshin.Workspace.create() as other:  # room again: one starts, writes, forks
+            assert other.run("head -c 64M /dev/zero > /w && echo written").stdout == b"written\n"
+            (kid,) = other.fork(1)
+            kid.close()
+    host = os.statvfs(small_host)
+    assert host.f_bavail * host.f_frsize >= 900 << 20

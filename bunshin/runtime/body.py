@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .. import config
 from ..errors import BunshinError
 from . import cgroup as _cgroup
-from . import headroom, layers, statefs, trainer
+from . import headroom, layers, quota, statefs, trainer
 from .cgroup.limits import Limits
 from .reap import reap_init
 from .statedir import Meta, WorkspaceDir, own_start_time
@@ -75,7 +75,9 @@ def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
     try:
         d = WorkspaceDir.create(disk_limit)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno == errno.EDQUOT:
+            raise quota.all_full(state) from None
+        if e.errno == errno.ENOSPC:
             raise headroom.no_space(state) from None
         raise
     cg = None

@@ -28,9 +28,9 @@ import struct
 from pathlib import Path
 
 from .. import config
-from ..errors import LimitError
+from ..errors import LimitError, OutOfResources
 
-__all__ = ["enable", "fit_image", "limit", "mode", "parse_disk", "supported"]
+__all__ = ["all_full", "bound_all", "enable", "fit_image", "limit", "mode", "parse_disk", "supported"]
 
 log = logging.getLogger("bunshin.quota")
 
@@ -39,6 +39,10 @@ _IOC_QUOTA_CTL = 0xC0109428  # _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args
 _IOC_QGROUP_LIMIT = 0x8030942B  # _IOR(0x94, 43, {u64 qgroupid; struct btrfs_qgroup_limit})
 _IOC_RESIZE = 0x50009403  # _IOW(0x94, 3, struct btrfs_ioctl_vol_args)
 _IOC_FS_INFO = 0x8400941F  # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args), 1024 bytes
+_IOC_QGROUP_CREATE = 0x4010942A  # _IOW(0x94, 42, {u64 create; u64 qgroupid})
+_IOC_QGROUP_ASSIGN = 0x40189429  # _IOW(0x94, 41, {u64 assign; u64 src; u64 dst})
+_IOC_INO_LOOKUP = 0xD0009412  # _IOWR(0x94, 18, {u64 treeid; u64 objectid; char name[4080]})
+_FIRST_FREE_OBJECTID = 256  # a subvolume's root directory
 _QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 4
 # squota charges each extent once, so its referenced and exclusive counts are one number;
 # with full qgroups (a file system of the user's own) exclusive is what no snapshot shares:
@@ -46,6 +50,11 @@ _QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 4
 _LIMIT_MAX_EXCL = 1 << 1
 _NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
 
+# qgroup 1/0 holds every workspace's layer: together they stop short of filling the state
+# file system, which keeps room for the trainer's own files (meta files, logs, new workspaces)
+_ALL = 1 << 48
+_TRAINER_RESERVE_FRACTION = 0.05
+_TRAINER_RESERVE_MIN = 512 << 20
 # what the host's file system keeps free of the image: 5% of it, at least 1 GiB
 _HOST_RESERVE_FRACTION = 0.05
 _HOST_RESERVE_MIN = 1 << 30
@@ -94,6 +103,10 @@ def enable(state: Path) -> bool:
     fd = _open_dir(state)
     try:
         fcntl.ioctl(fd, _IOC_QUOTA_CTL, struct.pack("=QQ", _QUOTA_CTL_ENABLE_SIMPLE_QUOTA, 0))
+        try:
+            fcntl.ioctl(fd, _IOC_QGROUP_CREATE, struct.pack("=QQ", 1, _ALL))
+        except FileExistsError:
+            pass
     except OSError as e:
         _warn_once("squota", "cannot turn btrfs simple quotas on in %s (%s): disk_limit is not "
                    "enforced", state, e)
@@ -103,23 +116,61 @@ def enable(state: Path) -> bool:
     return True
 
 
+def bound_all(state: Path) -> None:
+    """Bound what every workspace writes together to the state file system's size less the
+    trainer's reserve (after :func:`enable` and :func:`fit_image`)."""
+    st = os.statvfs(state)
+    size = st.f_blocks * st.f_frsize
+    most = size - max(_TRAINER_RESERVE_MIN, int(size * _TRAINER_RESERVE_FRACTION))
+    fd = _open_dir(state)
+    try:
+        fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, struct.pack("=6Q", _ALL, _LIMIT_MAX_EXCL, 0, max(most, 0), 0, 0))
+    except OSError as e:
+        log.warning("cannot bound the workspaces of %s together: %s", state, e)
+    finally:
+        os.close(fd)
+
+
 def limit(layer: Path, nbytes: int | None) -> None:
-    """Bound what is written in ``layer`` (a subvolume, runtime/layers.py) to ``nbytes``.
-    Where the state file system has no quotas (not btrfs, an old kernel, one of the user's
-    own without them) nothing is bounded, said once."""
-    if nbytes is None:
-        return
+    """Bound what is written in ``layer`` (a subvolume, runtime/layers.py) to ``nbytes`` (None:
+    no bound of its own), and count it among all workspaces' (:func:`bound_all`). Where the
+    state file system has no quotas (not btrfs, an old kernel, one of the user's own without
+    them) nothing is bounded, said once."""
     fd = _open_dir(layer)
     try:
-        # qgroupid 0: the qgroup of the subvolume the descriptor is in
-        fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, struct.pack("=6Q", 0, _LIMIT_MAX_EXCL, 0, nbytes, 0, 0))
+        if nbytes is not None:
+            # qgroupid 0: the qgroup of the subvolume the descriptor is in
+            fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, struct.pack("=6Q", 0, _LIMIT_MAX_EXCL, 0, nbytes, 0, 0))
+        args = bytearray(struct.pack("=QQ", 0, _FIRST_FREE_OBJECTID) + bytes(4080))
+        fcntl.ioctl(fd, _IOC_INO_LOOKUP, args)  # treeid 0: that of the descriptor's subvolume
+        _join_all(fd, struct.unpack_from("=Q", args)[0])
     except OSError as e:
         if e.errno not in (*_NOT_BTRFS, errno.ENOTCONN):  # ENOTCONN: quotas are off
             raise
-        _warn_once("squota", "the state file system %s has no quotas (%s): disk_limit is not "
-                   "enforced", config.state_dir(), os.strerror(e.errno))
+        if nbytes is not None:
+            _warn_once("squota", "the state file system %s has no quotas (%s): disk_limit is not "
+                       "enforced", config.state_dir(), os.strerror(e.errno))
     finally:
         os.close(fd)
+
+
+def all_full(state: Path) -> OutOfResources:
+    """The error for a new workspace's layer that cannot be made: the workspaces there have
+    written all that :func:`bound_all` gives them together."""
+    st = os.statvfs(state)
+    return OutOfResources(
+        f"the workspaces in {state} have written all it keeps for them together "
+        f"({st.f_blocks * st.f_frsize >> 20} MiB less the trainer's reserve): close workspaces, "
+        "or give them smaller disk_limit values")
+
+
+def _join_all(fd: int, subvolume: int) -> None:
+    try:
+        fcntl.ioctl(fd, _IOC_QGROUP_ASSIGN, struct.pack("=QQQ", 1, subvolume, _ALL))
+    except OSError as e:
+        # EINVAL: no group of all workspaces (a file system of the user's own), or quotas off
+        if e.errno not in (errno.EINVAL, errno.ENOENT, errno.ENOTCONN):
+            raise
 
 
 def mode(state: Path) -> str | None:

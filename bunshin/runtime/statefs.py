@@ -112,8 +112,9 @@ def _tune(state: Path) -> None:
             log.info("cannot remount %s with nobarrier (each ws.fork() then costs ~0.5 ms more): %s",
                      state, r.stderr.decode(errors="replace").strip())
     if mounted[0] == "btrfs":
-        quota.enable(state)
         quota.fit_image(state, image_path(state))
+        if quota.enable(state):
+            quota.bound_all(state)
 
 
 def _mkfs(img: str) -> list[str]:
