@@ -9,8 +9,10 @@ when it is written, so a snapshot (every ``ws.fork()``) costs no accounting, and
 child, stacked on a snapshot of its source, is charged only for what it writes after the
 fork (its copy-ups are reflinks of the source's extents, charged to the source). Data its
 source wrote stays charged to the source while a snapshot holds it. Full qgroups (all a
-kernel < 6.7 offers) account every shared extent at each snapshot and deletion, which is
-what makes forks slow with them: there no quota is enabled, and ``bunshin doctor`` says so.
+kernel < 6.7 offers) account every shared extent at each snapshot: a snapshot took ~22 ms
+with them here, against ~1.5 ms without quotas or with squota; there no quota is enabled,
+and ``bunshin doctor`` says so. Every workspace's layer is also in one qgroup of all
+workspaces (:func:`bound_all`), so that together they leave the trainer room.
 
 The image is sparse, so what its file system reports as free is not what the host has: at
 mount the file system is sized to what it holds plus the host's free space less a reserve
