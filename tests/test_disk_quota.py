@@ -17,7 +17,7 @@ import pytest
 
 import bunshin
 from bunshin import config
-from bunshin.errors import LimitError, OutOfResources
+from bunshin.errors import LimitError
 from bunshin.runtime import quota, statefs
 
 LIMIT = 64 << 20
@@ -65,6 +65,14 @@ def _host_writes(directory: Path) -> None:
         f.unlink(missing_ok=True)
 
 
+def _commit(state: Path) -> None:
+    fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, BTRFS_IOC_SYNC)
+    finally:
+        os.close(fd)
+
+
 def _used(state: Path) -> int:
     st = os.statvfs(state)
     return (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -102,11 +110,7 @@ def test_each_workspace_and_fork_stops_at_its_own_quota(no_leaks, isolation):
     # this sync's)
     deadline = time.monotonic() + 10
     while _used(state) > before + (16 << 20) and time.monotonic() < deadline:
-        fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.ioctl(fd, BTRFS_IOC_SYNC)
-        finally:
-            os.close(fd)
+        _commit(state)
         time.sleep(0.1)
     assert _used(state) <= before + (16 << 20), (before, _used(state))
 
@@ -195,19 +199,24 @@ def small_host(tmp_path, monkeypatch):
 
 
 def test_workspaces_together_leave_the_trainer_and_the_host_room(small_host, no_leaks):
+    """On a host with 2.2 GiB free the state file system is sized to ~1 GiB; a workspace with
+    no limit of its own stops at what all workspaces may write together, before the state file
+    system or the host is full, and the trainer's state directory takes files still."""
     state = statefs.ensure()
     size = os.statvfs(state).f_blocks * os.statvfs(state).f_frsize
     assert size < 1100 << 20  # the host's 2.2 GiB free less its 1 GiB reserve
     with bunshin.Workspace.create(disk_limit=0) as ws:
         n, err = _fill(ws, most=2 << 30)
-        assert err == errno.EDQUOT and n < size - (400 << 20), (n, size)
+        assert err == errno.EDQUOT and n <= size // 2 + (1 << 20), (n, size)
         _host_writes(state)  # the trainer's state directory
-        with pytest.raises(OutOfResources, match="written all it keeps for them"):
-            bunshin.Workspace.create()
-        assert ws.run("rm /fill && echo alive").stdout == b"alive\n"
-        with bunshin.Workspace.create() as other:  # room again: one starts, writes, forks
-            assert other.run("head -c 64M /dev/zero > /w && echo written").stdout == b"written\n"
-            (kid,) = other.fork(1)
-            kid.close()
     host = os.statvfs(small_host)
     assert host.f_bavail * host.f_frsize >= 900 << 20
+    deadline = time.monotonic() + 10  # the closed workspace's space back
+    while os.statvfs(state).f_bavail * os.statvfs(state).f_frsize < size // 2:
+        assert time.monotonic() < deadline
+        _commit(state)
+        time.sleep(0.1)
+    with bunshin.Workspace.create() as other:  # room again: one starts, writes, forks
+        assert other.run("head -c 64M /dev/zero > /w && echo written").stdout == b"written\n"
+        (kid,) = other.fork(1)
+        kid.close()

@@ -55,12 +55,12 @@ _NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
 # qgroup 1/0 holds every workspace's layer: together they stop short of filling the state
 # file system, which keeps room for the trainer's own files (meta files, logs, new workspaces)
 _ALL = 1 << 48
-_TRAINER_RESERVE_FRACTION = 0.05
-_TRAINER_RESERVE_MIN = 512 << 20
+_CHUNKS_RESERVE = 3 << 29  # 1.5 GiB
 # what the host's file system keeps free of the image: 5% of it, at least 1 GiB
 _HOST_RESERVE_FRACTION = 0.05
 _HOST_RESERVE_MIN = 1 << 30
-# below this a btrfs cannot be shrunk (its chunks) and a workspace would not fit anyway
+# the image is not shrunk below this (nor grown past its file's size): a btrfs this small
+# has little room left beside its chunks
 _IMAGE_MIN = 1 << 30
 
 _warned: set[str] = set()
@@ -118,12 +118,21 @@ def enable(state: Path) -> bool:
     return True
 
 
+def _trainer_reserve(state: Path) -> tuple[int, int]:
+    """The state file system's size, and what of it workspaces together leave the trainer:
+    5%, and at least what btrfs allocates ahead of its data as that fills (chunks of up to 1
+    GiB; ~20% of the data written at full speed here), or half a small file system: else its
+    metadata finds no room left, and neither the trainer's files nor a deletion can be written."""
+    st = os.statvfs(state)
+    size = st.f_blocks * st.f_frsize
+    return size, max(int(size * 0.05), min(_CHUNKS_RESERVE, size // 2))
+
+
 def bound_all(state: Path) -> None:
     """Bound what every workspace writes together to the state file system's size less the
     trainer's reserve (after :func:`enable` and :func:`fit_image`)."""
-    st = os.statvfs(state)
-    size = st.f_blocks * st.f_frsize
-    most = size - max(_TRAINER_RESERVE_MIN, int(size * _TRAINER_RESERVE_FRACTION))
+    size, reserve = _trainer_reserve(state)
+    most = size - reserve
     fd = _open_dir(state)
     try:
         fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, struct.pack("=6Q", _ALL, _LIMIT_MAX_EXCL, 0, max(most, 0), 0, 0))
@@ -159,11 +168,11 @@ def limit(layer: Path, nbytes: int | None) -> None:
 def all_full(state: Path) -> OutOfResources:
     """The error for a new workspace's layer that cannot be made: the workspaces there have
     written all that :func:`bound_all` gives them together."""
-    st = os.statvfs(state)
+    size, reserve = _trainer_reserve(state)
     return OutOfResources(
-        f"the workspaces in {state} have written all it keeps for them together "
-        f"({st.f_blocks * st.f_frsize >> 20} MiB less the trainer's reserve): close workspaces, "
-        "or give them smaller disk_limit values")
+        f"the state file system ({state}) is full (its workspaces have written together all of "
+        f"its {size >> 20} MiB but the {reserve >> 20} MiB kept for the trainer): close "
+        "workspaces, or give them smaller disk_limit values")
 
 
 def _join_all(fd: int, subvolume: int) -> None:
@@ -200,7 +209,7 @@ def fit_image(state: Path, image: Path) -> None:
     st = os.stat(image)
     reserve = max(_HOST_RESERVE_MIN, int(host.f_blocks * host.f_frsize * _HOST_RESERVE_FRACTION))
     room = st.st_blocks * 512 + host.f_bavail * host.f_frsize - reserve
-    size = max(_IMAGE_MIN, min(st.st_size, room)) & ~((1 << 20) - 1)
+    size = min(st.st_size, max(_IMAGE_MIN, room)) & ~((1 << 20) - 1)
     arg = str(size).encode()
     fd = _open_dir(state)
     try:
