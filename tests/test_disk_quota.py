@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 import bunshin
-from bunshin import config
 from bunshin.errors import LimitError
 from bunshin.runtime import quota, statefs
 

@@ -30,7 +30,7 @@ import struct
 from pathlib import Path
 
 from .. import config
-from ..errors import LimitError, OutOfResources
+from ..errors import OutOfResources
 
 __all__ = ["all_full", "bound_all", "enable", "fit_image", "limit", "mode", "parse_disk", "supported"]
 
