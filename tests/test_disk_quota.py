@@ -219,3 +219,17 @@ def test_workspaces_together_leave_the_trainer_and_the_host_room(small_host, no_
         assert other.run("head -c 64M /dev/zero > /w && echo written").stdout == b"written\n"
         (kid,) = other.fork(1)
         kid.close()
+
+
+def test_a_restored_workspace_keeps_its_limit(no_leaks, tmp_path):
+    from bunshin import criu
+
+    try:
+        criu.runner.criu()
+    except bunshin.BunshinError as e:
+        pytest.skip(f"no usable CRIU: {e}")
+    with bunshin.Workspace.create(disk_limit="64M") as ws:
+        criu.dump_workspace(ws, tmp_path / "img")
+    with criu.restore_workspace(tmp_path / "img") as back:
+        assert back.config.disk_limit == LIMIT
+        _stopped_at_limit(back)

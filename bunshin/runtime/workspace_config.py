@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .cgroup.limits import Limits
+from .quota import parse_disk
 
 __all__ = ["WorkspaceConfig"]
 
@@ -43,4 +44,5 @@ class WorkspaceConfig:
         return cls(env=d["env"], workdir=d["workdir"], max_output=d["max_output"],
                    limits=Limits.from_dict(d["limits"]), hostname=d["hostname"],
                    run_shell=d["run_shell"], isolation=d.get("isolation", "trusted"),
-                   disk_limit=d.get("disk_limit"))
+                   # an image made before disk limits: the default's
+                   disk_limit=d["disk_limit"] if "disk_limit" in d else parse_disk(None))
