@@ -24,6 +24,7 @@ __all__ = [
     "cgroup_prefix",
     "cgroup_version",
     "criu_path",
+    "disk_limit",
     "early_init",
     "favor_dynmods",
     "fork_slots",
@@ -57,7 +58,11 @@ KNOBS: tuple[Knob, ...] = (
          "live workspaces' upper layers and metadata; must be a file system of its own "
          "(else a loop-mounted ext4 image is put there)"),
     Knob("BUNSHIN_STATE_SIZE", "256G", "text",
-         "size of that sparse ext4 image (`truncate -s` syntax)"),
+         "size of that sparse btrfs image (`truncate -s` syntax); its file system is sized down "
+         "at mount to leave the host's disk a reserve"),
+    Knob("BUNSHIN_DISK_LIMIT", "4G", "text",
+         "what a workspace created without `disk_limit` may write (btrfs quota; each fork the "
+         "same, counted from the fork on); `0`: no limit"),
     Knob("BUNSHIN_CACHE_DIR", "", "path",
          "rootfs layers, Debian roots, kernel probe results, a private CRIU "
          "(default `$XDG_CACHE_HOME/bunshin` or `~/.cache/bunshin`)"),
@@ -145,6 +150,12 @@ def state_dir() -> Path:
 def state_size() -> str:
     """Size of the state directory's ext4 image, as ``truncate -s`` takes it."""
     return _raw("BUNSHIN_STATE_SIZE")
+
+
+def disk_limit() -> str:
+    """The ``disk_limit`` of a workspace created without one, as given (``"0"``: none);
+    :func:`bunshin.runtime.quota.parse_disk` judges it."""
+    return _raw("BUNSHIN_DISK_LIMIT")
 
 
 def cache_dir() -> Path:

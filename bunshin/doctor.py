@@ -14,7 +14,8 @@ import sys
 from . import kerndat
 from .kerndat import KernDat
 
-__all__ = ["Check", "add_arguments", "backend_checks", "checks", "main", "missing_needs"]
+__all__ = ["Check", "add_arguments", "backend_checks", "checks", "main", "missing_needs",
+           "quota_checks"]
 
 _REQUIRED_NS = ("mnt", "pid", "net", "ipc", "uts")
 _NS_COST = {
@@ -85,6 +86,28 @@ def backend_checks() -> list[Check]:
     for job, how in b.uses.items():
         rows.append(Check(job, how.startswith("kmod"), False, how, _USER_COST[job]))
     return rows
+
+
+def quota_checks() -> list[Check]:
+    """Whether ``disk_limit`` is enforced: btrfs simple quotas, and the state file system's mode."""
+    import os
+
+    from . import config
+    from .runtime import quota, statefs
+
+    state = config.state_dir()
+    mode = quota.mode(state) if os.path.ismount(state) else None
+    on = f"; {state}: {mode}" if mode is not None else ""
+    pending = mode == "disabled" and statefs.ours(state) is not None
+    if pending:
+        on += " (Bunshin's image: turned on with its next workspace)"
+    if quota.supported():
+        return [Check("disk quotas", mode in (None, "squota") or pending, False,
+                      f"btrfs simple quotas{on}",
+                      f"{state} is not in simple-quota mode → disk_limit is not enforced there")]
+    return [Check("disk quotas", False, False, f"no btrfs simple quotas (Linux < 6.7){on}",
+                  "disk_limit is not enforced: a workspace can fill the state file system (its "
+                  "image is sized to leave the host's disk a reserve)")]
 
 
 def checks(kd: KernDat) -> list[Check]:
@@ -171,6 +194,7 @@ def checks(kd: KernDat) -> list[Check]:
                      "no /dev/bunshin → user-space fork engine (ptrace) is used; kmod/ makes "
                      "forks faster and parent links exact"))
     out.extend(backend_checks())
+    out.extend(quota_checks())
     out.append(_criu_check(kd))
     return out
 

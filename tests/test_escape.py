@@ -28,6 +28,7 @@ WHERE = ("workspace", "ws.fork", "tpl.fork")
 CORE_PATTERN = "/proc/sys/kernel/core_pattern"
 SWAPPINESS = "/proc/sys/vm/swappiness"
 PIDS_LIMIT = 64
+DISK_LIMIT = 64 << 20
 
 # attempt -> (what it tries, what stops it); the README table's rows
 ATTEMPTS: dict[str, tuple[str, str]] = {}
@@ -50,7 +51,7 @@ def _read(path: str) -> str:
 def boxes():
     """A sandbox workspace with the attempts' script, its fork and its snapshot's fork."""
     ws = bunshin.Workspace.create(isolation="sandbox", pids_limit=PIDS_LIMIT,
-                                  memory_limit="256M")
+                                  memory_limit="256M", disk_limit=DISK_LIMIT)
     made = [ws]
     try:
         ws.write_file("/escape.py", (Path(__file__).parent / "victims" / "escape.py").read_text())
@@ -395,6 +396,33 @@ def test_memory_hog_stays_within_the_memory_limit(box):
     _results[("memory_hog", where)] = f"killed inside ({r.signal and 'SIGKILL'}, oom)"
     assert r.oom_killed and r.signal == 9, r
     assert w.run("echo alive").stdout == b"alive\n"
+
+
+def test_filling_the_disk_stops_at_its_quota(box, boxes):
+    attempt("fill_disk", "write a file until the disk is full",
+            "the workspace's disk quota (`disk_limit`, a btrfs quota of its own)")
+    from bunshin.runtime import quota
+
+    if not quota.supported():
+        pytest.skip("no btrfs simple quotas (Linux < 6.7): disk_limit is not enforced")
+    where, w = box
+    try:
+        got = _refused(box, "fill_disk", "/fill", 4 * DISK_LIMIT, want=(errno.EDQUOT, errno.ENOSPC))
+        wrote = int(got["detail"].split()[1])
+        _results[("fill_disk", where)] = (f"stopped at {wrote >> 20} MiB of {DISK_LIMIT >> 20} "
+                                          f"({errno.errorcode[got['errno']]})")
+        assert DISK_LIMIT - (8 << 20) <= wrote <= DISK_LIMIT
+        # the trainer's state directory and another workspace go on writing
+        probe = bunshin.config.state_dir() / f"probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"y" * (1 << 20))
+        finally:
+            probe.unlink(missing_ok=True)
+        other = next(b for n, b in boxes.items() if n != where)
+        assert other.run("head -c 1M /dev/zero > /w && rm /w").exit_code == 0
+    finally:
+        assert w.run("rm -f /fill").exit_code == 0
+    assert w.run("head -c 16M /dev/zero > /w && rm /w").exit_code == 0  # its room back
 
 
 def _host_addresses() -> list[str]:

@@ -71,7 +71,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     info = runner.criu()
     start = time.perf_counter()
     cfg = WorkspaceConfig.from_dict(meta["config"])
-    alloc = allocate(cfg.limits, rootfs=f"image:{src}")
+    alloc = allocate(cfg.limits, rootfs=f"image:{src}", disk_limit=cfg.disk_limit)
     d, cg = alloc.dir, alloc.cgroup
     fds: list[int] = []
     ours = theirs = views = None

@@ -70,8 +70,9 @@ class Slot(Spare):
         super().destroy()
 
 
-def _spare(limits: Limits, rootfs: str, lowers: list[str], parent: str | None) -> Spare:
-    a = allocate(limits, rootfs=rootfs, lowers=lowers, parent=parent)
+def _spare(limits: Limits, rootfs: str, lowers: list[str], parent: str | None,
+           disk_limit: int | None = None) -> Spare:
+    a = allocate(limits, rootfs=rootfs, lowers=lowers, parent=parent, disk_limit=disk_limit)
     return Spare(a.dir, a.cgroup)
 
 
@@ -81,7 +82,8 @@ def make(core: TemplateCore) -> Slot:
     has one). On failure nothing is left."""
     sp = core.spares.take() if core.spares is not None else None
     if sp is None:
-        sp = _spare(core.config.limits, "slot", [str(p) for p in core.lowers], core.id)
+        sp = _spare(core.config.limits, "slot", [str(p) for p in core.lowers], core.id,
+                    core.config.disk_limit)
     try:
         return Slot(sp.dir, sp.cg, engine.overlay_fd(core.lowers, sp.dir.upper, sp.dir.work,
                                                  core.body.userns))
@@ -125,14 +127,14 @@ class Holder:
 class Spares(Holder):
     """The spares of one workspace (see the module's docstring)."""
 
-    def __init__(self, limits: Limits, owner: str) -> None:
-        self.limits, self.id = limits, owner
+    def __init__(self, limits: Limits, owner: str, disk_limit: int | None = None) -> None:
+        self.limits, self.id, self.disk_limit = limits, owner, disk_limit
         self.lock = threading.Lock()
         self.slots: list[Spare] = []
         self.slots_closed = False
 
     def make_slot(self) -> Spare:
-        return _spare(self.limits, "spare", [], None)
+        return _spare(self.limits, "spare", [], None, self.disk_limit)
 
     def take(self) -> Spare | None:
         with self.lock:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .. import config
 from ..errors import BunshinError
 from . import cgroup as _cgroup
-from . import headroom, layers, statefs, trainer
+from . import headroom, layers, quota, statefs, trainer
 from .cgroup.limits import Limits
 from .reap import reap_init
 from .statedir import Meta, WorkspaceDir, own_start_time
@@ -64,17 +64,20 @@ def remove_parts(d: WorkspaceDir, cg: Cgroup, what: str = "workspace") -> None:
 
 
 def allocate(limits: Limits, *, rootfs: str, lowers: Iterable[str] = (),
-             parent: str | None = None) -> Allocation:
-    """A new state directory, its meta file and a cgroup with ``limits``; on failure nothing
-    is left. The meta file is written first, so that `bunshin gc` elsewhere leaves the pieces
+             parent: str | None = None, disk_limit: int | None = None) -> Allocation:
+    """A new state directory (its layer holding at most ``disk_limit`` bytes written), its
+    meta file and a cgroup with ``limits``; on failure nothing is left. The meta file is
+    written first, so that `bunshin gc` elsewhere leaves the pieces
     alone while this process lives and removes them after it dies."""
     trainer.prepare()
     state = config.state_dir()
     headroom.check(state, statefs.image_path(state))
     try:
-        d = WorkspaceDir.create()
+        d = WorkspaceDir.create(disk_limit)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno == errno.EDQUOT:
+            raise quota.all_full(state) from None
+        if e.errno == errno.ENOSPC:
             raise headroom.no_space(state) from None
         raise
     cg = None

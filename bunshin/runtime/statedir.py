@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config
-from . import layers
+from . import layers, quota
 
 log = logging.getLogger("bunshin.state")
 
@@ -74,7 +74,9 @@ class WorkspaceDir:
         return self.path.name
 
     @classmethod
-    def create(cls) -> WorkspaceDir:
+    def create(cls, disk_limit: int | None = None) -> WorkspaceDir:
+        """A new directory whose layer holds at most ``disk_limit`` bytes written (None: no
+        bound; runtime/quota.py)."""
         from . import statefs
 
         base = statefs.ensure() / "ws"
@@ -89,6 +91,7 @@ class WorkspaceDir:
         d = cls(path)
         try:
             layers.make(d.layer)
+            quota.limit(d.layer, disk_limit)
             for p in (d.upper, d.work, d.root):
                 p.mkdir()
         except BaseException:

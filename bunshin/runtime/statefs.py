@@ -6,7 +6,9 @@ must not live on the root file system. Unless the state directory already is a s
 Bunshin loop-mounts a sparse image (``<state_dir>.img``, ``BUNSHIN_STATE_SIZE``, default
 256G — only what is written takes disk space) there, once: btrfs, whose subvolume snapshots
 freeze a workspace's upper layer for its children in O(1) (runtime/layers.py), or ext4 where
-mkfs.btrfs is missing (each fork then copies the upper layer).
+mkfs.btrfs is missing (each fork then copies the upper layer). Bunshin's btrfs image gets
+simple quotas, which bound what each workspace writes, and a size that leaves the host's disk
+a reserve (runtime/quota.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from .. import config
 from ..errors import BunshinError
+from . import quota
 
 log = logging.getLogger("bunshin.statefs")
 _lock = threading.Lock()
@@ -54,8 +57,7 @@ def ensure() -> Path:
             fcntl.flock(lk, fcntl.LOCK_EX)
             if not _separate(state):
                 _mount_image(state)
-            else:
-                _drop_barriers(state)
+            _tune(state)
         _ready.add(key)
     return state
 
@@ -81,29 +83,38 @@ def _mount_image(state: Path) -> None:
     log.info("state directory %s is a loop-mounted image %s (%s sparse)", state, img, size)
 
 
-def _drop_barriers(state: Path) -> None:
-    """Our image, mounted before MOUNT_OPTIONS had nobarrier, gets it now (a file system of
-    the user's own is left as it is)."""
+def ours(state: Path) -> list[str] | None:
+    """Type, source and options of the mount at ``state`` when it is our image (a file
+    system of the user's own is left as it is), else None."""
     mounted = None
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         if fields[4] == str(state):  # the last one is on top
             mounted = fields[fields.index("-") + 1:]  # type, source, options
-    if mounted is None or len(mounted) < 3 or "nobarrier" in mounted[2].split(","):
-        return
-    source = mounted[1]
-    if not source.startswith("/dev/loop"):
-        return
+    if mounted is None or len(mounted) < 3 or not mounted[1].startswith("/dev/loop"):
+        return None
     try:
-        backing = Path(f"/sys/block/{os.path.basename(source)}/loop/backing_file").read_text().strip()
+        backing = Path(f"/sys/block/{os.path.basename(mounted[1])}/loop/backing_file").read_text().strip()
     except OSError:
+        return None
+    return mounted if backing == str(image_path(state)) else None
+
+
+def _tune(state: Path) -> None:
+    """Our image, also one mounted by an older version, gets what this one mounts it with:
+    no barriers, quotas, and a size that leaves the host's disk a reserve."""
+    mounted = ours(state)
+    if mounted is None:
         return
-    if backing != str(image_path(state)):
-        return
-    r = subprocess.run(["mount", "-o", "remount,nobarrier", str(state)], capture_output=True)
-    if r.returncode:
-        log.info("cannot remount %s with nobarrier (each ws.fork() then costs ~0.5 ms more): %s",
-                 state, r.stderr.decode(errors="replace").strip())
+    if "nobarrier" not in mounted[2].split(","):
+        r = subprocess.run(["mount", "-o", "remount,nobarrier", str(state)], capture_output=True)
+        if r.returncode:
+            log.info("cannot remount %s with nobarrier (each ws.fork() then costs ~0.5 ms more): %s",
+                     state, r.stderr.decode(errors="replace").strip())
+    if mounted[0] == "btrfs":
+        quota.fit_image(state, image_path(state))
+        if quota.enable(state):
+            quota.bound_all(state)
 
 
 def _mkfs(img: str) -> list[str]:

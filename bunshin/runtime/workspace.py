@@ -52,6 +52,7 @@ from .channel import Channel
 from .result import Result, exit_code_from_status
 from .shell import Shell
 from . import aio, headroom, template, trainer
+from . import quota as _quota
 from . import userns as _userns
 from .template import Template
 from .workspace_config import WorkspaceConfig
@@ -261,6 +262,7 @@ class Workspace:
         max_output: int = DEFAULT_MAX_OUTPUT,
         ready_timeout: float = 30.0,
         isolation: str | None = None,
+        disk_limit: int | str | None = None,
     ) -> Workspace:
         """Start a workspace.
 
@@ -274,6 +276,9 @@ class Workspace:
         (seccomp filter, capability bounding set, masked and read-only /proc and /sys:
         :mod:`bunshin.sandbox`); ``"trusted"``: its root is the host's. None:
         ``BUNSHIN_ISOLATION`` (default ``"trusted"``). Its forks have the same.
+        ``disk_limit`` (bytes or "4G"; 0: none; None: ``BUNSHIN_DISK_LIMIT``, default 4G)
+        bounds what it writes to its file system: past it a write fails with ``EDQUOT``. Each
+        fork may write as much again, counted from the fork (docs/design.md, "Disk quotas").
         """
         if os.geteuid() != 0:
             raise PermissionDenied("bunshin needs root (namespaces, mounts, cgroups); run as root")
@@ -289,12 +294,14 @@ class Workspace:
             raise LimitError("pids_limit must be an int ≥ 1 (processes + threads in the workspace), "
                              f"got {pids_limit!r}")
         limits = Limits.parse(memory_limit, pids_limit)
+        disk_limit = _quota.parse_disk(disk_limit)
         rfs = _rootfs.resolve(rootfs)
-        a = allocate(limits, rootfs=rfs.source, lowers=[str(p) for p in rfs.lowers])
+        a = allocate(limits, rootfs=rfs.source, lowers=[str(p) for p in rfs.lowers],
+                     disk_limit=disk_limit)
         body = Body(a.dir, a.cgroup, a.meta, rfs)
         config = WorkspaceConfig(env={**DEFAULT_ENV, **env}, workdir=workdir, max_output=max_output,
                                  limits=limits, hostname=hostname or f"bunshin-{body.id[:6]}",
-                                 isolation=isolation)
+                                 isolation=isolation, disk_limit=disk_limit)
         self = cls.from_body(config, body)
         try:
             rfs.prepare_upper(body.dir.upper)
@@ -774,7 +781,8 @@ class Workspace:
                 core.release()  # the children hold it (and its frozen layer) from here on
             if slots.enabled():  # the next ws.fork()/snapshot()'s directories and cgroups
                 if self._spares is None:
-                    self._spares = slots.Spares(config.limits, f"workspace {self.id}")
+                    self._spares = slots.Spares(config.limits, f"workspace {self.id}",
+                                                 config.disk_limit)
                 slots.request(self._spares, n)
             return kids
 

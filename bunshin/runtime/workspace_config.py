@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .cgroup.limits import Limits
+from .quota import parse_disk
 
 __all__ = ["WorkspaceConfig"]
 
@@ -25,6 +26,8 @@ class WorkspaceConfig:
     #: "sandbox": in a user namespace of its own (runtime/userns.py), with container-runtime
     #: defaults (:mod:`bunshin.sandbox`)
     isolation: str = "trusted"
+    #: bytes its upper layer may hold written (runtime/quota.py); None: no bound
+    disk_limit: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
@@ -33,10 +36,13 @@ class WorkspaceConfig:
         """As an image's metadata holds it (:mod:`bunshin.criu`)."""
         return {"env": dict(self.env), "workdir": self.workdir, "max_output": self.max_output,
                 "limits": self.limits.to_dict(), "hostname": self.hostname,
-                "run_shell": self.run_shell, "isolation": self.isolation}
+                "run_shell": self.run_shell, "isolation": self.isolation,
+                "disk_limit": self.disk_limit}
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkspaceConfig:
         return cls(env=d["env"], workdir=d["workdir"], max_output=d["max_output"],
                    limits=Limits.from_dict(d["limits"]), hostname=d["hostname"],
-                   run_shell=d["run_shell"], isolation=d.get("isolation", "trusted"))
+                   run_shell=d["run_shell"], isolation=d.get("isolation", "trusted"),
+                   # an image made before disk limits: the default's
+                   disk_limit=d["disk_limit"] if "disk_limit" in d else parse_disk(None))

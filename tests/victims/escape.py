@@ -353,6 +353,21 @@ def route(addrs):
     raise Refused(last.errno or 0, f"connect: {last}")
 
 
+def fill_disk(path, most):
+    """Write ``path`` until a write fails (or ``most`` bytes are written)."""
+    chunk, n = b"\xa5" * (1 << 20), 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while n < int(most):
+            n += os.write(fd, chunk)
+        os.fsync(fd)
+    except OSError as e:
+        raise Refused(e.errno, f"wrote {n} bytes") from None
+    finally:
+        os.close(fd)
+    return f"wrote {n} bytes"
+
+
 def main():
     name, args = sys.argv[1], sys.argv[2:]
     try:
