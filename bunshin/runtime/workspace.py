@@ -272,8 +272,9 @@ class Workspace:
         ``isolation``: ``"sandbox"`` runs it in a user namespace of its own, whose root has no
         power over the host (docs/design.md, "Isolation"), with container-runtime defaults
         (seccomp filter, capability bounding set, masked and read-only /proc and /sys:
-        :mod:`bunshin.sandbox`); ``"trusted"``: its root is the host's. None:
-        ``BUNSHIN_ISOLATION`` (default ``"trusted"``). Its forks have the same.
+        :mod:`bunshin.sandbox`); ``"trusted"``: its root is the host's, for code that needs
+        host powers. None: ``BUNSHIN_ISOLATION`` (default ``"sandbox"``). Its forks have the
+        same.
         """
         if os.geteuid() != 0:
             raise PermissionDenied("bunshin needs root (namespaces, mounts, cgroups); run as root")
