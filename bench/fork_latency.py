@@ -24,10 +24,13 @@ Two application workspaces ("apps" in the JSON), measured the same way:
     Child check: `xwd -root` succeeds in the child.
   CRIU: not measured for either (the CRIU baseline covers the medium worker only).
 
-usage: python bench/fork_latency.py [--quick] [--sizes small,medium] [--isolation sandbox]
-(last stdout line: JSON; PNG in bench/out/, with all sizes; with --isolation sandbox the
-workspaces run in user namespaces of their own and the JSON's name ends in _sandbox;
-bench/runtime.py has the two side by side)
+Isolation: everything runs in the default isolation (sandbox: each workspace in a user
+namespace of its own) or the one --isolation names (the JSON's name then ends in _trusted);
+the small and medium workspaces are measured once more under the other isolation, side by
+side ("other_isolation" in the JSON), with the ratios sandbox / trusted of their fork times.
+
+usage: python bench/fork_latency.py [--quick] [--sizes small,medium] [--isolation trusted]
+(last stdout line: JSON; PNG in bench/out/, with all sizes)
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from _workloads import (GUI_DISPLAY, REDIS_KEYS, Loaded, build_gui_workspace,  #
                         native_python_forks, native_redis_forks, redis_cli, start_host_worker,
                         wait_lines)
 
+from bunshin import config  # noqa: E402
 from bunshin.criu_locate import find_criu  # noqa: E402
 
 MEDIUM_MIB = 256
@@ -344,11 +348,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="small,medium,large",
                     help="the workspace sizes to measure (comma-separated); the apps and CRIU only "
                          "with all three: `--quick --sizes small,medium` gives the aims' figures alone")
-    ap.add_argument("--isolation", choices=("trusted", "sandbox"), default="trusted",
-                    help="the workspaces' isolation (Workspace.create(isolation=...))")
+    ap.add_argument("--isolation", choices=("trusted", "sandbox"), default=config.isolation(),
+                    help="the workspaces' isolation (Workspace.create(isolation=...)); small and "
+                         "medium are measured under the other one too")
     args = ap.parse_args()
     os.environ["BUNSHIN_ISOLATION"] = args.isolation  # what Workspace.create uses unless told
-    suffix = "" if args.isolation == "trusted" else "_" + args.isolation
+    suffix = "" if args.isolation == "sandbox" else "_" + args.isolation
     n, n_criu = (20, 5) if args.quick else (40, 15)
     large = 1024 if args.quick else 2048
     sizes = {"small": 0, "medium": MEDIUM_MIB, "large": large}
@@ -358,6 +363,7 @@ def main() -> None:
     res: dict = {"quick": args.quick, "isolation": args.isolation, "iterations": n, "large_mib": large, "memory": memory_facts(),
                  "ws_fork_max_per_workspace": WS_FORK_MAX,
                  "sizes": {name: measure_size(name, mib, n) for name, mib in sizes.items() if name in chosen}}
+    res["other_isolation"] = _other_isolation(args.isolation, res["sizes"], n)
     if set(chosen) != set(sizes):  # a partial run: beside the full run's figures, not over them
         res["aims"] = _ws_aims(res["sizes"])
         emit("fork_latency_" + "_".join(name for name in sizes if name in chosen) + suffix, res)
@@ -380,6 +386,23 @@ def main() -> None:
             c["dump_plus_restore"]["p50_ms"] / med["bunshin_tpl_fork"]["p50_ms"])
     plot(res)
     emit("fork_latency" + suffix, res)
+
+
+def _other_isolation(isolation: str, sizes: dict, n: int) -> dict:
+    """Small and medium (those of ``sizes``) measured again under the isolation that is not
+    ``isolation``, and sandbox / trusted of the p50 of each fork."""
+    other = "trusted" if isolation == "sandbox" else "sandbox"
+    os.environ["BUNSHIN_ISOLATION"] = other
+    try:
+        again = {name: measure_size(name, MEDIUM_MIB if name == "medium" else 0, n)
+                 for name in ("small", "medium") if name in sizes}
+    finally:
+        os.environ["BUNSHIN_ISOLATION"] = isolation
+    by = {isolation: sizes, other: again}
+    return {"isolation": other, "sizes": again, "sandbox_over_trusted": {
+        name: {k: by["sandbox"][name][k]["p50_ms"] / by["trusted"][name][k]["p50_ms"]
+               for k in ("bunshin_tpl_fork", "bunshin_ws_fork", f"bunshin_tpl_fork_{GROUP}")}
+        for name in again}}
 
 
 def _ws_aims(sizes: dict) -> dict:

@@ -99,7 +99,7 @@ KNOBS: tuple[Knob, ...] = (
          "0: no watcher process removing a trainer's workspaces when it dies without closing them"),
     Knob("BUNSHIN_FAVOR_DYNMODS", "1", "switch",
          "0: leave the kernel's cgroup `favordynmods` option alone"),
-    Knob("BUNSHIN_ISOLATION", "trusted", "choice",
+    Knob("BUNSHIN_ISOLATION", "sandbox", "choice",
          "what `Workspace.create` makes unless told: `sandbox` (a user namespace of its own, "
          "root inside has no power over the host) or `trusted` (its root is the host's)",
          ("trusted", "sandbox")),

@@ -57,8 +57,8 @@ def from_another(job):
 HOWS = ["ws.fork", "template.fork", "two-children"]  # two-children: the second of one tpl.fork(2)
 
 
-def _start(family, script: str) -> tuple[bunshin.Workspace, int]:
-    ws = bunshin.Workspace.create()
+def _start(family, script: str, isolation: str | None = None) -> tuple[bunshin.Workspace, int]:
+    ws = bunshin.Workspace.create(isolation=isolation)
     family.append(ws)
     ws.write_file("/t.py", SCRIPT_PRELUDE + SERVE + script)
     pid = ws.spawn(["python3", "/t.py"])
@@ -82,10 +82,11 @@ def _report(w, pid: int) -> dict:
     return got
 
 
-def _reports(family, script: str, how: str) -> tuple[dict, dict, dict, bunshin.Workspace]:
+def _reports(family, script: str, how: str,
+             isolation: str | None = None) -> tuple[dict, dict, dict, bunshin.Workspace]:
     """The program's report before the fork, the source's and the child's after it, and the
     child."""
-    ws, pid = _start(family, script)
+    ws, pid = _start(family, script, isolation)
     before = _report(ws, pid)
     kid = _fork(family, ws, how)
     return before, _report(ws, pid), _report(kid, pid), kid
@@ -211,10 +212,6 @@ fds["mapped"] = os.memfd_create("mapped", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
 os.ftruncate(fds["mapped"], 4096)
 mem = mmap.mmap(fds["mapped"], 4096, flags=mmap.MAP_SHARED)  # writable, then sealed for new ones
 fcntl.fcntl(fds["mapped"], fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
-import ctypes
-anon = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)  # a shmem file with no name
-at = ctypes.addressof(ctypes.c_char.from_buffer(anon))
-fds["anon"] = os.open(f"/proc/self/map_files/{at:x}-{at + 4096:x}", os.O_RDWR | os.O_NONBLOCK)
 def report():
     r = {k: fd_facts(fd) for k, fd in fds.items()}
     for k, fd in fds.items():
@@ -231,10 +228,6 @@ def report():
     mem[:5] = b"still"  # the old mapping stays writable
     r["mapped-data"] = os.pread(fds["mapped"], 5, 0).decode()
     mem[:5] = bytes(5)
-    os.pwrite(fds["anon"], b"via-fd", 0)  # the descriptor and the mapping: one object
-    r["anon-mapped"] = bytes(anon[:6]).decode()
-    r["anon-maps"] = [l.split(None, 5)[-1].strip() for l in open("/proc/self/maps") if l.startswith(f"{at:x}-")]
-    anon[:6] = bytes(6)
     return r
 serve(report)
 """
@@ -248,9 +241,40 @@ def test_memfd_seals_flags_and_modes(family, how):
     assert before["ro"]["fl"] & os.O_ACCMODE == os.O_RDONLY and before["ro"]["data"] == "plain"
     assert before["mapped"]["seals"] == 16 and before["mapped-data"] == "still"
     assert before["sealed-write"] == "EPERM" and before["path"]["same"]
+    assert src == before and kid == before
+
+
+ANON_SHMEM = r"""
+import ctypes, mmap
+anon = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)  # a shmem file with no name
+at = ctypes.addressof(ctypes.c_char.from_buffer(anon))
+fd = os.open(f"/proc/self/map_files/{at:x}-{at + 4096:x}", os.O_RDWR | os.O_NONBLOCK)
+def report():
+    r = {"anon": fd_facts(fd)}
+    os.pwrite(fd, b"via-fd", 0)  # the descriptor and the mapping: one object
+    r["anon-mapped"] = bytes(anon[:6]).decode()
+    r["anon-maps"] = [l.split(None, 5)[-1].strip() for l in open("/proc/self/maps") if l.startswith(f"{at:x}-")]
+    anon[:6] = bytes(6)
+    return r
+serve(report)
+"""
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_descriptor_of_an_anonymous_shared_mapping(family, how):
+    # A trusted workspace: only /proc/PID/map_files opens such a mapping's object, and it
+    # needs CAP_SYS_ADMIN in the host's user namespace, which no process of a sandbox has
+    before, src, kid, _ = _reports(family, ANON_SHMEM, how, isolation="trusted")
     assert before["anon-mapped"] == "via-fd" and before["anon"]["fl"] & os.O_NONBLOCK
     assert before["anon"]["link"] == before["anon-maps"][0] == "/dev/zero (deleted)"
     assert src == before and kid == before
+
+
+def test_a_sandbox_cannot_open_map_files(no_leaks):
+    with bunshin.Workspace.create(isolation="sandbox") as ws:
+        r = ws.run("python3 -c 'import mmap, os; m = mmap.mmap(-1, 4096); "
+                   "os.open(\"/proc/self/map_files/\" + os.listdir(\"/proc/self/map_files\")[0], os.O_RDONLY)'")
+        assert r.exit_code == 1 and b"PermissionError" in r.stderr, r
 
 
 LOCKS = r"""

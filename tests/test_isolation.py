@@ -181,6 +181,24 @@ def test_file_owners_round_trip(no_leaks):
         assert os.stat(ws.body.dir.upper / "tmp" / "u").st_uid == userns.BASE + 1000
 
 
+def test_default_is_the_sandbox(no_leaks, monkeypatch):
+    """A workspace created without isolation, and its fork, show no host-wide power: the uid
+    map is not the host's, the user namespace not the trainer's, a devtmpfs is refused."""
+    monkeypatch.delenv("BUNSHIN_ISOLATION", raising=False)
+    with bunshin.Workspace.create() as ws:
+        assert ws.config.isolation == "sandbox"
+        host_map = _host("/proc/self/uid_map")
+        for w in (ws, *ws.fork(1)):
+            try:
+                assert w.run("cat /proc/self/uid_map").stdout.decode().split() != host_map.split()
+                ns = w.run("readlink /proc/self/ns/user").stdout.decode().strip()
+                assert ns and ns != os.readlink("/proc/self/ns/user")
+                assert not w.run("mkdir -p /mnt/d && mount -t devtmpfs none /mnt/d").ok
+            finally:
+                if w is not ws:
+                    w.close()
+
+
 def test_trusted_is_the_host(no_leaks):
     with bunshin.Workspace.create(isolation="trusted") as ws:
         assert ws.config.isolation == "trusted"
@@ -197,8 +215,10 @@ def test_bad_isolation_refused(no_leaks):
 def test_isolation_knob(monkeypatch):
     monkeypatch.setenv("BUNSHIN_ISOLATION", "sandbox")
     assert config.isolation() == "sandbox"
-    monkeypatch.setenv("BUNSHIN_ISOLATION", "")
+    monkeypatch.setenv("BUNSHIN_ISOLATION", "trusted")
     assert config.isolation() == "trusted"
+    monkeypatch.setenv("BUNSHIN_ISOLATION", "")
+    assert config.isolation() == "sandbox"
     monkeypatch.setenv("BUNSHIN_ISOLATION", "open")
     with pytest.raises(ConfigError, match="BUNSHIN_ISOLATION"):
         config.isolation()

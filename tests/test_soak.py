@@ -119,6 +119,17 @@ def _ahead_of_one_fork(tpl, timeout: float = 15) -> None:
         time.sleep(0.02)
 
 
+def _sandbox_pool_full(ws, timeout: float = 15) -> None:
+    """A sandbox's namespace pool full: it refills itself a moment after each take
+    (fork/nsmaker.py), so that two counts compare what the cycles left, not how far the last
+    take's refill had got."""
+    userns = ws._body.userns
+    pool = userns.pool if userns is not None else None
+    deadline = time.monotonic() + timeout
+    while pool is not None and len(pool._ready) < pool.size and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _settle(before: dict[str, int], timeout: float = 15) -> dict[str, tuple[int, int]]:
     """What is above its count at the start, once closes have had ``timeout`` s to finish."""
     deadline = time.monotonic() + timeout
@@ -151,6 +162,7 @@ def test_soak_leaves_nothing_behind(no_leaks):
             k.close()
         pool.clear()
         _ahead_of_one_fork(tpl)
+        _sandbox_pool_full(ws)
         gc.collect()
         before, rss0 = _counts(), _rss()
         errors: list[BaseException] = []
@@ -179,6 +191,7 @@ def test_soak_leaves_nothing_behind(no_leaks):
         assert sum(counts.values()) >= CYCLES and all(counts.get(op) for op in
                                                       ("fork", "restore", "commit", "rollback", "close"))
         _ahead_of_one_fork(tpl)
+        _sandbox_pool_full(ws)
         gc.collect()
         over = _settle(before)
         assert not over, f"more than at the start (start, end): {over}"

@@ -274,8 +274,9 @@ class Workspace:
         ``isolation``: ``"sandbox"`` runs it in a user namespace of its own, whose root has no
         power over the host (docs/design.md, "Isolation"), with container-runtime defaults
         (seccomp filter, capability bounding set, masked and read-only /proc and /sys:
-        :mod:`bunshin.sandbox`); ``"trusted"``: its root is the host's. None:
-        ``BUNSHIN_ISOLATION`` (default ``"trusted"``). Its forks have the same.
+        :mod:`bunshin.sandbox`); ``"trusted"``: its root is the host's, for code that needs
+        host powers. None: ``BUNSHIN_ISOLATION`` (default ``"sandbox"``). Its forks have the
+        same.
         ``disk_limit`` (bytes or "4G"; 0: none; None: ``BUNSHIN_DISK_LIMIT``, default 4G)
         bounds what it writes to its file system: past it a write fails with ``EDQUOT``. Each
         fork may write as much again, counted from the fork (docs/design.md, "Disk quotas").
@@ -389,8 +390,13 @@ class Workspace:
         try:
             mfd = engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
         except ForkError as e:
+            # a kernel whose overlayfs refuses detached layers (6.1: "failed to clone
+            # lowerpath") cannot build a sandbox's root on any rootfs
             raise RootfsError(f"{e}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
-                              "lower layer") from None
+                              "lower layer, or this kernel's overlayfs cannot stack on the "
+                              "idmapped views of it a sandbox's root is built on (Linux 6.1 "
+                              "cannot): use isolation='trusted' (BUNSHIN_ISOLATION=trusted) "
+                              "here") from None
         try:
             typ, payload = b.channel.request(_core.PROTO["REQ_REROOT"], self._config.hostname.encode(),
                                              fds=[mfd, theirs.fileno()], timeout=ready_timeout)

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import signal
+import struct
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -147,8 +148,41 @@ def _start(family, exe: Path, run_as: tuple[str, ...] = ()):
     return ws, pid
 
 
-def verdict(w, pid: int) -> dict:
-    """SIGTERM the victim in ``w`` and take what it reports (bounded: never waits forever)."""
+def _host_pid(w, pid: int) -> int:
+    """The host pid of ``pid``, a pid inside ``w``."""
+    for host in w.host_pids():
+        with open(f"/proc/{host}/status") as f:
+            ns = next(ln.split()[-1] for ln in f if ln.startswith("NSpid:"))
+        if int(ns) == pid:
+            return host
+    raise LookupError(f"no process {pid} in {w.id}")
+
+
+def _frames(host_pid: int, at: int, pages: int) -> list[int]:
+    with open(f"/proc/{host_pid}/pagemap", "rb", buffering=0) as f:
+        f.seek(at // 4096 * 8)
+        raw = f.read(pages * 8)
+    return [e & ((1 << 55) - 1) for e in struct.unpack(f"{pages}Q", raw)]
+
+
+def _cow_frames(w, pid: int) -> list[str]:
+    """cow.c's pages, read from the host (a sandbox's processes see no frame numbers): the
+    victim and its child process still map the same frames."""
+    at, kid = (_read(w, "/tmp/fid-cow") or b"0 0").split()
+    mine, theirs = (_frames(_host_pid(w, p), int(at, 16), 64) for p in (pid, int(kid)))
+    shared = sum(1 for a, b in zip(mine, theirs) if a and a == b)
+    return [] if shared == 64 else [f"pages still shared with the child process (host's pagemap): {shared}, want 64"]
+
+
+# Victims whose state is also checked from the host, before the victim checks its own: what
+# their processes may not read in a sandbox
+HOST_CHECKS = {"cow": _cow_frames}
+
+
+def verdict(w, pid: int, victim: str = "") -> dict:
+    """SIGTERM the victim in ``w`` and take what it reports (bounded: never waits forever),
+    after what the host checks of it."""
+    host = HOST_CHECKS[victim](w, pid) if victim in HOST_CHECKS else []
     try:
         w.kill(pid, signal.SIGTERM)
     except BunshinError as e:
@@ -159,7 +193,7 @@ def verdict(w, pid: int) -> dict:
             log = (_read(w, "/tmp/fid-log") or b"").decode(errors="replace")
             return {"outcome": "FAIL", "detail": f"no verdict within {VERDICT_TIMEOUT:.0f} s {log}".strip()}
         time.sleep(0.02)
-    text = got.decode(errors="replace").strip()
+    text = "\n".join([*host, got.decode(errors="replace").strip()])
     return {"outcome": "PASS" if text == "PASS" else "FAIL", "detail": "" if text == "PASS" else text}
 
 
@@ -218,9 +252,9 @@ def test_fidelity(victim, path, binaries, family, tmp_path):
         child = {"outcome": "REFUSED", "detail": str(e)}
     else:
         family.append(kid)
-        child = verdict(kid, pid)
+        child = verdict(kid, pid, victim)
     after = tasks(ws)
-    source = verdict(ws, pid)
+    source = verdict(ws, pid, victim)
     same = after == before
     RESULTS.setdefault(victim, {})[path] = {"child": child, "source": source, "same_tasks": same}
     if path == "criu":

@@ -36,19 +36,24 @@ int main(void)
 	}
 	uint64_t mine[PAGES], theirs[PAGES];
 	frames(mine, mem);
-	if (!mine[0]) {
-		fprintf(stderr, "setup: no page frame numbers in /proc/self/pagemap\n");
-		return 2;
-	}
+	/* pagemap shows frame numbers only to CAP_SYS_ADMIN of the host's user namespace: in a
+	 * sandbox the harness compares them from the host, at the range and pids named here
+	 * (test_fidelity.HOST_CHECKS) */
+	int visible = mine[0] != 0;
+	char at[64];
+	snprintf(at, sizeof at, "%lx %d\n", (unsigned long)mem, (int)kid);
+	put_file("/tmp/fid-cow", at);
 	ready();
 	wait_term();
-	MUST(write(p[1], "?", 1));
-	EQ("frames read", read(q[0], theirs, sizeof theirs), sizeof theirs);
-	frames(mine, mem);
-	int shared = 0;
-	for (int i = 0; i < PAGES; i++)
-		shared += mine[i] && mine[i] == theirs[i];
-	EQ("pages still shared with the child process", shared, PAGES);
+	if (visible) {
+		MUST(write(p[1], "?", 1));
+		EQ("frames read", read(q[0], theirs, sizeof theirs), sizeof theirs);
+		frames(mine, mem);
+		int shared = 0;
+		for (int i = 0; i < PAGES; i++)
+			shared += mine[i] && mine[i] == theirs[i];
+		EQ("pages still shared with the child process", shared, PAGES);
+	}
 	for (int i = 0; i < PAGES; i++)
 		CHECK(mem[i * 4096] == (char)i, "page %d contents", i);
 	kill(kid, SIGKILL);
