@@ -19,7 +19,7 @@ __all__ = ["Check", "add_arguments", "backend_checks", "checks", "main", "missin
 
 _REQUIRED_NS = ("mnt", "pid", "net", "ipc", "uts")
 _NS_COST = {
-    "user": "no user namespaces → rootless workspaces are impossible; run as root",
+    "user": "no user namespaces → no sandbox (the default isolation); only isolation='trusted'",
     "cgroup": "no cgroup namespaces → workspaces see the host's cgroup paths",
     "time": "no time namespaces → clones share the host's monotonic/boot clocks",
 }
