@@ -111,6 +111,20 @@ def counting_stopped(family):
     return ws, pid, count(ws)
 
 
+def _threads(w, pid: int) -> dict:
+    """Each thread's state, tracer and call, for a failure to show where a thread was held."""
+    hp = host_pid(w, pid)
+    out = {}
+    for t in os.listdir(f"/proc/{hp}/task"):
+        st = proc_status(f"{hp}/task/{t}")
+        try:
+            call = open(f"/proc/{hp}/task/{t}/syscall").read().split()[:1]
+        except OSError:
+            call = []
+        out[t] = (st["State"], st.get("TracerPid"), call)
+    return out
+
+
 def assert_stopped_then_resumes(w, pid: int, at: int) -> None:
     """``pid`` in ``w`` is stopped at count ``at``, and counts on from there after SIGCONT."""
     assert until_state(w, pid, "T") == "T"
@@ -121,7 +135,7 @@ def assert_stopped_then_resumes(w, pid: int, at: int) -> None:
     while count(w) < at + 3 and time.monotonic() < deadline:
         time.sleep(0.02)
     now = count(w)
-    assert at + 3 <= now < at + 1000, (at, now)  # went on from where it stopped
+    assert at + 3 <= now < at + 1000, (at, now, _threads(w, pid))  # went on from where it stopped
     assert state(w, pid) in "SR"
 
 
