@@ -44,7 +44,7 @@ def boxes(tmp_path_factory):
     made = []
     try:
         with bunshin.Workspace.create(isolation="sandbox", pids_limit=test_escape.PIDS_LIMIT,
-                                      memory_limit="256M") as ws:
+                                      memory_limit="256M", disk_limit=test_escape.DISK_LIMIT) as ws:
             ws.write_file("/escape.py", (Path(__file__).parent / "victims" / "escape.py").read_text())
             ws.spawn(["sleep", "100000"])
             criu.dump_workspace(ws, tmp / "img")
