@@ -255,7 +255,7 @@ def _idmapped(path: Path, userns_fd: int) -> int:
         os.close(fd)
         raise IsolationError(f"cannot idmap rootfs layer {path} for a sandbox workspace "
                              f"({os.strerror(e)}): its file system must support idmapped mounts "
-                             "(ext4, btrfs, xfs, tmpfs); use isolation='trusted' for it")
+                             "(ext4, btrfs, xfs; tmpfs from Linux 6.3); use isolation='trusted' for it")
     return fd
 
 

@@ -139,9 +139,11 @@ done
 
 # --- initramfs: busybox, virtio-fs modules, guest-init.sh --------------------
 INITRD=$CACHE/initramfs-$KVER.cpio.gz
-# the socket diag modules: the fork engine lists unix and inet sockets through sock_diag
+# the socket diag modules: the fork engine lists unix and inet sockets through sock_diag;
+# loop: a sandbox's rootfs must be idmappable, which on 6.1 takes a block file system (an
+# ext4 image, test_sandbox_ext4.py)
 MODS="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci fuse virtiofs overlay
-      unix_diag inet_diag tcp_diag udp_diag"
+      unix_diag inet_diag tcp_diag udp_diag loop"
 MODS=$(echo $MODS)
 if [ ! -e "$INITRD" ] || [ "$TESTS/guest-init.sh" -nt "$INITRD" ] ||
    [ "$(cat "$INITRD.mods" 2>/dev/null)" != "$MODS" ]; then
