@@ -27,7 +27,7 @@
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;
 #       126 insmod/rmmod failed or the kernel logged BUG/WARNING/Oops.
-# Results: OUTDIR/{output.log,junit.xml,junit-fork.xml,bench.log,dmesg.txt,console.log,rc}
+# Results: OUTDIR/{output.log,junit.xml,junit-fork.xml,junit-sandbox.xml,bench.log,dmesg.txt,console.log,rc}
 set -euo pipefail
 
 TESTS=$(cd "$(dirname "$0")" && pwd)

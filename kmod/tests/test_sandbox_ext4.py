@@ -86,6 +86,8 @@ def test_sandbox_on_ext4(ext4_root, monkeypatch):
             made.append(tpl.fork(1)[0])
         for w in made:
             _check(w)
+        print(f"kernel {os.uname().release}: views {_views()}; uid_map of a fork: "
+              f"{made[-1].run('cat /proc/self/uid_map').stdout.decode().strip()}")
         assert (ext4_root / "home" / "u" / "f").read_text() == "host\n"
         assert not (ext4_root / "home" / "u" / "g").exists()
     finally:
