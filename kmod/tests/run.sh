@@ -173,7 +173,7 @@ OUT=${OUT:-$RUN/results}
 mkdir -p "$RUN/build" "$RUN/sock" "$OUT"
 scratch+=("$RUN/build" "$RUN/sock")
 OUT=$(realpath "$OUT")
-rm -f "$OUT"/{rc,output.log,junit.xml,junit-fork.xml,bench.log,dmesg.txt,console.log,pytest.args}
+rm -f "$OUT"/{rc,output.log,junit.xml,junit-fork.xml,junit-sandbox.xml,bench.log,dmesg.txt,console.log,pytest.args}
 # keep the last few runs for inspection
 ls -1d "$CACHE"/runs/*/ 2>/dev/null | head -n -5 | xargs -r rm -rf
 
@@ -185,7 +185,10 @@ make -s -C "/lib/modules/$KVER/build" M="$RUN/build" CC=gcc-12 modules >&2 \
   || die "module build failed"
 printf 'KO=%q\nTESTS=%q\nPY=%q\nHOSTINFO=%q\nFORK_TESTS=%q\nGUEST_CMD=%q\n' "$RUN/build/bunshin.ko" \
   "$TESTS" "$PY" "$(uname -r) $(nproc) cpus" "$FORK_TESTS" "$GUEST_CMD" > "$OUT/guest.env"
-printf '%s\0' "$@" > "$OUT/pytest.args"     # NUL-separated: quoting survives
+# NUL-separated: quoting survives; none is an empty file (printf would write one empty
+# argument, and pytest given "" collects every test file of the directory)
+: > "$OUT/pytest.args"
+[ $# = 0 ] || printf '%s\0' "$@" > "$OUT/pytest.args"
 
 # --- virtiofsd + qemu --------------------------------
 # setsid: each daemon leads its own process group, so cleanup reaches the
