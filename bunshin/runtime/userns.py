@@ -172,8 +172,9 @@ class UserNs:
                 self.fd = -1
         for fd in fds:
             os.close(fd)
-        if attached is not None:
-            # overlayfs holds private clones of its layers: its mounts outlive these
+        # overlayfs holds private clones of its layers: its mounts outlive these. A forked
+        # copy of the trainer shares its mount namespace and leaves them to their maker.
+        if attached is not None and attached.name.startswith(f"{os.getpid()}-"):
             remove_views(attached)
 
     def __del__(self) -> None:
