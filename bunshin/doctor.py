@@ -124,6 +124,13 @@ def checks(kd: KernDat) -> list[Check]:
         _why(kd, "overlayfs_mount") or ("listed and a test mount works" if kd.overlayfs_mount
                                          else "listed" if kd.overlayfs_listed else "not listed"),
         "no overlayfs → no copy-on-write root; workspaces cannot share layers"))
+    # either way a sandbox works; what differs is whether its layers show in the mount table
+    why = _why(kd, "overlayfs_detached_layer")
+    out.append(Check(
+        "sandbox layer views", True, False,
+        "detached (overlayfs takes a detached idmapped layer)" if kd.overlayfs_detached_layer
+        else f"attached under <state>/idmap while a sandbox runs (overlayfs refuses a detached "
+             f"layer{': ' + why if why else ', as 6.1 does'})", ""))
     v1 = ", ".join(sorted(kd.cgroup_v1)) or "none"
     v2 = (f"v2 at {kd.cgroup_v2_mount} ({' '.join(kd.cgroup_v2_controllers) or 'no controllers'})"
           if kd.cgroup_v2_mount else "no v2")

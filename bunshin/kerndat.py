@@ -34,14 +34,15 @@ __all__ = ["KernDat", "get", "probe", "cache_path", "NAMESPACES"]
 
 log = logging.getLogger("bunshin.kerndat")
 
-_SCHEMA = 2
+_SCHEMA = 3
 _DEADLINE = 3.0  # seconds; a probe still running then is killed and reported as hung
 NAMESPACES = {  # name -> CLONE_NEW* flag
     "mnt": 0x00020000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
     "pid": 0x20000000, "net": 0x40000000, "cgroup": 0x02000000, "time": 0x00000080,
 }
 _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
-_SYS_PIDFD_OPEN, _SYS_CLONE3, _SYS_USERFAULTFD = 434, 435, 323
+_SYS_PIDFD_OPEN, _SYS_CLONE3, _SYS_USERFAULTFD, _SYS_OPEN_TREE = 434, 435, 323, 428
+_OPEN_TREE_CLONE = 1
 _PR_SET_MEMORY_MERGE, _PR_GET_MEMORY_MERGE = 67, 68
 _PTRACE_SEIZE = 0x4206
 _PTRACE_O_SUSPEND_SECCOMP = 1 << 21
@@ -62,6 +63,7 @@ class KernDat:
     namespaces: dict[str, bool]
     overlayfs_listed: bool
     overlayfs_mount: bool
+    overlayfs_detached_layer: bool  # a detached mount (open_tree clone) taken as a layer
     cgroup_v1: dict[str, str]  # controller (or name=...) -> mount point
     cgroup_v2_mount: str | None
     cgroup_v2_controllers: tuple[str, ...]
@@ -193,6 +195,26 @@ def _p_overlay(tmp: str) -> bool:
     _check(_libc.mount(b"overlay", mp.encode(), b"overlay", 0, opts))
     Path(mp, "g").write_text("upper")
     return Path(mp, "f").read_text() == "lower" and Path(up, "g").read_text() == "upper"
+
+
+def _p_overlay_detached(tmp: str) -> bool:
+    """Whether overlayfs takes a layer that is a detached mount, named as /proc/self/fd/N:
+    6.1 refuses one ("failed to clone lowerpath": it clones only mounts of the caller's mount
+    namespace), newer kernels take it (how a sandbox's idmapped layers are named)."""
+    _check(_libc.unshare(NAMESPACES["mnt"]))
+    _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))
+    _check(_libc.mount(b"tmpfs", tmp.encode(), b"tmpfs", 0, b"size=1m"))
+    lo, up, wk, mp = (os.path.join(tmp, d) for d in ("lower", "upper", "work", "merged"))
+    for d in (lo, up, wk, mp):
+        os.mkdir(d)
+    fd = _check(_libc.syscall(_SYS_OPEN_TREE, -100, lo.encode(), _OPEN_TREE_CLONE | os.O_CLOEXEC))
+    opts = f"lowerdir=/proc/self/fd/{fd},upperdir={up},workdir={wk}".encode()
+    if _libc.mount(b"overlay", mp.encode(), b"overlay", 0, opts) == 0:
+        return True
+    e = ctypes.get_errno()
+    if e == errno.EINVAL:
+        return False
+    raise OSError(e, os.strerror(e))
 
 
 def _p_freeze(root: str, v2: bool) -> bool:
@@ -384,7 +406,9 @@ def probe() -> KernDat:
     v1, v2 = _cgroup_mounts()
     tmp = tempfile.mkdtemp(prefix="bunshin-probe-")
     jobs: dict[str, Callable[[], Any]] = {f"ns_{n}": _p_unshare(f) for n, f in NAMESPACES.items()}
-    jobs |= {"overlayfs_mount": lambda: _p_overlay(tmp), "clone3_set_tid": _p_clone3,
+    tmp_detached = tempfile.mkdtemp(prefix="bunshin-probe-")
+    jobs |= {"overlayfs_mount": lambda: _p_overlay(tmp),
+             "overlayfs_detached_layer": lambda: _p_overlay_detached(tmp_detached), "clone3_set_tid": _p_clone3,
              "pidfd_open": _p_pidfd, "pagemap": _p_pagemap, "ksm_prctl": _p_ksm_prctl,
              "userfaultfd_syscall": _p_uffd_syscall, "userfaultfd_dev": _p_uffd_dev,
              "ptrace_seize": _p_ptrace,
@@ -411,6 +435,7 @@ def probe() -> KernDat:
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(root or "", f"bunshin-probe-{pid}"))
     os.rmdir(tmp)
+    os.rmdir(tmp_detached)
     pagemap = res.get("pagemap") or {}
     v2_controllers = (_read(f"{v2}/cgroup.controllers") or "").split() if v2 else []
     caps = _caps()
@@ -421,6 +446,7 @@ def probe() -> KernDat:
         overlayfs_listed=any(ln.split()[-1:] == ["overlay"]
                              for ln in (_read("/proc/filesystems") or "").splitlines()),
         overlayfs_mount=bool(res.get("overlayfs_mount")),
+        overlayfs_detached_layer=bool(res.get("overlayfs_detached_layer")),
         cgroup_v1=v1,
         cgroup_v2_mount=v2,
         cgroup_v2_controllers=tuple(v2_controllers),

@@ -222,3 +222,73 @@ def test_isolation_knob(monkeypatch):
     monkeypatch.setenv("BUNSHIN_ISOLATION", "open")
     with pytest.raises(ConfigError, match="BUNSHIN_ISOLATION"):
         config.isolation()
+
+
+def _attached_views() -> list[str]:
+    """Mount points of attached idmapped views (and their directories) in our mount table."""
+    top = str(userns.views_root()) + "/"
+    return [ln.split()[4] for ln in _host("/proc/self/mountinfo").splitlines()
+            if ln.split()[4].startswith(top)]
+
+
+@pytest.mark.parametrize("path", ["ws_fork", "tpl_fork"])
+def test_attached_views(family, user_tree, monkeypatch, path):
+    """The views attached under the state directory (what 6.1 needs, forced here): the
+    sandbox, its fork and the files' owners are as with detached views, the views propagate
+    nowhere, and closing the last workspace of the namespace unmounts and removes them."""
+    monkeypatch.setattr(userns, "attach_views", True)
+    ws = bunshin.Workspace.create(isolation="sandbox")
+    family.append(ws)
+    ino = os.stat(f"/proc/{ws.init_pid}/ns/user").st_ino
+    mine = [m for m in _attached_views() if m.endswith(f"-{ino}") or f"-{ino}/" in m]
+    assert len(mine) == 2, mine  # the views' directory and the host's root, the one layer
+    top = next(m for m in mine if m.endswith(f"-{ino}"))
+    assert next(ln for ln in _host("/proc/self/mountinfo").splitlines()
+                if ln.split()[4] == top).split()[6:7] == ["unbindable"]
+    kid = fork_by(ws, path)
+    family.append(kid)
+    _check_sandboxed(kid, source=ws)
+    for w in (ws, kid):
+        assert w.run("cat /proc/self/uid_map").stdout.decode().split() == ["0", str(userns.BASE),
+                                                                          str(userns.SIZE)]
+        assert w.run(f"stat -c '%u %g' {user_tree}/f /etc/passwd").stdout == b"1000 1000\n0 0\n"
+        assert w.run(f"grep -c ' {userns.views_root()}' /proc/self/mountinfo").stdout == b"0\n"
+    assert not ws.run("touch /etc/host-file-of-root && "
+                      "setpriv --reuid=1000 --regid=1000 --clear-groups touch /etc/nope").ok
+    kid.close()
+    assert len([m for m in _attached_views() if f"-{ino}" in m]) == 2  # the source still runs
+    ws.close()
+    assert not [m for m in _attached_views() if f"-{ino}" in m]
+    assert not os.path.exists(top)
+
+
+def test_gc_removes_dead_trainers_views(no_leaks, monkeypatch):
+    """Views attached by a trainer that died without closing its workspace: `bunshin gc`
+    unmounts and removes them (the trainer here: a forked child, killed)."""
+    import signal
+
+    from bunshin.runtime import gc
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            userns.attach_views = True
+            ws = bunshin.Workspace.create(isolation="sandbox")
+            os.write(w, str(os.stat(f"/proc/{ws.init_pid}/ns/user").st_ino).encode())
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(w)
+    try:
+        ino = int(os.read(r, 64))
+    finally:
+        os.close(r)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    top = next(m for m in _attached_views() if m.endswith(f"-{ino}"))
+    assert os.path.basename(top).startswith(f"{pid}-")
+    removed = gc.collect()
+    assert f"idmap:{os.path.basename(top)}" in removed, removed
+    assert not [m for m in _attached_views() if f"-{ino}" in m]
+    assert not os.path.exists(top)

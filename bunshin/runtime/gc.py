@@ -1,4 +1,5 @@
-"""``bunshin gc``: remove what crashed trainers left behind (state dirs, cgroups, inits)."""
+"""``bunshin gc``: remove what crashed trainers left behind (state dirs, cgroups, inits,
+idmapped views)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 import time
 
 from .. import config
-from . import cgroup, statedir
+from . import cgroup, statedir, userns
 
 log = logging.getLogger("bunshin.gc")
 
@@ -60,6 +61,17 @@ def collect(*, dry_run: bool = False, owner: tuple[int, int] | None = None) -> l
         if not dry_run:
             cg.destroy()
         removed.append(f"cgroup:{name}")
+    # a dead trainer's attached idmapped views (runtime/userns.py): mounts in its mount
+    # namespace, which is ours when it ran in it (else they went with it)
+    for top in userns.dead_views():
+        if owner is not None and not top.name.startswith(f"{owner[0]}-{owner[1]}-"):
+            continue
+        removed.append(f"idmap:{top.name}")
+        if not dry_run:
+            try:
+                userns.remove_views(top)
+            except OSError as e:
+                log.warning("idmapped views %s stay: %s", top, e)
     # the frozen empty group is every Bunshin's on the machine: only a gc by hand removes it
     if not dry_run and owner is None and not backend.list() and backend.remove_freezer_on():
         removed.append("cgroup:freezer-on")

@@ -17,6 +17,7 @@ layer it gives the shifted owner (:func:`shift_tree`, :func:`give`).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 import threading
@@ -33,9 +34,18 @@ SIZE = 65536  # ids mapped: 0-65535 inside
 ISOLATIONS = ("trusted", "sandbox")
 CLONE_NEWUSER = 0x10000000
 
-_SYS_OPEN_TREE, _SYS_MOUNT_SETATTR = 428, 442
-_OPEN_TREE_CLONE, _AT_EMPTY_PATH = 1, 0x1000
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
+_OPEN_TREE_CLONE, _AT_EMPTY_PATH, _AT_FDCWD = 1, 0x1000, -100
 _MOUNT_ATTR_IDMAP = 0x00100000
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MS_BIND, _MS_UNBINDABLE = 0x1000, 0x20000
+_MNT_DETACH = 2
+VIEWS_DIR = "idmap"  # under the state directory: the attached views, one directory per UserNs
+
+# Whether the idmapped views are attached (mounted under the state directory) rather than kept
+# detached: None asks the kernel (kerndat: overlayfs of 6.1 refuses a detached layer); tests set
+# True to take the attached path on a kernel that does not need it.
+attach_views: bool | None = None
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -60,7 +70,9 @@ class UserNs:
     def __init__(self, fd: int, lowers: tuple[Path, ...]) -> None:
         self.fd = fd
         self.lowers = frozenset(lowers)
-        self._views: dict[Path, int] = {}
+        self._views: dict[Path, str] = {}  # layer -> the path overlayfs takes for its view
+        self._view_fds: list[int] = []  # the detached views
+        self._attached: Path | None = None  # the directory the attached views are mounted in
         self.lock = threading.Lock()
         self.pool = None  # its forks' namespace sets, made ahead (fork/nsmaker.py)
         self.users = 0  # bodies running in it (Body.__post_init__, Body._close)
@@ -77,16 +89,53 @@ class UserNs:
         return cls(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC), lowers)
 
     def layer(self, lower: Path) -> str:
-        """The path overlayfs takes for ``lower`` in U's workspaces: its idmapped view (a
-        detached mount, named through our descriptor of it) for a rootfs layer, else itself."""
+        """The path overlayfs takes for ``lower`` in U's workspaces: its idmapped view for a
+        rootfs layer, else itself. The view is a detached mount named through our descriptor
+        of it, or, where overlayfs clones only mounts of the caller's mount namespace (6.1),
+        that mount attached in the trainer's (:meth:`_attach`)."""
         lower = Path(lower)
         if lower not in self.lowers:
             return str(lower)
         with self.lock:
-            fd = self._views.get(lower)
-            if fd is None:
-                fd = self._views[lower] = _idmapped(lower, self.fd)
-        return f"/proc/self/fd/{fd}"
+            view = self._views.get(lower)
+            if view is None:
+                fd = _idmapped(lower, self.fd)
+                if _attaching():
+                    view = self._attach(fd)
+                else:
+                    self._view_fds.append(fd)
+                    view = f"/proc/self/fd/{fd}"
+                self._views[lower] = view
+        return view
+
+    def _attach(self, fd: int) -> str:
+        """The detached view ``fd`` mounted at ``<state>/idmap/<owner>-<U's inode>/<n>``
+        (closed). That directory is a bind mount of its own, unbindable (so private): what is
+        mounted in it propagates nowhere, and a recursive bind of the host's tree skips it.
+        Its name says whose it is, so that ``bunshin gc`` removes it once its trainer died."""
+        try:
+            if self._attached is None:
+                from .statedir import own_start_time
+
+                top = views_root() / f"{os.getpid()}-{own_start_time()}-{self.ino}"
+                top.mkdir(parents=True, exist_ok=True)
+                try:
+                    _mount(top, top, _MS_BIND)
+                except IsolationError:
+                    top.rmdir()
+                    raise
+                self._attached = top
+                _mount(None, top, _MS_UNBINDABLE)
+            where = self._attached / str(len(self._views))
+            where.mkdir()
+            if _libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(where),
+                             _MOVE_MOUNT_F_EMPTY_PATH) < 0:
+                e = ctypes.get_errno()
+                raise IsolationError(f"cannot mount an idmapped rootfs layer at {where}: "
+                                     f"{os.strerror(e)}")
+            return str(where)
+        finally:
+            os.close(fd)
 
     def layers(self, lowers) -> list[str]:
         return [self.layer(p) for p in lowers]
@@ -116,12 +165,17 @@ class UserNs:
         if pool is not None:
             pool.close()
         with self.lock:
-            fds, self._views = list(self._views.values()), {}
+            fds, self._view_fds, self._views = self._view_fds, [], {}
+            attached, self._attached = self._attached, None
             if self.fd >= 0:
                 fds.append(self.fd)
                 self.fd = -1
         for fd in fds:
             os.close(fd)
+        # overlayfs holds private clones of its layers: its mounts outlive these. A forked
+        # copy of the trainer shares its mount namespace and leaves them to their maker.
+        if attached is not None and attached.name.startswith(f"{os.getpid()}-"):
+            remove_views(attached)
 
     def __del__(self) -> None:
         try:
@@ -138,6 +192,58 @@ def live(ino: int) -> UserNs | None:
     return _live.get(ino)
 
 
+def _attaching() -> bool:
+    if attach_views is not None:
+        return attach_views
+    from .. import kerndat
+
+    return not kerndat.get().overlayfs_detached_layer
+
+
+def views_root() -> Path:
+    from .. import config
+
+    return config.state_dir() / VIEWS_DIR
+
+
+def _mount(source: Path | None, target: Path, flags: int) -> None:
+    if _libc.mount(None if source is None else os.fsencode(source), os.fsencode(target), None,
+                   flags, None) < 0:
+        e = ctypes.get_errno()
+        raise IsolationError(f"cannot mount {target} for the idmapped views of a sandbox "
+                             f"workspace's rootfs layers: {os.strerror(e)}")
+
+
+def remove_views(top: Path) -> None:
+    """Unmount ``top`` (an attached views' directory) with every view in it, and remove it."""
+    if _libc.umount2(os.fsencode(top), _MNT_DETACH) < 0 and ctypes.get_errno() != errno.EINVAL:
+        e = ctypes.get_errno()
+        raise OSError(e, f"cannot unmount {top}: {os.strerror(e)}")
+    for sub in os.listdir(top):
+        os.rmdir(top / sub)
+    os.rmdir(top)
+
+
+def dead_views() -> list[Path]:
+    """The attached views' directories whose trainer is gone (named ``<pid>-<start>-<ino>``)."""
+    from .statedir import proc_start_time
+
+    root = views_root()
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        try:
+            pid, start, _ = (int(x) for x in name.split("-"))
+        except ValueError:
+            continue
+        if proc_start_time(pid) != start:
+            out.append(root / name)
+    return out
+
+
 def _idmapped(path: Path, userns_fd: int) -> int:
     """A detached copy of the mount at ``path`` whose ids are seen through ``userns_fd``."""
     fd = _libc.syscall(_SYS_OPEN_TREE, -100, os.fsencode(str(path)), _OPEN_TREE_CLONE | os.O_CLOEXEC)
@@ -150,7 +256,7 @@ def _idmapped(path: Path, userns_fd: int) -> int:
         os.close(fd)
         raise IsolationError(f"cannot idmap rootfs layer {path} for a sandbox workspace "
                              f"({os.strerror(e)}): its file system must support idmapped mounts "
-                             "(ext4, btrfs, xfs, tmpfs); use isolation='trusted' for it")
+                             "(ext4, btrfs, xfs; tmpfs from Linux 6.3); use isolation='trusted' for it")
     return fd
 
 

@@ -390,13 +390,10 @@ class Workspace:
         try:
             mfd = engine.overlay_fd(b.rootfs.lowers, b.dir.upper, b.dir.work, b.userns)
         except ForkError as e:
-            # a kernel whose overlayfs refuses detached layers (6.1: "failed to clone
-            # lowerpath") cannot build a sandbox's root on any rootfs
             raise RootfsError(f"{e}\nthe rootfs {b.rootfs.source!r} cannot be used as an overlay "
                               "lower layer, or this kernel's overlayfs cannot stack on the "
-                              "idmapped views of it a sandbox's root is built on (Linux 6.1 "
-                              "cannot): use isolation='trusted' (BUNSHIN_ISOLATION=trusted) "
-                              "here") from None
+                              "idmapped views of it a sandbox's root is built on: use "
+                              "isolation='trusted' (BUNSHIN_ISOLATION=trusted) here") from None
         try:
             typ, payload = b.channel.request(_core.PROTO["REQ_REROOT"], self._config.hostname.encode(),
                                              fds=[mfd, theirs.fileno()], timeout=ready_timeout)

@@ -14,10 +14,10 @@ rc=0
 FORK_TESTS= GUEST_CMD=
 . "$RESULTS_DIR/guest.env"   # run.sh -f, -x
 
-# Workspaces here are trusted ones: a sandbox (the default) cannot be made on this guest. Its
-# root is built by overlayfs on idmapped views of the rootfs's layers, and on 6.1 the guest's
-# root (an overlay on virtio-fs) and its tmpfs cannot be idmapped, and overlayfs refuses a
-# detached idmapped layer even on ext4 ("overlayfs: failed to clone lowerpath").
+# Workspaces here are trusted ones: a sandbox (the default) cannot be made on the guest's own
+# root. Its root is built by overlayfs on idmapped views of the rootfs's layers, and on 6.1 the
+# guest's root (an overlay on virtio-fs) and its tmpfs cannot be idmapped;
+# test_sandbox_ext4.py makes one on an ext4 image's rootfs.
 export BUNSHIN_ISOLATION=trusted
 
 # The library's own suite needs what a host has: a cgroup hierarchy and a
@@ -31,6 +31,11 @@ if [ -n "$GUEST_CMD" ]; then   # run.sh -x: that command alone
 fi
 "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
     test_kmod.py test_fork_verb.py test_run_verb.py test_session_verb.py "${args[@]}" || rc=1
+
+# a sandbox on 6.1, its layers' views attached (runtime/userns.py), on an ext4 image's rootfs
+(cd "$REPO" && BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+   "$PY" -m pytest -p no:cacheprovider -q -rfE --junitxml="$RESULTS_DIR/junit-sandbox.xml" \
+     kmod/tests/test_sandbox_ext4.py) || rc=1
 
 read -r -a fork_tests <<< "${FORK_TESTS:-tests/test_kmod_backend.py tests/test_cloners.py tests/test_fork.py tests/test_fork_failures.py tests/test_fork_comm.py tests/test_fork_tcp.py tests/test_fork_seccomp.py tests/test_fork_keeper.py tests/test_fork_vfork.py tests/test_fork_stopped.py tests/test_fork_source.py tests/fidelity}"
 if [ "${fork_tests[*]}" != none ]; then

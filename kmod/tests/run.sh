@@ -27,7 +27,7 @@
 #      BUNSHIN_KVER (skip resolution), BUNSHIN_GUEST_PYTHON (needs pytest, numpy)
 # Exit: 0 all passed; 1 a test failed; 124 timeout; 125 harness failure;
 #       126 insmod/rmmod failed or the kernel logged BUG/WARNING/Oops.
-# Results: OUTDIR/{output.log,junit.xml,junit-fork.xml,bench.log,dmesg.txt,console.log,rc}
+# Results: OUTDIR/{output.log,junit.xml,junit-fork.xml,junit-sandbox.xml,bench.log,dmesg.txt,console.log,rc}
 set -euo pipefail
 
 TESTS=$(cd "$(dirname "$0")" && pwd)
@@ -139,9 +139,11 @@ done
 
 # --- initramfs: busybox, virtio-fs modules, guest-init.sh --------------------
 INITRD=$CACHE/initramfs-$KVER.cpio.gz
-# the socket diag modules: the fork engine lists unix and inet sockets through sock_diag
+# the socket diag modules: the fork engine lists unix and inet sockets through sock_diag;
+# loop: a sandbox's rootfs must be idmappable, which on 6.1 takes a block file system (an
+# ext4 image, test_sandbox_ext4.py)
 MODS="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci fuse virtiofs overlay
-      unix_diag inet_diag tcp_diag udp_diag"
+      unix_diag inet_diag tcp_diag udp_diag loop"
 MODS=$(echo $MODS)
 if [ ! -e "$INITRD" ] || [ "$TESTS/guest-init.sh" -nt "$INITRD" ] ||
    [ "$(cat "$INITRD.mods" 2>/dev/null)" != "$MODS" ]; then
@@ -171,7 +173,7 @@ OUT=${OUT:-$RUN/results}
 mkdir -p "$RUN/build" "$RUN/sock" "$OUT"
 scratch+=("$RUN/build" "$RUN/sock")
 OUT=$(realpath "$OUT")
-rm -f "$OUT"/{rc,output.log,junit.xml,junit-fork.xml,bench.log,dmesg.txt,console.log,pytest.args}
+rm -f "$OUT"/{rc,output.log,junit.xml,junit-fork.xml,junit-sandbox.xml,bench.log,dmesg.txt,console.log,pytest.args}
 # keep the last few runs for inspection
 ls -1d "$CACHE"/runs/*/ 2>/dev/null | head -n -5 | xargs -r rm -rf
 
@@ -183,7 +185,10 @@ make -s -C "/lib/modules/$KVER/build" M="$RUN/build" CC=gcc-12 modules >&2 \
   || die "module build failed"
 printf 'KO=%q\nTESTS=%q\nPY=%q\nHOSTINFO=%q\nFORK_TESTS=%q\nGUEST_CMD=%q\n' "$RUN/build/bunshin.ko" \
   "$TESTS" "$PY" "$(uname -r) $(nproc) cpus" "$FORK_TESTS" "$GUEST_CMD" > "$OUT/guest.env"
-printf '%s\0' "$@" > "$OUT/pytest.args"     # NUL-separated: quoting survives
+# NUL-separated: quoting survives; none is an empty file (printf would write one empty
+# argument, and pytest given "" collects every test file of the directory)
+: > "$OUT/pytest.args"
+[ $# = 0 ] || printf '%s\0' "$@" > "$OUT/pytest.args"
 
 # --- virtiofsd + qemu --------------------------------
 # setsid: each daemon leads its own process group, so cleanup reaches the
