@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, memory_facts, png_path
+from _common import emit, memory_facts, png_path, worker_workspace
 
 import bunshin
 from bunshin import criu
@@ -38,33 +38,7 @@ from bunshin.criu import runner
 from bunshin.memory import pids_usage
 
 _M = 1 << 20
-WORKER = r"""
-import os, signal, sys
-mib = int(sys.argv[1])
-buf = bytearray(os.urandom(mib << 20))   # distinct pages; every clone of one image has the same
-open("/tmp/ready", "w").close()
-while True:
-    signal.pause()
-"""
 KSM = Path("/sys/kernel/mm/ksm")
-
-
-def build(mib: int) -> bunshin.Workspace:
-    ws = bunshin.Workspace.create()
-    try:
-        ws.shell().run("cd /tmp && X=1")
-        if mib:
-            ws.write_file("/worker.py", WORKER)
-            ws.spawn(["python3", "/worker.py", str(mib)])
-            end = time.monotonic() + 120
-            while not ws.run("test -e /tmp/ready").ok:
-                if time.monotonic() > end:
-                    raise RuntimeError("worker not ready")
-                time.sleep(0.05)
-        return ws
-    except BaseException:
-        ws.close()
-        raise
 
 
 def du(path: Path) -> int:
@@ -78,7 +52,7 @@ def cg_bytes(wss) -> int:
 def size_sweep(sizes: list[int], tmp: Path, reps: int) -> list[dict]:
     out = []
     for mib in sizes:
-        ws = build(mib)
+        ws = worker_workspace(mib)
         try:
             d_dump = tmp / f"dump-{mib}"
             t = time.perf_counter()
@@ -228,7 +202,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bunshin-bench-criu-"))
     try:
         sweep = size_sweep(sizes, tmp, 2 if args.quick else 3)
-        ws = build(mib)
+        ws = worker_workspace(mib)
         try:
             img = tmp / "medium"
             criu.dump_workspace(ws, img)

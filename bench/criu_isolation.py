@@ -21,40 +21,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, png_path
+from _common import emit, png_path, worker_workspace
 
 import bunshin
 from bunshin import criu
 from bunshin.criu import runner
 
 ISOLATIONS = ("trusted", "sandbox")
-WORKER = r"""
-import os, signal, sys
-buf = bytearray(os.urandom(int(sys.argv[1]) << 20))
-open("/tmp/ready", "w").close()
-while True:
-    signal.pause()
-"""
-
-
-def build(isolation: str, mib: int) -> bunshin.Workspace:
-    ws = bunshin.Workspace.create(isolation=isolation)
-    try:
-        ws.shell().run("cd /tmp && X=1")
-        if mib:
-            ws.write_file("/worker.py", WORKER)
-            ws.spawn(["python3", "/worker.py", str(mib)])
-            end = time.monotonic() + 120
-            while not ws.run("test -e /tmp/ready").ok:
-                if time.monotonic() > end:
-                    raise RuntimeError("worker not ready")
-                time.sleep(0.05)
-        return ws
-    except BaseException:
-        ws.close()
-        raise
-
-
 def one_round(ws: bunshin.Workspace, img: Path) -> tuple[float, float]:
     t = time.perf_counter()
     criu.dump_workspace(ws, img)
@@ -68,7 +41,7 @@ def one_round(ws: bunshin.Workspace, img: Path) -> tuple[float, float]:
 
 
 def side_by_side(mib: int, reps: int, tmp: Path) -> dict:
-    wss = {iso: build(iso, mib) for iso in ISOLATIONS}
+    wss = {iso: worker_workspace(mib, iso) for iso in ISOLATIONS}
     times: dict[str, dict[str, list[float]]] = {iso: {"dump": [], "restore": []} for iso in ISOLATIONS}
     try:
         for i in range(reps + 1):  # the first round of each warms caches up, and is dropped

@@ -183,13 +183,19 @@ def _p_unshare(flag: int) -> Callable[[], bool]:
     return lambda: _check(_libc.unshare(flag)) == 0
 
 
-def _p_overlay(tmp: str) -> bool:
+def _overlay_dirs(tmp: str) -> tuple[str, str, str, str]:
+    """lower, upper, work and merged directories on a tmpfs of a private mount namespace."""
     _check(_libc.unshare(NAMESPACES["mnt"]))
     _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))
     _check(_libc.mount(b"tmpfs", tmp.encode(), b"tmpfs", 0, b"size=1m"))
     lo, up, wk, mp = (os.path.join(tmp, d) for d in ("lower", "upper", "work", "merged"))
     for d in (lo, up, wk, mp):
         os.mkdir(d)
+    return lo, up, wk, mp
+
+
+def _p_overlay(tmp: str) -> bool:
+    lo, up, wk, mp = _overlay_dirs(tmp)
     Path(lo, "f").write_text("lower")
     opts = f"lowerdir={lo},upperdir={up},workdir={wk}".encode()
     _check(_libc.mount(b"overlay", mp.encode(), b"overlay", 0, opts))
@@ -201,12 +207,7 @@ def _p_overlay_detached(tmp: str) -> bool:
     """Whether overlayfs takes a layer that is a detached mount, named as /proc/self/fd/N:
     6.1 refuses one ("failed to clone lowerpath": it clones only mounts of the caller's mount
     namespace), newer kernels take it (how a sandbox's idmapped layers are named)."""
-    _check(_libc.unshare(NAMESPACES["mnt"]))
-    _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))
-    _check(_libc.mount(b"tmpfs", tmp.encode(), b"tmpfs", 0, b"size=1m"))
-    lo, up, wk, mp = (os.path.join(tmp, d) for d in ("lower", "upper", "work", "merged"))
-    for d in (lo, up, wk, mp):
-        os.mkdir(d)
+    lo, up, wk, mp = _overlay_dirs(tmp)
     fd = _check(_libc.syscall(_SYS_OPEN_TREE, -100, lo.encode(), _OPEN_TREE_CLONE | os.O_CLOEXEC))
     opts = f"lowerdir=/proc/self/fd/{fd},upperdir={up},workdir={wk}".encode()
     if _libc.mount(b"overlay", mp.encode(), b"overlay", 0, opts) == 0:
