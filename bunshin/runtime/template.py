@@ -90,8 +90,9 @@ class Template:
         return criu.load(path)
 
     def host_pids(self) -> list[int]:
-        """Host pids of the template's frozen processes (for accounting)."""
-        return [pl.hostpid for pl in self._core.plans]
+        """Host pids of the template's frozen processes (for accounting): its group's members,
+        which need not wait for a snapshot's plan, read ahead of its first fork."""
+        return self._core.body.cgroup.pids()
 
     def close(self) -> None:
         """Drop this handle; the frozen processes go when no child needs them."""
@@ -108,4 +109,4 @@ class Template:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Template {self.id} {len(self._core.plans)} processes{' closed' if self._closed else ''}>"
+        return f"<Template {self.id}{' closed' if self._closed else ''}>"
