@@ -90,9 +90,7 @@ class TemplateCore(slots.Holder):
         own = frozen_upper / "upper" if frozen_upper is not None else body.dir.upper
         self.lowers = _child_lowers(own, body)
         self.own_upper: Path | None = own if self.lowers[:1] == (own,) else None
-        self.sysv_segments: list = []  # with the plan (_set_plans)
-        self.sysv_sets: sysv_sem.Sets | None = None
-        self.sysv_queues: sysv_msg.Queues | None = None
+        self._sysv: tuple | None = None  # (segments, sets, queues), with the plan (_set_plans)
         self.id = body.id
         assert body.channel is not None  # a snapshot is of a running body
         self.ctl_sock = body.channel.sock  # the trainer's end of its init's control socket
@@ -130,8 +128,7 @@ class TemplateCore(slots.Holder):
     def _set_plans(self, plans: list, sysv: tuple | None) -> None:
         """The plan and what comes with it: the SysV objects (read with the plan, or now) and
         the intermediates' pids."""
-        self.sysv_segments, self.sysv_sets, self.sysv_queues = (
-            sysv if sysv is not None else sysv_objects(self.body.init_pid, plans))
+        self._sysv = sysv if sysv is not None else sysv_objects(self.body.init_pid, plans)
         used, tmp = {p.vpid for p in plans}, engine.pid_max()
         for pl in plans[1:]:
             tmp -= 1
@@ -152,6 +149,13 @@ class TemplateCore(slots.Holder):
                     self._set_plans(_plan_settled(self.body.cgroup), None)
         assert self._plans is not None
         return self._plans
+
+    @property
+    def sysv(self) -> tuple[list, sysv_sem.Sets, sysv_msg.Queues]:
+        """The template's SysV segments, semaphore sets and message queues (read with its plan)."""
+        _ = self.plans
+        assert self._sysv is not None
+        return self._sysv
 
     def plan_idle(self) -> None:
         """Idle work of the fork thread: the plan, ahead of the first fork."""
@@ -558,15 +562,14 @@ class _Child:
         core = self.core
         self.settle()
         tinit = core.body.init_pid
-        _ = core.plans  # read now if not yet: the SysV objects come with it
-        assert core.sysv_sets is not None and core.sysv_queues is not None
         if core.dev_shm_used is None:
             core.dev_shm_used = engine.dev_shm_used(tinit)
         if core.dev_shm_used:
             engine.copy_dev_shm(tinit, self.init_pid)
-        sysv_shm.copy_segments(tinit, self.init_pid, core.sysv_segments)
-        sysv_sem.copy_sets(self.init_pid, core.sysv_sets)
-        sysv_msg.copy_queues(self.init_pid, core.sysv_queues)
+        segments, sets, queues = core.sysv
+        sysv_shm.copy_segments(tinit, self.init_pid, segments)
+        sysv_sem.copy_sets(self.init_pid, sets)
+        sysv_msg.copy_queues(self.init_pid, queues)
         self.copied = True
         return self.context()
 
