@@ -18,7 +18,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._core import PROTO
@@ -109,20 +109,15 @@ class _Pending:
             _complete(self.future, self.reply)
 
 
-def _complete(fut: asyncio.Future, value: object,
-              unclaimed: Callable[[], None] | None = None) -> None:
-    """Give ``fut`` its result from any thread. A future cancelled before the result reaches
-    it takes none: ``unclaimed()`` then keeps the result elsewhere."""
+def _complete(fut: asyncio.Future, value: object) -> None:
+    """Give ``fut`` its result from any thread (none if it was cancelled meanwhile)."""
     def put() -> None:
         if not fut.done():
             fut.set_result(value)
-        elif unclaimed is not None:
-            unclaimed()
     try:
         fut.get_loop().call_soon_threadsafe(put)
     except RuntimeError:  # its loop is closed: no one waits any more
-        if unclaimed is not None:
-            unclaimed()
+        pass
 
 
 def _spawn_request(argv: Sequence[str], env: Sequence[str], cwd: str, setsid: bool, ctty: bool,
@@ -212,14 +207,14 @@ class Channel:
         payload = data[_HDR.size : _HDR.size + length]
         if typ == PROTO["REP_EXITED"]:
             pid, status = _EXITED.unpack_from(payload)
+            # kept here until a wait takes it: a waiter cancelled at any point leaves it to the
+            # next wait (its reaper); a coroutine's future only wakes it
             with self._lock:
+                self._exits[pid] = status
+                self._exit_cond.notify_all()
                 fut = self._exit_futures.pop(pid, None)
-                if fut is None or fut.done():
-                    self._exits[pid] = status
-                    self._exit_cond.notify_all()
             if fut is not None:
-                # a waiter cancelled meanwhile leaves it to a later wait (its reaper)
-                _complete(fut, status, lambda: self._keep_exit(pid, status))
+                _complete(fut, True)
             return
         with self._lock:
             p = self._pending.pop(rid, None)
@@ -245,15 +240,6 @@ class Channel:
             p.done()
         for fut in futures.values():
             _complete(fut, None)
-
-    def _keep_exit(self, pid: int, status: int) -> None:
-        with self._lock:
-            fut = self._exit_futures.pop(pid, None)
-            if fut is None or fut.done():
-                self._exits[pid] = status
-                self._exit_cond.notify_all()
-        if fut is not None and not fut.done():
-            _complete(fut, status, lambda: self._keep_exit(pid, status))
 
     # -- requests ---------------------------------------------------------------------
     @property
@@ -432,17 +418,13 @@ class Channel:
                 raise WorkspaceDied(f"{self._name}: {self._dead}")
             fut = self._exit_futures[pid] = asyncio.get_running_loop().create_future()
         try:
-            status = await fut
-        except asyncio.CancelledError:
-            # cancelled after the status was set but before this task resumed: the status
-            # goes back for the next wait (the cancelled call's reaper), not lost
-            if fut.done() and not fut.cancelled() and fut.result() is not None:
-                self._keep_exit(pid, fut.result())
-            raise
+            await fut
         finally:
             with self._lock:
                 if self._exit_futures.get(pid) is fut:
                     del self._exit_futures[pid]
+        with self._lock:
+            status = self._exits.pop(pid, None)
         if status is None:
             raise WorkspaceDied(f"{self._name}: {self._dead}")
         return status
