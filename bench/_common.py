@@ -8,10 +8,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    import bunshin
+from typing import Callable
 
 OUT = Path(os.environ.get("BUNSHIN_BENCH_OUT", Path(__file__).resolve().parent / "out"))
 
@@ -93,35 +90,3 @@ def memory_facts() -> dict:
         cg = f"unknown ({e})"
     return {"thp_enabled": read("/sys/kernel/mm/transparent_hugepage/enabled"),
             "ksm_run": read("/sys/kernel/mm/ksm/run"), "cgroup": cg, "cgroup_favordynmods": dyn}
-
-
-WORKER = r"""
-import os, signal, sys
-mib = int(sys.argv[1])
-buf = bytearray(os.urandom(mib << 20))   # distinct pages; every clone of one image has the same
-open("/tmp/ready", "w").close()
-while True:
-    signal.pause()
-"""
-
-
-def worker_workspace(mib: int, isolation: str | None = None) -> bunshin.Workspace:
-    """A workspace with a bash session and, for ``mib`` > 0, a worker holding that many MiB of
-    distinct pages."""
-    import bunshin
-
-    ws = bunshin.Workspace.create(isolation=isolation)
-    try:
-        ws.shell().run("cd /tmp && X=1")
-        if mib:
-            ws.write_file("/worker.py", WORKER)
-            ws.spawn(["python3", "/worker.py", str(mib)])
-            end = time.monotonic() + 120
-            while not ws.run("test -e /tmp/ready").ok:
-                if time.monotonic() > end:
-                    raise RuntimeError("worker not ready")
-                time.sleep(0.05)
-        return ws
-    except BaseException:
-        ws.close()
-        raise

@@ -37,7 +37,10 @@ __all__ = [
 WORKER = r"""
 import os, signal, sys, time
 mib, out = int(sys.argv[1]), sys.argv[2]
-buf = bytearray(b"\x5a") * (mib << 20)          # memset: every page resident, none the zero page
+if sys.argv[3:] == ["distinct"]:  # no two pages alike (what KSM could merge, an image could not)
+    buf = bytearray(os.urandom(mib << 20))
+else:
+    buf = bytearray(b"\x5a") * (mib << 20)      # memset: every page resident, none the zero page
 def on_usr2(sig, frame):
     t = time.perf_counter()
     pid = os.fork()
@@ -77,15 +80,16 @@ def _wait(cond, timeout: float, what: str) -> None:
         time.sleep(0.002)
 
 
-def build_workspace(mib: int = 0, **create_kw) -> Loaded:
-    """init + a bash session (``ws.shell()``) + (``mib`` > 0) the Python worker, ready."""
+def build_workspace(mib: int = 0, distinct: bool = False, **create_kw) -> Loaded:
+    """init + a bash session (``ws.shell()``) + (``mib`` > 0) the Python worker, ready (its
+    pages all alike, or ``distinct``)."""
     ws = bunshin.Workspace.create(**create_kw)
     try:
         sh = ws.shell()
         sh.run("true")
         pid = None
         if mib:
-            pid = ws.spawn(["python3", "-c", WORKER, str(mib), FORK_LOG])
+            pid = ws.spawn(["python3", "-c", WORKER, str(mib), FORK_LOG, *(["distinct"] if distinct else [])])
             _wait(lambda: _readable(ws, FORK_LOG + ".ready"), 120, f"the {mib} MiB worker to be ready")
         return Loaded(ws, sh, pid, mib)
     except BaseException:

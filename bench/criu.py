@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, memory_facts, png_path, worker_workspace
+from _common import emit, memory_facts, png_path
+from _workloads import build_workspace
 
 import bunshin
 from bunshin import criu
@@ -52,7 +53,7 @@ def cg_bytes(wss) -> int:
 def size_sweep(sizes: list[int], tmp: Path, reps: int) -> list[dict]:
     out = []
     for mib in sizes:
-        ws = worker_workspace(mib)
+        ws = build_workspace(mib, distinct=True).ws
         try:
             d_dump = tmp / f"dump-{mib}"
             t = time.perf_counter()
@@ -202,7 +203,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bunshin-bench-criu-"))
     try:
         sweep = size_sweep(sizes, tmp, 2 if args.quick else 3)
-        ws = worker_workspace(mib)
+        ws = build_workspace(mib, distinct=True).ws
         try:
             img = tmp / "medium"
             criu.dump_workspace(ws, img)

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, png_path, worker_workspace
+from _common import emit, png_path
+from _workloads import build_workspace
 
 import bunshin
 from bunshin import criu
@@ -41,7 +42,7 @@ def one_round(ws: bunshin.Workspace, img: Path) -> tuple[float, float]:
 
 
 def side_by_side(mib: int, reps: int, tmp: Path) -> dict:
-    wss = {iso: worker_workspace(mib, iso) for iso in ISOLATIONS}
+    wss = {iso: build_workspace(mib, distinct=True, isolation=iso).ws for iso in ISOLATIONS}
     times: dict[str, dict[str, list[float]]] = {iso: {"dump": [], "restore": []} for iso in ISOLATIONS}
     try:
         for i in range(reps + 1):  # the first round of each warms caches up, and is dropped
