@@ -60,6 +60,8 @@ _HOST_RESERVE_MIN = 1 << 30
 # the image is not shrunk below this (nor grown past its file's size): a btrfs this small
 # has little room left beside its chunks
 _IMAGE_MIN = 1 << 30
+# the host's free space changes all the time: the image grows to follow it only past this
+_GROW_MARGIN = 1 << 30
 
 _warned: set[str] = set()
 
@@ -188,21 +190,28 @@ def mode(state: Path) -> str | None:
         return "qgroup" if os.path.isdir(f"/sys/fs/btrfs/{uuid}/qgroups") else "disabled"
 
 
-def fit_image(state: Path, image: Path) -> None:
+def fit_image(state: Path, image: Path) -> bool:
     """Size the state file system (on ``image``, mounted at ``state``) to what the image holds
-    of the host's disk plus the host's free space less a reserve, at most the image's size."""
+    of the host's disk plus the host's free space less a reserve, at most the image's size.
+    Other trainers share it live, and a shrink relocates chunks: it is resized only when larger
+    than that, or smaller by more than :data:`_GROW_MARGIN`. True if it was resized."""
     host = os.statvfs(image.parent)
     st = os.stat(image)
     reserve = max(_HOST_RESERVE_MIN, int(host.f_blocks * host.f_frsize * _HOST_RESERVE_FRACTION))
     room = st.st_blocks * 512 + host.f_bavail * host.f_frsize - reserve
     size = min(st.st_size, max(_IMAGE_MIN, room)) & ~((1 << 20) - 1)
+    fs = os.statvfs(state)
+    now = fs.f_blocks * fs.f_frsize
+    if size <= now < size + (1 << 20) or now < size <= now + _GROW_MARGIN:
+        return False
     try:
         ioctl_in(state, _IOC_RESIZE, vol_args(str(size)))
     except OSError as e:
         # a shrink below what is allocated in it fails: it keeps the size it has
         log.warning("cannot size the state file system %s to %d MiB (the host's free space less "
                     "a reserve of %d MiB): %s", state, size >> 20, reserve >> 20, e)
-        return
+        return False
     if size < st.st_size:
         log.info("state file system %s sized to %d MiB: the host's disk keeps %d MiB free",
                  state, size >> 20, reserve >> 20)
+    return True
