@@ -129,6 +129,16 @@ def test_no_limit_and_bad_limits(no_leaks, monkeypatch):
         assert _fill(ws, most=96 << 20) == (96 << 20, 0)
 
 
+def test_zero_as_a_string_is_no_limit_and_a_small_limit_names_0(no_leaks):
+    # None takes BUNSHIN_DISK_LIMIT (4G by default): the messages name 0 for no limit
+    with bunshin.Workspace.create(disk_limit="0") as ws:
+        assert ws.config.disk_limit is None
+    for bad in ("1M", 1 << 20, "lots", 1 << 64):
+        with pytest.raises(LimitError) as e:
+            bunshin.Workspace.create(disk_limit=bad)
+        assert "0 for no limit" in str(e.value) and "None" not in str(e.value), e.value
+
+
 @pytest.fixture
 def own_state(tmp_path, monkeypatch):
     """A state directory of this test's own, its image made and mounted as an older Bunshin

@@ -79,16 +79,17 @@ def supported() -> bool:
 
 def parse_disk(value: object) -> int | None:
     """``disk_limit`` in bytes, or None for no limit. ``value``: None for ``BUNSHIN_DISK_LIMIT``,
-    0 for no limit, bytes as an int, or a size as ``memory_limit`` takes it (``"4G"``)."""
+    0 (or ``"0"``) for no limit, bytes as an int, or a size as ``memory_limit`` takes it (``"4G"``)."""
     from .cgroup.limits import parse_memory
 
     if value is None:
         value = config.disk_limit()
-        if value in ("0", ""):
+        if value == "":
             return None
-    if value == 0:
+    if value in (0, "0"):
         return None
-    return parse_memory(value, arg="disk_limit")
+    # None is the default limit here, not none
+    return parse_memory(value, arg="disk_limit", no_limit="0")
 
 
 def enable(state: Path) -> bool:
