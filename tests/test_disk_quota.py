@@ -243,3 +243,25 @@ def test_a_restored_workspace_keeps_its_limit(no_leaks, tmp_path):
     with criu.restore_workspace(tmp_path / "img") as back:
         assert back.config.disk_limit == LIMIT
         _stopped_at_limit(back)
+
+
+def test_a_file_system_without_quotas_gets_no_quota_calls(tmp_path, monkeypatch, no_leaks):
+    """A btrfs of the user's own without quotas: a workspace with a limit starts, unbounded,
+    and its layer costs no quota ioctl (each would fail)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    img = tmp_path / "own.img"
+    subprocess.run(["truncate", "-s", "2G", str(img)], check=True)
+    subprocess.run(["mkfs.btrfs", "-q", "-f", str(img)], check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(state)], check=True)
+    monkeypatch.setenv("BUNSHIN_STATE_DIR", str(state))
+    calls = []
+    real = quota.ioctl
+    monkeypatch.setattr(quota, "ioctl", lambda *a: (calls.append(a), real(*a))[1])
+    try:
+        assert statefs.ensure() == state and quota.mode(state) == "disabled"
+        with bunshin.Workspace.create(disk_limit="64M") as ws:
+            assert ws.run("echo alive").stdout == b"alive\n"
+        assert calls == []
+    finally:
+        subprocess.run(["umount", str(state)], capture_output=True)

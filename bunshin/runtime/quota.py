@@ -32,7 +32,8 @@ from .. import config
 from ..errors import OutOfResources
 from .layers import FIRST_FREE_OBJECTID, NOT_BTRFS, ioctl, ioctl_in, vol_args
 
-__all__ = ["all_full", "bound_all", "enable", "fit_image", "limit", "mode", "parse_disk", "supported"]
+__all__ = ["all_full", "bound_all", "enable", "fit_image", "limit", "mode", "note_mode", "parse_disk",
+           "supported"]
 
 log = logging.getLogger("bunshin.quota")
 
@@ -64,6 +65,9 @@ _IMAGE_MIN = 1 << 30
 _GROW_MARGIN = 1 << 30
 
 _warned: set[str] = set()
+# per state file system (its path), whether it has quotas, known from its mount on
+# (note_mode, enable): where it has none, limit() makes no ioctl, each of which would fail
+_on: dict[str, bool] = {}
 
 
 def _warn_once(key: str, msg: str, *args: object) -> None:
@@ -95,6 +99,11 @@ def parse_disk(value: object) -> int | None:
 def enable(state: Path) -> bool:
     """Turn simple quotas on in the state file system Bunshin mounted (also one an older
     version made without them); a no-op where quotas are on. False where they cannot be."""
+    _on[str(state)] = on = _enable(state)
+    return on
+
+
+def _enable(state: Path) -> bool:
     if not supported():
         _warn_once("squota", "this kernel's btrfs has no simple quotas (Linux >= 6.7): disk_limit is "
                    "not enforced, a workspace can fill the state file system %s", state)
@@ -138,6 +147,11 @@ def limit(layer: Path, nbytes: int | None) -> None:
     no bound of its own), and count it among all workspaces' (:func:`bound_all`). Where the
     state file system has no quotas (not btrfs, an old kernel, one of the user's own without
     them) nothing is bounded, said once."""
+    state = config.state_dir()
+    if not _on.get(str(state), True):
+        if nbytes is not None:
+            _warn_once("squota", "the state file system %s has no quotas: disk_limit is not enforced", state)
+        return
     fd = os.open(layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if nbytes is not None:
@@ -151,7 +165,7 @@ def limit(layer: Path, nbytes: int | None) -> None:
             raise
         if nbytes is not None:
             _warn_once("squota", "the state file system %s has no quotas (%s): disk_limit is not "
-                       "enforced", config.state_dir(), os.strerror(e.errno))
+                       "enforced", state, os.strerror(e.errno))
     finally:
         os.close(fd)
 
@@ -189,6 +203,13 @@ def mode(state: Path) -> str | None:
     except OSError:
         # no qgroups directory: quotas are off (or a kernel without the mode file: full qgroups)
         return "qgroup" if os.path.isdir(f"/sys/fs/btrfs/{uuid}/qgroups") else "disabled"
+
+
+def note_mode(state: Path) -> str | None:
+    """:func:`mode` of the state file system just mounted, kept for :func:`limit`."""
+    m = mode(state)
+    _on[str(state)] = m in ("squota", "qgroup")
+    return m
 
 
 def fit_image(state: Path, image: Path) -> bool:

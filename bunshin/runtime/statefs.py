@@ -104,6 +104,7 @@ def _tune(state: Path) -> None:
     """Our image, also one mounted by an older version, gets what this one mounts it with:
     no barriers, quotas, and a size that leaves the host's disk a reserve. Other trainers may
     share it live: only what differs is changed."""
+    quotas = quota.note_mode(state)
     mounted = ours(state)
     if mounted is None:
         return
@@ -114,7 +115,6 @@ def _tune(state: Path) -> None:
                      state, r.stderr.decode(errors="replace").strip())
     if mounted[0] == "btrfs":
         resized = quota.fit_image(state, image_path(state))
-        quotas = quota.mode(state)
         enabled = quotas == "disabled" and quota.enable(state)
         if enabled or (resized and quotas != "disabled"):
             quota.bound_all(state)
