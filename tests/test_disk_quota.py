@@ -129,6 +129,16 @@ def test_no_limit_and_bad_limits(no_leaks, monkeypatch):
         assert _fill(ws, most=96 << 20) == (96 << 20, 0)
 
 
+def test_zero_as_a_string_is_no_limit_and_a_small_limit_names_0(no_leaks):
+    # None takes BUNSHIN_DISK_LIMIT (4G by default): the messages name 0 for no limit
+    with bunshin.Workspace.create(disk_limit="0") as ws:
+        assert ws.config.disk_limit is None
+    for bad in ("1M", 1 << 20, "lots", 1 << 64):
+        with pytest.raises(LimitError) as e:
+            bunshin.Workspace.create(disk_limit=bad)
+        assert "0 for no limit" in str(e.value) and "None" not in str(e.value), e.value
+
+
 @pytest.fixture
 def own_state(tmp_path, monkeypatch):
     """A state directory of this test's own, its image made and mounted as an older Bunshin
@@ -233,3 +243,25 @@ def test_a_restored_workspace_keeps_its_limit(no_leaks, tmp_path):
     with criu.restore_workspace(tmp_path / "img") as back:
         assert back.config.disk_limit == LIMIT
         _stopped_at_limit(back)
+
+
+def test_a_file_system_without_quotas_gets_no_quota_calls(tmp_path, monkeypatch, no_leaks):
+    """A btrfs of the user's own without quotas: a workspace with a limit starts, unbounded,
+    and its layer costs no quota ioctl (each would fail)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    img = tmp_path / "own.img"
+    subprocess.run(["truncate", "-s", "2G", str(img)], check=True)
+    subprocess.run(["mkfs.btrfs", "-q", "-f", str(img)], check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(state)], check=True)
+    monkeypatch.setenv("BUNSHIN_STATE_DIR", str(state))
+    calls = []
+    real = quota.ioctl
+    monkeypatch.setattr(quota, "ioctl", lambda *a: (calls.append(a), real(*a))[1])
+    try:
+        assert statefs.ensure() == state and quota.mode(state) == "disabled"
+        with bunshin.Workspace.create(disk_limit="64M") as ws:
+            assert ws.run("echo alive").stdout == b"alive\n"
+        assert calls == []
+    finally:
+        subprocess.run(["umount", str(state)], capture_output=True)

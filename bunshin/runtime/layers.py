@@ -24,7 +24,8 @@ from pathlib import Path
 
 from ..errors import BunshinError
 
-__all__ = ["freeze", "is_subvolume", "make", "prepare_freeze", "remove"]
+__all__ = ["FIRST_FREE_OBJECTID", "NOT_BTRFS", "freeze", "ioctl", "ioctl_in", "is_subvolume", "make",
+           "prepare_freeze", "remove", "vol_args"]
 
 # linux/btrfs.h: struct btrfs_ioctl_vol_args (fd, name[4088]) and _v2 (fd, transid, flags,
 # 4 x u64 of union, name[4040]), both 4096 bytes
@@ -32,13 +33,13 @@ _IOC_SUBVOL_CREATE = 0x5000940E
 _IOC_SNAP_DESTROY = 0x5000940F
 _IOC_SNAP_CREATE_V2 = 0x50009417
 _SUBVOL_RDONLY = 1 << 1
-_FIRST_FREE_OBJECTID = 256  # the inode number of every subvolume's root directory
-_NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
+FIRST_FREE_OBJECTID = 256  # the inode number of every subvolume's root directory
+NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def _vol_args(name: str, fd: int = 0) -> bytearray:
+def vol_args(name: str, fd: int = 0) -> bytearray:
     b = os.fsencode(name)
-    # a mutable buffer: _ioctl hands its address to the kernel (ctypes from_buffer)
+    # a mutable buffer: ioctl hands its address to the kernel (ctypes from_buffer)
     return bytearray(struct.pack("=q", fd) + b + bytes(4088 - len(b)))
 
 
@@ -51,15 +52,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 
 
-def _ioctl_in(parent: Path, req: int, arg: bytearray) -> None:
+def ioctl_in(parent: Path, req: int, arg: bytearray) -> None:
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        _ioctl(fd, req, arg)
+        ioctl(fd, req, arg)
     finally:
         os.close(fd)
 
 
-def _ioctl(fd: int, req: int, arg: bytearray) -> None:
+def ioctl(fd: int, req: int, arg: bytearray) -> None:
     # through ctypes, which lets go of the GIL: fcntl.ioctl keeps it for a buffer over 1 KiB,
     # and a snapshot waits for a transaction commit, which other threads (the plan of the same
     # fork) would wait for too
@@ -71,9 +72,9 @@ def _ioctl(fd: int, req: int, arg: bytearray) -> None:
 def make(path: Path) -> None:
     """A new directory that :func:`freeze` can copy cheaply: a subvolume on btrfs."""
     try:
-        _ioctl_in(path.parent, _IOC_SUBVOL_CREATE, _vol_args(path.name))
+        ioctl_in(path.parent, _IOC_SUBVOL_CREATE, vol_args(path.name))
     except OSError as e:
-        if e.errno not in _NOT_BTRFS:
+        if e.errno not in NOT_BTRFS:
             raise
         path.mkdir()
 
@@ -83,7 +84,7 @@ def is_subvolume(path: Path) -> bool:
         st = os.stat(path)
     except FileNotFoundError:
         return False
-    return st.st_ino == _FIRST_FREE_OBJECTID and os.stat(path.parent).st_dev != st.st_dev
+    return st.st_ino == FIRST_FREE_OBJECTID and os.stat(path.parent).st_dev != st.st_dev
 
 
 def freeze(src: Path, dst: Path, upper: str = "upper") -> None:
@@ -108,7 +109,7 @@ def prepare_freeze(src: Path, dst: Path, upper: str = "upper") -> Callable[[], N
 
     def snapshot() -> None:
         try:
-            _ioctl(parent, _IOC_SNAP_CREATE_V2, args)
+            ioctl(parent, _IOC_SNAP_CREATE_V2, args)
         except OSError as e:
             raise BunshinError(f"cannot snapshot the workspace's upper layer {src}: {e}") from None
         finally:
@@ -137,9 +138,9 @@ def remove(path: Path) -> None:
     emptied file by file: it goes whole)."""
     if is_subvolume(path):
         try:
-            _ioctl_in(path.parent, _IOC_SNAP_DESTROY, _vol_args(path.name))
+            ioctl_in(path.parent, _IOC_SNAP_DESTROY, vol_args(path.name))
             return
         except OSError as e:
-            if e.errno not in _NOT_BTRFS:
+            if e.errno not in NOT_BTRFS:
                 raise
     shutil.rmtree(path, ignore_errors=True)

@@ -23,7 +23,6 @@ the host's disk (which would leave the loop device failing writes under the file
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import struct
@@ -31,8 +30,10 @@ from pathlib import Path
 
 from .. import config
 from ..errors import OutOfResources
+from .layers import FIRST_FREE_OBJECTID, NOT_BTRFS, ioctl, ioctl_in, vol_args
 
-__all__ = ["all_full", "bound_all", "enable", "fit_image", "limit", "mode", "parse_disk", "supported"]
+__all__ = ["all_full", "bound_all", "enable", "fit_image", "limit", "mode", "note_mode", "parse_disk",
+           "supported"]
 
 log = logging.getLogger("bunshin.quota")
 
@@ -44,13 +45,11 @@ _IOC_FS_INFO = 0x8400941F  # _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args), 10
 _IOC_QGROUP_CREATE = 0x4010942A  # _IOW(0x94, 42, {u64 create; u64 qgroupid})
 _IOC_QGROUP_ASSIGN = 0x40189429  # _IOW(0x94, 41, {u64 assign; u64 src; u64 dst})
 _IOC_INO_LOOKUP = 0xD0009412  # _IOWR(0x94, 18, {u64 treeid; u64 objectid; char name[4080]})
-_FIRST_FREE_OBJECTID = 256  # a subvolume's root directory
 _QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 4
 # squota charges each extent once, so its referenced and exclusive counts are one number;
 # with full qgroups (a file system of the user's own) exclusive is what no snapshot shares:
 # what the workspace wrote since its last fork
 _LIMIT_MAX_EXCL = 1 << 1
-_NOT_BTRFS = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS)
 
 # qgroup 1/0 holds every workspace's layer: together they stop short of filling the state
 # file system, which keeps room for the trainer's own files (meta files, logs, new workspaces)
@@ -62,8 +61,13 @@ _HOST_RESERVE_MIN = 1 << 30
 # the image is not shrunk below this (nor grown past its file's size): a btrfs this small
 # has little room left beside its chunks
 _IMAGE_MIN = 1 << 30
+# the host's free space changes all the time: the image grows to follow it only past this
+_GROW_MARGIN = 1 << 30
 
 _warned: set[str] = set()
+# per state file system (its path), whether it has quotas, known from its mount on
+# (note_mode, enable): where it has none, limit() makes no ioctl, each of which would fail
+_on: dict[str, bool] = {}
 
 
 def _warn_once(key: str, msg: str, *args: object) -> None:
@@ -79,42 +83,41 @@ def supported() -> bool:
 
 def parse_disk(value: object) -> int | None:
     """``disk_limit`` in bytes, or None for no limit. ``value``: None for ``BUNSHIN_DISK_LIMIT``,
-    0 for no limit, bytes as an int, or a size as ``memory_limit`` takes it (``"4G"``)."""
+    0 (or ``"0"``) for no limit, bytes as an int, or a size as ``memory_limit`` takes it (``"4G"``)."""
     from .cgroup.limits import parse_memory
 
     if value is None:
         value = config.disk_limit()
-        if value in ("0", ""):
+        if value == "":
             return None
-    if value == 0:
+    if value in (0, "0"):
         return None
-    return parse_memory(value, arg="disk_limit")
-
-
-def _open_dir(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # None is the default limit here, not none
+    return parse_memory(value, arg="disk_limit", no_limit="0")
 
 
 def enable(state: Path) -> bool:
     """Turn simple quotas on in the state file system Bunshin mounted (also one an older
     version made without them); a no-op where quotas are on. False where they cannot be."""
+    _on[str(state)] = on = _enable(state)
+    return on
+
+
+def _enable(state: Path) -> bool:
     if not supported():
         _warn_once("squota", "this kernel's btrfs has no simple quotas (Linux >= 6.7): disk_limit is "
                    "not enforced, a workspace can fill the state file system %s", state)
         return False
-    fd = _open_dir(state)
     try:
-        fcntl.ioctl(fd, _IOC_QUOTA_CTL, struct.pack("=QQ", _QUOTA_CTL_ENABLE_SIMPLE_QUOTA, 0))
+        ioctl_in(state, _IOC_QUOTA_CTL, bytearray(struct.pack("=QQ", _QUOTA_CTL_ENABLE_SIMPLE_QUOTA, 0)))
         try:
-            fcntl.ioctl(fd, _IOC_QGROUP_CREATE, struct.pack("=QQ", 1, _ALL))
+            ioctl_in(state, _IOC_QGROUP_CREATE, bytearray(struct.pack("=QQ", 1, _ALL)))
         except FileExistsError:
             pass
     except OSError as e:
         _warn_once("squota", "cannot turn btrfs simple quotas on in %s (%s): disk_limit is not "
                    "enforced", state, e)
         return False
-    finally:
-        os.close(fd)
     return True
 
 
@@ -133,13 +136,10 @@ def bound_all(state: Path) -> None:
     trainer's reserve (after :func:`enable` and :func:`fit_image`)."""
     size, reserve = _trainer_reserve(state)
     most = size - reserve
-    fd = _open_dir(state)
     try:
-        fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, struct.pack("=6Q", _ALL, _LIMIT_MAX_EXCL, 0, max(most, 0), 0, 0))
+        ioctl_in(state, _IOC_QGROUP_LIMIT, bytearray(struct.pack("=6Q", _ALL, _LIMIT_MAX_EXCL, 0, max(most, 0), 0, 0)))
     except OSError as e:
         log.warning("cannot bound the workspaces of %s together: %s", state, e)
-    finally:
-        os.close(fd)
 
 
 def limit(layer: Path, nbytes: int | None) -> None:
@@ -147,20 +147,25 @@ def limit(layer: Path, nbytes: int | None) -> None:
     no bound of its own), and count it among all workspaces' (:func:`bound_all`). Where the
     state file system has no quotas (not btrfs, an old kernel, one of the user's own without
     them) nothing is bounded, said once."""
-    fd = _open_dir(layer)
+    state = config.state_dir()
+    if not _on.get(str(state), True):
+        if nbytes is not None:
+            _warn_once("squota", "the state file system %s has no quotas: disk_limit is not enforced", state)
+        return
+    fd = os.open(layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if nbytes is not None:
             # qgroupid 0: the qgroup of the subvolume the descriptor is in
-            fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, struct.pack("=6Q", 0, _LIMIT_MAX_EXCL, 0, nbytes, 0, 0))
-        args = bytearray(struct.pack("=QQ", 0, _FIRST_FREE_OBJECTID) + bytes(4080))
-        fcntl.ioctl(fd, _IOC_INO_LOOKUP, args)  # treeid 0: that of the descriptor's subvolume
+            ioctl(fd, _IOC_QGROUP_LIMIT, bytearray(struct.pack("=6Q", 0, _LIMIT_MAX_EXCL, 0, nbytes, 0, 0)))
+        args = bytearray(struct.pack("=QQ", 0, FIRST_FREE_OBJECTID) + bytes(4080))
+        ioctl(fd, _IOC_INO_LOOKUP, args)  # treeid 0: that of the descriptor's subvolume
         _join_all(fd, struct.unpack_from("=Q", args)[0])
     except OSError as e:
-        if e.errno not in (*_NOT_BTRFS, errno.ENOTCONN):  # ENOTCONN: quotas are off
+        if e.errno not in (*NOT_BTRFS, errno.ENOTCONN):  # ENOTCONN: quotas are off
             raise
         if nbytes is not None:
             _warn_once("squota", "the state file system %s has no quotas (%s): disk_limit is not "
-                       "enforced", config.state_dir(), os.strerror(e.errno))
+                       "enforced", state, os.strerror(e.errno))
     finally:
         os.close(fd)
 
@@ -177,7 +182,7 @@ def all_full(state: Path) -> OutOfResources:
 
 def _join_all(fd: int, subvolume: int) -> None:
     try:
-        fcntl.ioctl(fd, _IOC_QGROUP_ASSIGN, struct.pack("=QQQ", 1, subvolume, _ALL))
+        ioctl(fd, _IOC_QGROUP_ASSIGN, bytearray(struct.pack("=QQQ", 1, subvolume, _ALL)))
     except OSError as e:
         # EINVAL: no group of all workspaces (a file system of the user's own), or quotas off
         if e.errno not in (errno.EINVAL, errno.ENOENT, errno.ENOTCONN):
@@ -186,13 +191,11 @@ def _join_all(fd: int, subvolume: int) -> None:
 
 def mode(state: Path) -> str | None:
     """``squota``, ``qgroup`` or ``disabled`` for a mounted btrfs; None for another file system."""
-    fd = _open_dir(state)
+    info = bytearray(1024)
     try:
-        info = fcntl.ioctl(fd, _IOC_FS_INFO, bytes(1024))
+        ioctl_in(state, _IOC_FS_INFO, info)
     except OSError:
         return None
-    finally:
-        os.close(fd)
     fsid = info[16:32].hex()
     uuid = f"{fsid[:8]}-{fsid[8:12]}-{fsid[12:16]}-{fsid[16:20]}-{fsid[20:]}"
     try:
@@ -202,25 +205,35 @@ def mode(state: Path) -> str | None:
         return "qgroup" if os.path.isdir(f"/sys/fs/btrfs/{uuid}/qgroups") else "disabled"
 
 
-def fit_image(state: Path, image: Path) -> None:
+def note_mode(state: Path) -> str | None:
+    """:func:`mode` of the state file system just mounted, kept for :func:`limit`."""
+    m = mode(state)
+    _on[str(state)] = m in ("squota", "qgroup")
+    return m
+
+
+def fit_image(state: Path, image: Path) -> bool:
     """Size the state file system (on ``image``, mounted at ``state``) to what the image holds
-    of the host's disk plus the host's free space less a reserve, at most the image's size."""
+    of the host's disk plus the host's free space less a reserve, at most the image's size.
+    Other trainers share it live, and a shrink relocates chunks: it is resized only when larger
+    than that, or smaller by more than :data:`_GROW_MARGIN`. True if it was resized."""
     host = os.statvfs(image.parent)
     st = os.stat(image)
     reserve = max(_HOST_RESERVE_MIN, int(host.f_blocks * host.f_frsize * _HOST_RESERVE_FRACTION))
     room = st.st_blocks * 512 + host.f_bavail * host.f_frsize - reserve
     size = min(st.st_size, max(_IMAGE_MIN, room)) & ~((1 << 20) - 1)
-    arg = str(size).encode()
-    fd = _open_dir(state)
+    fs = os.statvfs(state)
+    now = fs.f_blocks * fs.f_frsize
+    if size <= now < size + (1 << 20) or now < size <= now + _GROW_MARGIN:
+        return False
     try:
-        fcntl.ioctl(fd, _IOC_RESIZE, bytearray(struct.pack("=q", 0) + arg + bytes(4088 - len(arg))))
+        ioctl_in(state, _IOC_RESIZE, vol_args(str(size)))
     except OSError as e:
         # a shrink below what is allocated in it fails: it keeps the size it has
         log.warning("cannot size the state file system %s to %d MiB (the host's free space less "
                     "a reserve of %d MiB): %s", state, size >> 20, reserve >> 20, e)
-        return
-    finally:
-        os.close(fd)
+        return False
     if size < st.st_size:
         log.info("state file system %s sized to %d MiB: the host's disk keeps %d MiB free",
                  state, size >> 20, reserve >> 20)
+    return True

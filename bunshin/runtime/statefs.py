@@ -102,7 +102,9 @@ def ours(state: Path) -> list[str] | None:
 
 def _tune(state: Path) -> None:
     """Our image, also one mounted by an older version, gets what this one mounts it with:
-    no barriers, quotas, and a size that leaves the host's disk a reserve."""
+    no barriers, quotas, and a size that leaves the host's disk a reserve. Other trainers may
+    share it live: only what differs is changed."""
+    quotas = quota.note_mode(state)
     mounted = ours(state)
     if mounted is None:
         return
@@ -112,8 +114,9 @@ def _tune(state: Path) -> None:
             log.info("cannot remount %s with nobarrier (each ws.fork() then costs ~0.5 ms more): %s",
                      state, r.stderr.decode(errors="replace").strip())
     if mounted[0] == "btrfs":
-        quota.fit_image(state, image_path(state))
-        if quota.enable(state):
+        resized = quota.fit_image(state, image_path(state))
+        enabled = quotas == "disabled" and quota.enable(state)
+        if enabled or (resized and quotas != "disabled"):
             quota.bound_all(state)
 
 

@@ -49,30 +49,32 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _MEMORY_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*", re.IGNORECASE)
 _MEMORY_FORMS = (
     "bytes as an int (e.g. 268435456) or a string such as '512M', '2G', '1.5GiB' "
-    "(units B, K, M, G, T, optionally with 'i'/'B'; all powers of 1024), or None for no limit"
+    "(units B, K, M, G, T, optionally with 'i'/'B'; all powers of 1024), or {} for no limit"
 )
 
 
-def parse_memory(value: object, *, arg: str = "memory_limit") -> int | None:
-    """Return ``value`` as a byte count (``None`` stays ``None``); see the module docstring."""
+def parse_memory(value: object, *, arg: str = "memory_limit", no_limit: str = "None") -> int | None:
+    """Return ``value`` as a byte count (``None`` stays ``None``); see the module docstring.
+    ``no_limit``: what the caller takes for no limit, as its messages name it."""
+    forms = _MEMORY_FORMS.format(no_limit)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise LimitError(f"{arg}={value!r}: expected {_MEMORY_FORMS}")
+        raise LimitError(f"{arg}={value!r}: expected {forms}")
     if isinstance(value, str):
         m = _MEMORY_RE.fullmatch(value)
         if m is None or ("." in m.group(1) and m.group(2) is None):
-            raise LimitError(f"{arg}={value!r} is not a memory size; expected {_MEMORY_FORMS}")
+            raise LimitError(f"{arg}={value!r} is not a memory size; expected {forms}")
         nbytes = int(Fraction(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
     else:
         nbytes = value
     if nbytes < MIN_MEMORY:
         raise LimitError(
             f"{arg}={value!r} is below the minimum of {MIN_MEMORY} bytes (4M); "
-            f"give at least '4M', or None for no limit"
+            f"give at least '4M', or {no_limit} for no limit"
         )
     if nbytes > _MAX_BYTES:
-        raise LimitError(f"{arg}={value!r} exceeds 2**63-1 bytes; use None for no limit")
+        raise LimitError(f"{arg}={value!r} exceeds 2**63-1 bytes; use {no_limit} for no limit")
     return nbytes
 
 
