@@ -32,8 +32,9 @@ fi
 "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=5 --junitxml="$RESULTS_DIR/junit.xml" \
     test_kmod.py test_fork_verb.py test_run_verb.py test_session_verb.py "${args[@]}" || rc=1
 
-# a sandbox on 6.1, its layers' views attached (runtime/userns.py), on an ext4 image's rootfs
-(cd "$REPO" && BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
+# a sandbox on 6.1, its layers' views attached (runtime/userns.py), on an ext4 image's rootfs,
+# forked by the module
+(cd "$REPO" && BUNSHIN_KMOD=1 BUNSHIN_STATE_DIR=/run/bunshin-state BUNSHIN_CACHE_DIR=/run/tmp/bunshin-cache \
    "$PY" -m pytest -p no:cacheprovider -q -rfE --junitxml="$RESULTS_DIR/junit-sandbox.xml" \
      kmod/tests/test_sandbox_ext4.py) || rc=1
 
