@@ -74,7 +74,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     alloc = allocate(cfg.limits, rootfs=f"image:{src}", disk_limit=cfg.disk_limit)
     d, cg = alloc.dir, alloc.cgroup
     fds: list[int] = []
-    ours = theirs = views = None
+    ours = theirs = views = userns = None
     pidfd = -1
     try:
         lowers = []
@@ -118,11 +118,11 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
                    pass_fds=[theirs.fileno(), *fds, *_view_fds(mounted)], env=env)
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
-        masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
         userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None
                   else None)
+        masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
         body = _body(src, alloc.dir, cg, init_pid, pidfd, ours, masters, lowers, userns)
-        pidfd, ours = -1, None  # the body owns them now
+        pidfd, ours, userns = -1, None, None  # the body owns them now
         sessions = session_copies([(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]], masters)
         for m in set(masters.values()) - {sc.master for sc in sessions}:
             os.close(m)
@@ -131,6 +131,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
             reap_init(pidfd, is_child=True, grace=0)
         if ours is not None:
             ours.close()
+        if userns is not None:
+            userns.close()
         if isinstance(e, CheckpointError):
             runner.keep_log(e, "restore")
         alloc.destroy()
@@ -138,10 +140,14 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     finally:
         for fd in fds:
             os.close(fd)
-        if views is not None:
-            views.close()  # the overlay holds its layers now
         if theirs is not None:
             theirs.close()
+        if views is not None:
+            try:
+                views.close()  # the overlay holds its layers now
+            except OSError as e:
+                log.warning("cannot remove the idmapped views a restore of %s mounted its "
+                            "overlay on (bunshin gc removes them): %s", src, e)
     try:
         if ksm:
             _ksm_on()
@@ -180,8 +186,6 @@ def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
         return body
     except BaseException:
         chan.close()
-        if userns is not None:
-            userns.close()
         for m in masters.values():
             os.close(m)
         masters.clear()
