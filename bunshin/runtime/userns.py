@@ -124,8 +124,14 @@ class UserNs:
                 except IsolationError:
                     top.rmdir()
                     raise
+                try:
+                    _mount(None, top, _MS_UNBINDABLE)
+                except IsolationError:
+                    # Not kept: views mounted in it would propagate as its parent does.
+                    _libc.umount2(os.fsencode(top), _MNT_DETACH)
+                    top.rmdir()
+                    raise
                 self._attached = top
-                _mount(None, top, _MS_UNBINDABLE)
             where = self._attached / str(len(self._views))
             where.mkdir()
             if _libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(where),
