@@ -114,11 +114,9 @@ def restored_userns(init_pid: int, rootfs_lowers: list[str]) -> _userns.UserNs:
     maps the image holds; an image of another mapping would give the trainer's ids wrong)."""
     want = [(0, _userns.BASE, _userns.SIZE)]
     for kind in ("uid", "gid"):
-        with open(f"/proc/{init_pid}/{kind}_map") as f:
-            got = [tuple(int(x) for x in ln.split()) for ln in f if ln.strip()]
+        got = _userns.extents(init_pid, kind)
         if got != want:
             raise CheckpointError(f"the restored workspace's user namespace maps {kind}s {got}, "
                                   f"not the sandbox's {want}: the image was made with another "
                                   "mapping")
-    fd = os.open(f"/proc/{init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    return _userns.UserNs(fd, tuple(Path(p) for p in rootfs_lowers))
+    return _userns.UserNs.of(init_pid, tuple(Path(p) for p in rootfs_lowers))

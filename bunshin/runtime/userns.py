@@ -26,8 +26,8 @@ from pathlib import Path
 
 from ..errors import IsolationError
 
-__all__ = ["BASE", "CLONE_NEWUSER", "ISOLATIONS", "SIZE", "UserNs", "check", "give", "inside",
-           "owner_inside", "shift_tree"]
+__all__ = ["BASE", "CLONE_NEWUSER", "ISOLATIONS", "SIZE", "UserNs", "check", "extents", "give",
+           "inside", "owner_inside", "shift_tree"]
 
 BASE = 100000  # host id of the workspace's root (uid and gid)
 SIZE = 65536  # ids mapped: 0-65535 inside
@@ -86,6 +86,11 @@ class UserNs:
             f.write(_idmap_lines())
         with open(f"/proc/{pid}/gid_map", "w") as f:
             f.write(_idmap_lines())
+        return cls.of(pid, lowers)
+
+    @classmethod
+    def of(cls, pid: int, lowers: tuple[Path, ...]) -> UserNs:
+        """U of ``pid``, whose maps are written."""
         return cls(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC), lowers)
 
     def layer(self, lower: Path) -> str:
@@ -296,7 +301,7 @@ _OVERFLOW = 65534  # what a user namespace shows for an id it does not map
 _IDENTITY = [(0, 0, 1 << 32)]
 
 
-def _extents(pid: int, kind: str) -> list[tuple[int, int, int]]:
+def extents(pid: int, kind: str) -> list[tuple[int, int, int]]:
     """``kind`` ("uid" or "gid") map of ``pid``'s user namespace: (first id inside, first
     host id, count) per line. The trainer's own needs no read; a sandbox's is kept by the
     namespace's inode (a number the kernel may give again once the namespace is gone: kept
@@ -327,7 +332,7 @@ _own: int | None = None
 def inside(pid: int, kind: str, ids) -> list[int]:
     """Host ``ids`` (what the trainer reads in /proc or stat) as ``pid``'s user namespace
     names them: what a system call made by that process (an injected one) must pass."""
-    ext = _extents(pid, kind)
+    ext = extents(pid, kind)
     out = []
     for i in ids:
         for first, host, count in ext:
