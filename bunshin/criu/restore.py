@@ -115,7 +115,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)
         runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
-                   pass_fds=[theirs.fileno(), *fds, *_view_fds(mounted)], env=env)
+                   pass_fds=[theirs.fileno(), *fds, *(views.view_fds() if views is not None else [])], env=env)
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
         userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None
@@ -159,12 +159,6 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         raise
     log.info("restored workspace %s from %s in %.1f ms", body.id, src, (time.perf_counter() - start) * 1e3)
     return Restored(cfg, body, sessions)
-
-
-def _view_fds(layers: list[str]) -> list[int]:
-    """The descriptors behind the idmapped views among ``layers`` (``/proc/self/fd/N``), which
-    the mount of the overlay in CRIU's mount namespace names."""
-    return [int(p.rsplit("/", 1)[1]) for p in layers if p.startswith("/proc/self/fd/")]
 
 
 def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,

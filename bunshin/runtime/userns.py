@@ -151,6 +151,12 @@ class UserNs:
     def layers(self, lowers) -> list[str]:
         return [self.layer(p) for p in lowers]
 
+    def view_fds(self) -> list[int]:
+        """Our descriptors of the detached views, which name them (``/proc/self/fd/N``) to a
+        process that inherits them at the same numbers."""
+        with self.lock:
+            return list(self._view_fds)
+
     @staticmethod
     def give_dirs(upper, work) -> None:
         """A new, empty upper layer: its top is the workspace's "/", owned by root inside
