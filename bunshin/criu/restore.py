@@ -114,8 +114,9 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)
+        view_fds = views.view_fds() if views is not None else []
         runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
-                   pass_fds=[theirs.fileno(), *fds, *(views.view_fds() if views is not None else [])], env=env)
+                   pass_fds=[theirs.fileno(), *fds, *view_fds], env=env)
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
         userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None
