@@ -74,7 +74,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     alloc = allocate(cfg.limits, rootfs=f"image:{src}", disk_limit=cfg.disk_limit)
     d, cg = alloc.dir, alloc.cgroup
     fds: list[int] = []
-    ours = theirs = views = None
+    ours = theirs = views = userns = None
     pidfd = -1
     try:
         lowers = []
@@ -114,15 +114,16 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)
+        view_fds = views.view_fds() if views is not None else []
         runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
-                   pass_fds=[theirs.fileno(), *fds, *_view_fds(mounted)], env=env)
+                   pass_fds=[theirs.fileno(), *fds, *view_fds], env=env)
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
-        masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
         userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None
                   else None)
+        masters = initfds.take_masters(init_pid, {int(s[0]): int(s[3]) for s in meta["shells"]})
         body = _body(src, alloc.dir, cg, init_pid, pidfd, ours, masters, lowers, userns)
-        pidfd, ours = -1, None  # the body owns them now
+        pidfd, ours, userns = -1, None, None  # the body owns them now
         sessions = session_copies([(int(s[0]), int(s[1]), s[2]) for s in meta["shells"]], masters)
         for m in set(masters.values()) - {sc.master for sc in sessions}:
             os.close(m)
@@ -131,6 +132,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
             reap_init(pidfd, is_child=True, grace=0)
         if ours is not None:
             ours.close()
+        if userns is not None:
+            userns.close()
         if isinstance(e, CheckpointError):
             runner.keep_log(e, "restore")
         alloc.destroy()
@@ -138,10 +141,14 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     finally:
         for fd in fds:
             os.close(fd)
-        if views is not None:
-            views.close()  # the overlay holds its layers now
         if theirs is not None:
             theirs.close()
+        if views is not None:
+            try:
+                views.close()  # the overlay holds its layers now
+            except OSError as e:
+                log.warning("cannot remove the idmapped views a restore of %s mounted its "
+                            "overlay on (bunshin gc removes them): %s", src, e)
     try:
         if ksm:
             _ksm_on()
@@ -153,12 +160,6 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         raise
     log.info("restored workspace %s from %s in %.1f ms", body.id, src, (time.perf_counter() - start) * 1e3)
     return Restored(cfg, body, sessions)
-
-
-def _view_fds(layers: list[str]) -> list[int]:
-    """The descriptors behind the idmapped views among ``layers`` (``/proc/self/fd/N``), which
-    the mount of the overlay in CRIU's mount namespace names."""
-    return [int(p.rsplit("/", 1)[1]) for p in layers if p.startswith("/proc/self/fd/")]
 
 
 def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
@@ -180,8 +181,6 @@ def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,
         return body
     except BaseException:
         chan.close()
-        if userns is not None:
-            userns.close()
         for m in masters.values():
             os.close(m)
         masters.clear()

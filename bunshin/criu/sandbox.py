@@ -21,14 +21,13 @@ made again as they were. Three parts CRIU cannot make by itself:
 from __future__ import annotations
 
 import os
-import re
 import socket
 from pathlib import Path
 
 from .._core import _syscalls
 from ..errors import CheckpointError, ImageError
 from ..runtime import userns as _userns
-from ..runtime.cgroup._fs import cgroup_mounts
+from ..runtime.cgroup._fs import cgroup_mounts, mounts
 
 #: The init's cgroup namespace (rooted at the workspace's group, owned by U) comes back only
 #: where CRIU moves the restored tasks into their groups itself: it enters the group the image
@@ -62,24 +61,9 @@ def device_binds(init_pid: int) -> list[tuple[str, str]]:
     """(mount point in the workspace, host path it binds) of each mount of the host's ``/dev``
     in ``init_pid``'s mount namespace. Named explicitly: CRIU's own search (``mnt[]``) takes
     the last mount of the host's that shows the file, which may be a passing one."""
-    host = _mounts("/proc/self/mountinfo")
-    devs = {dev for dev, root, point in host if point == "/dev" and root == "/"}
-    return [(point, "/dev" + root) for dev, root, point in _mounts(f"/proc/{init_pid}/mountinfo")
-            if dev in devs and root != "/"]
-
-
-def _mounts(mountinfo: str) -> list[tuple[str, str, str]]:
-    """(device, root, mount point) of each line of ``mountinfo``."""
-    out = []
-    with open(mountinfo) as f:
-        for line in f:
-            fields = line.split()
-            out.append((fields[2], _unescape(fields[3]), _unescape(fields[4])))
-    return out
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+    devs = {m.device for m in mounts() if m.point == "/dev" and m.root == "/"}
+    return [(m.point, "/dev" + m.root) for m in mounts(f"/proc/{init_pid}/mountinfo")
+            if m.device in devs and m.root != "/"]
 
 
 def dump_binds(binds: list[tuple[str, str]]) -> list[str]:
@@ -130,11 +114,9 @@ def restored_userns(init_pid: int, rootfs_lowers: list[str]) -> _userns.UserNs:
     maps the image holds; an image of another mapping would give the trainer's ids wrong)."""
     want = [(0, _userns.BASE, _userns.SIZE)]
     for kind in ("uid", "gid"):
-        with open(f"/proc/{init_pid}/{kind}_map") as f:
-            got = [tuple(int(x) for x in ln.split()) for ln in f if ln.strip()]
+        got = _userns.extents(init_pid, kind)
         if got != want:
             raise CheckpointError(f"the restored workspace's user namespace maps {kind}s {got}, "
                                   f"not the sandbox's {want}: the image was made with another "
                                   "mapping")
-    fd = os.open(f"/proc/{init_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    return _userns.UserNs(fd, tuple(Path(p) for p in rootfs_lowers))
+    return _userns.UserNs.of(init_pid, tuple(Path(p) for p in rootfs_lowers))

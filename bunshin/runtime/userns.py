@@ -26,8 +26,8 @@ from pathlib import Path
 
 from ..errors import IsolationError
 
-__all__ = ["BASE", "CLONE_NEWUSER", "ISOLATIONS", "SIZE", "UserNs", "check", "give", "inside",
-           "owner_inside", "shift_tree"]
+__all__ = ["BASE", "CLONE_NEWUSER", "ISOLATIONS", "SIZE", "UserNs", "check", "extents", "give",
+           "inside", "owner_inside", "shift_tree"]
 
 BASE = 100000  # host id of the workspace's root (uid and gid)
 SIZE = 65536  # ids mapped: 0-65535 inside
@@ -86,6 +86,11 @@ class UserNs:
             f.write(_idmap_lines())
         with open(f"/proc/{pid}/gid_map", "w") as f:
             f.write(_idmap_lines())
+        return cls.of(pid, lowers)
+
+    @classmethod
+    def of(cls, pid: int, lowers: tuple[Path, ...]) -> UserNs:
+        """U of ``pid``, whose maps are written."""
         return cls(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC), lowers)
 
     def layer(self, lower: Path) -> str:
@@ -124,8 +129,14 @@ class UserNs:
                 except IsolationError:
                     top.rmdir()
                     raise
+                try:
+                    _mount(None, top, _MS_UNBINDABLE)
+                except IsolationError:
+                    # Not kept: views mounted in it would propagate as its parent does.
+                    _libc.umount2(os.fsencode(top), _MNT_DETACH)
+                    top.rmdir()
+                    raise
                 self._attached = top
-                _mount(None, top, _MS_UNBINDABLE)
             where = self._attached / str(len(self._views))
             where.mkdir()
             if _libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, os.fsencode(where),
@@ -139,6 +150,12 @@ class UserNs:
 
     def layers(self, lowers) -> list[str]:
         return [self.layer(p) for p in lowers]
+
+    def view_fds(self) -> list[int]:
+        """Our descriptors of the detached views, which name them (``/proc/self/fd/N``) to a
+        process that inherits them at the same numbers."""
+        with self.lock:
+            return list(self._view_fds)
 
     @staticmethod
     def give_dirs(upper, work) -> None:
@@ -290,7 +307,7 @@ _OVERFLOW = 65534  # what a user namespace shows for an id it does not map
 _IDENTITY = [(0, 0, 1 << 32)]
 
 
-def _extents(pid: int, kind: str) -> list[tuple[int, int, int]]:
+def extents(pid: int, kind: str) -> list[tuple[int, int, int]]:
     """``kind`` ("uid" or "gid") map of ``pid``'s user namespace: (first id inside, first
     host id, count) per line. The trainer's own needs no read; a sandbox's is kept by the
     namespace's inode (a number the kernel may give again once the namespace is gone: kept
@@ -321,7 +338,7 @@ _own: int | None = None
 def inside(pid: int, kind: str, ids) -> list[int]:
     """Host ``ids`` (what the trainer reads in /proc or stat) as ``pid``'s user namespace
     names them: what a system call made by that process (an injected one) must pass."""
-    ext = _extents(pid, kind)
+    ext = extents(pid, kind)
     out = []
     for i in ids:
         for first, host, count in ext:

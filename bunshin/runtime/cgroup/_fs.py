@@ -17,27 +17,39 @@ _OCTAL_RE = re.compile(r"\\([0-7]{3})")
 
 @dataclass(frozen=True)
 class Mount:
-    """One cgroup or cgroup2 line of /proc/self/mountinfo."""
+    """One line of a mountinfo file."""
 
     point: str
-    root: str
+    root: str  # the path of the file system's tree mounted at ``point``
     fstype: str
-    options: frozenset[str]
+    options: frozenset[str]  # the super block's
+    device: str  # "major:minor"
 
 
-def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[Mount]:
-    """Every cgroup (v1) and cgroup2 mount visible to this process, in mount order."""
+def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[Mount]:
+    """Every mount ``mountinfo`` lists, in mount order."""
     found = []
     with open(mountinfo) as f:
         for line in f:
             # Optional fields vary in number, so split around the " - " separator.
             head, _, tail = line.rstrip("\n").partition(" - ")
             fields, rest = head.split(), tail.split()
-            if len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
+            if len(fields) < 5 or len(rest) < 3:
                 continue
-            point = _OCTAL_RE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-            found.append(Mount(point, fields[3], rest[0], frozenset(rest[2].split(","))))
+            found.append(Mount(_unescape(fields[4]), _unescape(fields[3]), rest[0],
+                               frozenset(rest[2].split(",")), fields[2]))
     return found
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field as the path it names (the kernel writes space, tab, newline and
+    backslash as octal escapes)."""
+    return _OCTAL_RE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[Mount]:
+    """Every cgroup (v1) and cgroup2 mount visible to this process, in mount order."""
+    return [m for m in mounts(mountinfo) if m.fstype in ("cgroup", "cgroup2")]
 
 
 def check_name(name: object, what: str = "cgroup name") -> str:
