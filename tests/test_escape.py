@@ -89,6 +89,19 @@ def _refused(box, name: str, *args: str, want: tuple[int, ...] = ()) -> dict:
     return got
 
 
+def _refused_leaving(box, name: str, host_file: str, *args: str) -> None:
+    """The attempt is refused and ``host_file`` is as it was (put back if it was not, so that
+    one finding does not leave the host changed)."""
+    before = _read(host_file)
+    try:
+        _refused(box, name, *args)
+    finally:
+        changed = _read(host_file) != before
+        if changed:
+            Path(host_file).write_text(before)
+    assert not changed
+
+
 def _write_table() -> None:
     out = os.environ.get("BUNSHIN_ESCAPE_OUT")
     if not out:
@@ -133,14 +146,7 @@ def test_host_sysctls_are_read_only(box, name, path):
 def test_host_sysctls_stay_read_only_against_mounts(box, name):
     """The value written is the host's own: where the write gets through (this branch), the
     host's core dumps never see another handler; the write's success is the finding."""
-    before = _read(CORE_PATTERN)
-    try:
-        _refused(box, name, repr(before.strip()))
-    finally:
-        changed = _read(CORE_PATTERN) != before
-        if changed:
-            Path(CORE_PATTERN).write_text(before)
-    assert not changed
+    _refused_leaving(box, name, CORE_PATTERN, repr(_read(CORE_PATTERN).strip()))
 
 
 def test_sysrq_trigger(box):
@@ -356,14 +362,7 @@ def test_cgroup_limits_and_membership(box):
             "user namespace (no cgroupfs)")
     where, w = box
     (pids_max,) = [f"{d}/pids.max" for d in w.cgroup.dirs() if os.path.exists(f"{d}/pids.max")]
-    before = _read(pids_max)
-    try:
-        _refused(box, "cgroup_limits", "max")
-    finally:
-        changed = _read(pids_max) != before
-        if changed:
-            Path(pids_max).write_text(before)
-    assert not changed
+    _refused_leaving(box, "cgroup_limits", pids_max, "max")
 
 
 def test_fork_bomb_stays_within_the_pids_limit(box):
