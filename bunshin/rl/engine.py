@@ -18,7 +18,9 @@ bunshin    live fork                                    yes   yes
 ``cache``/``speculate`` switch the two features in ``fork``/``bunshin`` mode. Rollouts run as
 asyncio tasks (the policy is async); workspace work runs on a thread pool, at most
 ``concurrency`` rollouts at a time. A rollout that fails keeps its error in its trajectory and
-the group goes on; a setup that fails raises :class:`RolloutError`.
+the group goes on; a setup that fails raises :class:`RolloutError`. A task's verifier scores each
+rollout in its final workspace before that is closed (``Trajectory.verdict``; see
+:mod:`bunshin.rl.verify`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Self
 from ..cache.toolcall import ToolCall, as_tool_call, child_key
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, arun_tool, run_tool
 from .metrics import CpuMeter, MemoryReport, MemorySampler
-from .types import Final, History, Policy, RolloutError, Task, Trajectory, Turn
+from .types import Final, History, Policy, RolloutError, Task, Trajectory, Turn, Verifier
+from .verify import averify
 from .workspaces import provider
 
 if TYPE_CHECKING:
@@ -269,10 +272,10 @@ class RolloutEngine:
                            setup_s=prov.setup_s, memory=mem, cpu=cpu.stop(), cache=cache_stats,
                            speculation=dataclasses.asdict(ex.stats) if ex is not None else None, extra=extra)
 
-    async def _rollout(self, i: int, prov, ex, pool: ThreadPoolExecutor) -> Trajectory:
+    async def _rollout(self, i: int, prov, ex, pool: ThreadPoolExecutor, group: int = 0) -> Trajectory:
         loop = asyncio.get_running_loop()
         start = time.monotonic()
-        hist = History(self.task, i)
+        hist = History(self.task, i, group=group)
         final: Final | None = None
         error: str | None = None
         ws = None
@@ -287,8 +290,10 @@ class RolloutEngine:
                 if ex is not None:
                     await loop.run_in_executor(pool, ex.prefetch, target, hist.calls())
                 t = time.monotonic()
+                replies = len(hist.completions)
                 action = await self.policy.act(hist)
                 think = time.monotonic() - t
+                completion = hist.completions[-1] if len(hist.completions) > replies else None
                 if isinstance(action, Final):
                     final = action
                     break
@@ -302,20 +307,35 @@ class RolloutEngine:
                 else:
                     r, source = await loop.run_in_executor(pool, self._call, target, ex, call)
                 turn = Turn(call, _observation(r), r.exit_code, think_s=think,
-                            tool_s=time.monotonic() - t, source=source)
+                            tool_s=time.monotonic() - t, source=source, completion=completion)
                 hist.turns.append(turn)
                 if self.on_turn is not None:
                     self.on_turn(i, turn)
         except Exception as e:  # noqa: BLE001 - one failed rollout must not end the group
             log.warning("rollout %d of %s failed: %s", i, self.task.id, e)
             error = f"{type(e).__name__}: {e}"
+        except BaseException:  # cancelled: nothing to score
+            await self._release(ws, ex, pool)
+            raise
+        traj = Trajectory(task_id=self.task.id, index=i, mode=self.mode, turns=hist.turns, final=final,
+                          start_s=start, end_s=time.monotonic(), error=error,
+                          completions=hist.completions, group=group)
+        try:
+            if isinstance(self.task.verifier, Verifier):
+                traj.verdict = await averify(self.task.verifier, ws, traj, self.task.workdir)
         finally:
-            if ws is not None:
-                if ex is not None:
-                    await loop.run_in_executor(pool, ex.discard, ws)
-                await ws.aclose()
-        return Trajectory(task_id=self.task.id, index=i, mode=self.mode, turns=hist.turns, final=final,
-                          start_s=start, end_s=time.monotonic(), error=error)
+            await self._release(ws, ex, pool)
+        return traj
+
+    @staticmethod
+    async def _release(ws: Any, ex: Any, pool: ThreadPoolExecutor) -> None:
+        if ws is None:
+            return
+        try:
+            if ex is not None:
+                await asyncio.get_running_loop().run_in_executor(pool, ex.discard, ws)
+        finally:
+            await ws.aclose()
 
     @staticmethod
     def _call(target: Any, ex: Any, call: ToolCall) -> tuple[Result, str]:
