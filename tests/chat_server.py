@@ -2,7 +2,8 @@
 request recorded. Policies and agents under test talk to it as to vLLM or SGLang.
 
 Asked for them, it answers with token ids and logprobs the way vLLM (``flavor="vllm"``) or
-SGLang (``"sglang"``) does. Its tokenizer is UTF-8 bytes: a token id is a byte, the prompt is
+SGLang (``"sglang"``) does, or, as a server that has no token ids (``"plain"``), with logprobs
+only. Its tokenizer is UTF-8 bytes: a token id is a byte, the prompt is
 the JSON of the request's messages (:func:`prompt_text`), a completion is its content or its
 first tool call as ``name(arguments)`` (:func:`completion_text`), and token i's logprob is
 ``-(id % 7 + 1) / 10``, so a test can check every id and logprob it was given.
@@ -63,7 +64,7 @@ def _with_tokens(reply: dict, body: dict, flavor: str) -> dict:
                  "top_logprobs": [{"token": bytes([(i + j) % 256]).decode("latin-1"),
                                    "logprob": logprob_of(i) - j, "bytes": [(i + j) % 256]} for j in range(k)]}
                 for i in ids]}
-        if body.get("return_token_ids"):
+        if body.get("return_token_ids") and flavor in ("vllm", "sglang"):
             ch["token_ids"] = ids
             if flavor == "sglang" and body.get("return_prompt_token_ids"):
                 ch["prompt_token_ids"] = prompt_ids
