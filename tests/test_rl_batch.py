@@ -11,8 +11,8 @@ import time
 import pytest
 
 from bunshin.cache import PrefixCache
-from bunshin.rl import (BatchEngine, Final, History, OpenAIPolicy, PolicyError, ReplayPolicy, RolloutError,
-                        Task, Trajectory, Verdict, Verifier)
+from bunshin.rl import (BatchEngine, Final, History, OpenAIPolicy, PolicyError, ReplayPolicy, RolloutEngine,
+                        RolloutError, Task, Trajectory, Verdict, Verifier)
 
 from chat_server import ChatServer, completion_text, logprob_of, prompt_text, text_reply, tool_reply
 
@@ -102,8 +102,15 @@ def test_crashing_hanging_and_odd_verifiers_are_recorded_not_fatal(no_leaks):
     assert res.as_dict()["verifier_errors"] == 5
 
 
+def test_a_single_group_gets_verdicts_too(no_leaks):
+    with RolloutEngine(numbered(2), task("one", "cat out"), 2, mode="fork", sample_interval=None) as eng:
+        g = eng.run()
+    assert [t.reward for t in g.trajectories] == [0.0, 1.0]
+    assert [t.verdict.passed for t in g.trajectories] == [True, True]
+
+
 def test_a_verifier_on_a_fork_leaves_the_workspace_as_it_was(ws):
-    from bunshin.rl.verify import averify
+    from bunshin.rl.verify import averify, verify
 
     traj = Trajectory("t", 0, "fork", [], None, 0.0, 0.0)
     ws.write_file("/n", "7\n")
@@ -114,6 +121,9 @@ def test_a_verifier_on_a_fork_leaves_the_workspace_as_it_was(ws):
     v = asyncio.run(averify(Verifier("touch /marker; echo 0.5"), ws, traj))
     assert v.reward == 0.5 and ws.run("test -e /marker").ok
     assert asyncio.run(averify(Verifier("true"), None, traj)).error == "the rollout had no workspace to verify"
+    # outside an engine (an environment scoring mid-episode): no trajectory
+    v = verify(Verifier(lambda w, t: (3.5, t is None), on_fork=True), ws)
+    assert (v.reward, v.passed) == (3.5, True)
 
 
 @pytest.mark.slow
@@ -210,6 +220,17 @@ def test_stream_yields_as_rollouts_end_within_the_concurrency_limit(no_leaks):
     last_end = max(t.end_s for _, t in seen)
     assert seen[0][0] < last_end - 0.3  # the first came while others still ran
     assert res.trajectories == sorted((t for _, t in seen), key=lambda t: (t.group, t.index))
+
+
+@pytest.mark.slow
+def test_leaving_a_stream_early_cancels_the_rest(no_leaks):
+    pol = ReplayPolicy([["sleep 0.2"], ["sleep 30"]], think_s=0.02)
+    t0 = time.monotonic()
+    with BatchEngine(pol, [task("E")], 4, mode="fork", sample_interval=None) as eng:
+        stream = eng.stream()
+        first = next(stream)
+        stream.close()
+    assert first.index in (0, 2) and time.monotonic() - t0 < 20 and eng.result is None
 
 
 @pytest.mark.slow

@@ -259,8 +259,9 @@ class OpenAIPolicy:
     failed rollout rather than an answer the model never gave. Other HTTP errors (400, 401,
     404: a wrong model name, a context overflow) raise at once.
 
-    ``seed``: when given, requests carry ``seed + history.index`` (servers that honour it make
-    each rollout reproducible and the group diverse). ``extra_body`` is merged into every
+    ``seed``: when given, requests carry ``seed + history.index + 100003 * history.group``
+    (servers that honour it make each rollout reproducible, the group diverse, and a batch's
+    groups of one task apart from each other). ``extra_body`` is merged into every
     request (e.g. ``{"top_k": 20}`` for vLLM). Token usage and latencies go to ``self.stats``.
 
     For training, each reply used is kept as a :class:`~bunshin.rl.types.Completion` in

@@ -58,7 +58,8 @@ class Verifier:
 
     ``check``: a bash command, run in the task's ``workdir``: it passes when it exits 0, and its
     reward is the number on the last line it prints to stdout, else 1.0 when it passed and 0.0
-    when not. Or a Python callable ``check(workspace, trajectory)`` (a coroutine function is
+    when not. Or a Python callable ``check(workspace, trajectory)`` (trajectory None when scored
+    outside an engine) (a coroutine function is
     awaited) returning a :class:`Verdict`, a bool (passed; reward 1.0 or 0.0), a number (the
     reward; passed when > 0) or a ``(reward, passed)`` pair.
 

@@ -20,7 +20,7 @@ from .types import Trajectory, Verdict, Verifier
 if TYPE_CHECKING:
     from ..runtime.workspace import Workspace
 
-__all__ = ["OUTPUT_LIMIT", "averify", "verdict_of_command", "verdict_of_value"]
+__all__ = ["OUTPUT_LIMIT", "averify", "verdict_of_command", "verdict_of_value", "verify"]
 
 OUTPUT_LIMIT = 8 << 10
 """Characters of a check's output kept in its verdict (the tail: where test runners sum up)."""
@@ -90,7 +90,7 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
     return await fut
 
 
-async def _check(verifier: Verifier, ws: Workspace, traj: Trajectory, workdir: str) -> Verdict:
+async def _check(verifier: Verifier, ws: Workspace, traj: Trajectory | None, workdir: str) -> Verdict:
     t = time.monotonic()
     check = verifier.check
     if isinstance(check, str):
@@ -109,7 +109,8 @@ async def _check(verifier: Verifier, ws: Workspace, traj: Trajectory, workdir: s
     return verdict_of_value(value, time.monotonic() - t, verifier.failure_reward)
 
 
-async def averify(verifier: Verifier, ws: Workspace | None, traj: Trajectory, workdir: str = "/") -> Verdict:
+async def averify(verifier: Verifier, ws: Workspace | None, traj: Trajectory | None,
+                  workdir: str = "/") -> Verdict:
     """``verifier``'s verdict on rollout ``traj`` in workspace ``ws`` (None: the rollout never got
     one, which is a failed verdict). With ``verifier.on_fork`` the check runs on a fork of ``ws``,
     closed afterwards. Never raises (but for cancellation)."""
@@ -131,3 +132,9 @@ async def averify(verifier: Verifier, ws: Workspace | None, traj: Trajectory, wo
     except Exception as e:  # noqa: BLE001 - a crashing check is a recorded failure, not a lost group
         return Verdict(verifier.failure_reward, False, seconds=time.monotonic() - t,
                        error=f"{type(e).__name__}: {e}")
+
+
+def verify(verifier: Verifier, ws: Workspace, traj: Trajectory | None = None, workdir: str = "/") -> Verdict:
+    """:func:`averify` for code without an event loop (an environment's step that scores the
+    workspace mid-episode: use ``on_fork`` so the episode goes on untouched)."""
+    return asyncio.run(averify(verifier, ws, traj, workdir))
