@@ -234,6 +234,16 @@ def test_leaving_a_stream_early_cancels_the_rest(no_leaks):
 
 
 @pytest.mark.slow
+def test_leaving_a_stream_during_a_setup_lets_go_of_what_it_makes(no_leaks):
+    quick, slow = task("quick", "true"), task("slow", "true", setup=("sleep 2",))
+    with BatchEngine(numbered(1), [quick, slow], 1, mode="fork", sample_interval=None) as eng:
+        stream = eng.stream()
+        assert next(stream).task_id == "quick"
+        stream.close()  # slow's setup is still running: its template is closed once made
+    assert eng.result is None
+
+
+@pytest.mark.slow
 def test_astream_yields_early_and_leaving_it_cancels_the_rest(no_leaks):
     pol = Counting([["sleep 0.2"], ["sleep 30"]], think_s=0.02)  # odd rollouts would run long
 

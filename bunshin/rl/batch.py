@@ -95,6 +95,7 @@ class _TaskState:
         self.left = rollouts
         self.lock = asyncio.Lock()
         self.prov: Any = None
+        self.preparing: asyncio.Future | None = None
         self.ex: Any = None
         self.failure: str | None = None
         self.setup_s = 0.0
@@ -105,16 +106,22 @@ class _TaskState:
                 return
             eng = self.engine
             try:
-                prov = provider(eng.mode, eng.task, ksm=eng.ksm)
-                await asyncio.get_running_loop().run_in_executor(pool, prov.prepare)
+                self.prov = provider(eng.mode, eng.task, ksm=eng.ksm)
+                self.preparing = asyncio.get_running_loop().run_in_executor(pool, self.prov.prepare)
+                # shielded: a cancelled rollout leaves the setup to finish, for release() to undo
+                await asyncio.shield(self.preparing)
             except Exception as e:  # noqa: BLE001 - the task's rollouts record it; the batch goes on
                 self.failure = f"{type(e).__name__}: {e}"
+                await self.release(pool)
                 return
-            self.prov, self.setup_s = prov, prov.setup_s
+            self.setup_s = self.prov.setup_s
             self.ex = speculator(eng)
 
     async def release(self, pool: ThreadPoolExecutor) -> None:
         loop = asyncio.get_running_loop()
+        if self.preparing is not None:
+            await asyncio.gather(self.preparing, return_exceptions=True)
+            self.preparing = None
         prov, ex, self.prov, self.ex = self.prov, self.ex, None, None
         try:
             if ex is not None:

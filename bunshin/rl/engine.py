@@ -26,6 +26,7 @@ rollout in its final workspace before that is closed (``Trajectory.verdict``; se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -280,7 +281,13 @@ class RolloutEngine:
         error: str | None = None
         ws = None
         try:
-            ws, sh = await loop.run_in_executor(pool, prov.acquire, i)
+            acquiring = loop.run_in_executor(pool, prov.acquire, i)
+            try:
+                ws, sh = await asyncio.shield(acquiring)
+            except asyncio.CancelledError:  # the workspace is made all the same: close it once it is
+                with contextlib.suppress(Exception):
+                    await (await acquiring)[0].aclose()
+                raise
             if self.cache is not None:
                 target: Any = self.cache.rollout(ws, self.task.id)
                 target._shell = sh  # continue the setup's shell, as in every other mode
