@@ -68,6 +68,24 @@ def test_a_batch_of_tasks_and_groups_gets_verifier_rewards(no_leaks, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fresh", "criu", "fork"])
+def test_every_mode_runs_a_batch(no_leaks, mode):
+    from bunshin.criu_locate import find_criu
+
+    if mode == "criu" and not (find_criu() and find_criu().usable):
+        pytest.skip("no CRIU ≥ 4 on this machine: `bunshin criu provision`")
+    a, b = task("A", "cat out"), task("B", "cat out")
+    with BatchEngine(numbered(2), [a, b, a], 2, mode=mode, max_concurrency=3, sample_interval=None) as eng:
+        res = eng.run()
+    assert not res.errors, res.errors
+    assert [[t.reward for t in g.trajectories] for g in res.groups] == [[0.0, 1.0]] * 3
+    ids = [t.turns[1].observation for t in res.trajectories]
+    # fresh mode sets every rollout's workspace up anew; the others share the task's set-up state
+    assert len(set(ids)) == (6 if mode == "fresh" else 2), ids
+    assert res.max_in_flight == 3
+
+
+@pytest.mark.slow
 def test_crashing_hanging_and_odd_verifiers_are_recorded_not_fatal(no_leaks):
     def crash(ws, traj):
         raise ValueError("the checker broke")
