@@ -125,6 +125,7 @@ def test_a_single_group_gets_verdicts_too(no_leaks):
         g = eng.run()
     assert [t.reward for t in g.trajectories] == [0.0, 1.0]
     assert [t.verdict.passed for t in g.trajectories] == [True, True]
+    assert g.as_dict()["reward_mean"] == 0.5
 
 
 def test_a_verifier_on_a_fork_leaves_the_workspace_as_it_was(ws):

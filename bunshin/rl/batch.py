@@ -241,7 +241,7 @@ class BatchEngine:
                 try:
                     await st.ready(pool, self._speculator)
                     if st.failure is None:
-                        return await st.engine._rollout(i, st.prov, st.ex, pool, group=g)
+                        return await st.engine.rollout(i, st.prov, st.ex, pool, group=g)
                     return await self._failed(st.engine.task, g, i, st.failure)
                 finally:
                     running[0] -= 1

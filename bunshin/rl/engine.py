@@ -89,6 +89,7 @@ class GroupResult:
     def as_dict(self) -> dict[str, Any]:
         """The figures (no trajectories), JSON-ready."""
         lat = sorted(t.latency_s for t in self.trajectories)
+        rewards = [t.reward for t in self.trajectories if t.reward is not None]
         sources: dict[str, int] = {}
         for t in self.trajectories:
             for turn in t.turns:
@@ -102,6 +103,7 @@ class GroupResult:
             "tool_s": sum(t.tool_s for t in self.trajectories),
             "think_s": sum(t.think_s for t in self.trajectories),
             "sources": sources, "errors": self.errors,
+            **({"reward_mean": sum(rewards) / len(rewards)} if rewards else {}),
             **({"peak_bytes": self.memory.peak_bytes, "gb_s": self.memory.gb_s,
                 "memory_samples": len(self.memory.times),
                 "sample_cost_p50_s": self.memory.as_dict()["sample_cost_p50_s"]} if self.memory else {}),
@@ -272,6 +274,12 @@ class RolloutEngine:
         return GroupResult(mode=self.mode, task_id=self.task.id, trajectories=trajs, latency_s=end - start,
                            setup_s=prov.setup_s, memory=mem, cpu=cpu.stop(), cache=cache_stats,
                            speculation=dataclasses.asdict(ex.stats) if ex is not None else None, extra=extra)
+
+    async def rollout(self, i: int, prov: Any, ex: Any, pool: ThreadPoolExecutor, group: int = 0) -> Trajectory:
+        """Rollout ``i`` (of group ``group`` of a batch) on a workspace from the prepared provider
+        ``prov``, speculating through ``ex`` (None: not), its workspace work on ``pool``: the
+        unit :class:`~bunshin.rl.batch.BatchEngine` schedules. Never raises but for cancellation."""
+        return await self._rollout(i, prov, ex, pool, group)
 
     async def _rollout(self, i: int, prov, ex, pool: ThreadPoolExecutor, group: int = 0) -> Trajectory:
         loop = asyncio.get_running_loop()
