@@ -180,7 +180,7 @@ class BatchEngine:
             self._own_cache = tempfile.TemporaryDirectory(prefix="bunshin-rl-cache-")
             self.cache = cache = PrefixCache(Path(self._own_cache.name) / "cache.lmdb", memory_budget=cache_budget,
                                              snapshot=self._worth_keeping)
-        try:  # one engine per task checks the arguments and runs its rollouts; they share the cache
+        try:  # one rollout engine per task checks the arguments and runs its rollouts; they share the cache
             self.engines = {tid: RolloutEngine(policy, t, group_size, mode, cache=cache, speculate=speculate,
                                                max_inflight=max_inflight, snapshot_after=snapshot_after,
                                                predictor=predictor, ksm=ksm, sample_interval=None)
@@ -335,7 +335,7 @@ class BatchEngine:
             th.join()
 
     def close(self) -> None:
-        """Close the private cache (if the engine made one)."""
+        """Close the private cache (if the batch engine made one)."""
         if self._own_cache is not None:
             assert self.cache is not None
             self.cache.close()

@@ -265,7 +265,7 @@ class OpenAIPolicy:
     request (e.g. ``{"top_k": 20}`` for vLLM). Token usage and latencies go to ``self.stats``.
 
     For training, each reply used is kept as a :class:`~bunshin.rl.types.Completion` in
-    ``history.completions`` (the engine puts it in the turn and the trajectory): the messages and
+    ``history.completions`` (the rollout engine puts it in the turn and the trajectory): the messages and
     tools exactly as sent and the reply. ``token_ids=True`` asks for the prompt's and the
     completion's token ids (``return_token_ids`` and ``return_prompt_token_ids`` in the body:
     vLLM ≥ 0.10.2 answers the first with ``prompt_token_ids`` beside ``choices`` and ignores the

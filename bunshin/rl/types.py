@@ -59,7 +59,7 @@ class Verifier:
     ``check``: a bash command, run in the task's ``workdir``: it passes when it exits 0, and its
     reward is the number on the last line it prints to stdout, else 1.0 when it passed and 0.0
     when not. Or a Python callable ``check(workspace, trajectory)`` (trajectory None when scored
-    outside an engine) (a coroutine function is
+    outside a rollout engine) (a coroutine function is
     awaited) returning a :class:`Verdict`, a bool (passed; reward 1.0 or 0.0), a number (the
     reward; passed when > 0) or a ``(reward, passed)`` pair.
 
@@ -172,7 +172,7 @@ class Turn:
 class History:
     """What a policy sees: the task, which rollout of the group (``index``), the turns so far,
     and which group of a batch (``group``). A policy that keeps its replies appends each one's
-    :class:`Completion` to ``completions`` (the engine puts it in the turn it made)."""
+    :class:`Completion` to ``completions`` (the rollout engine puts it in the turn it made)."""
 
     task: Task
     index: int = 0
