@@ -3,9 +3,12 @@
 >>> from bunshin.rl import RolloutEngine, ReplayPolicy, Task      # doctest: +SKIP
 >>> eng = RolloutEngine(policy, task, group_size=8, mode="bunshin")  # doctest: +SKIP
 >>> group = eng.run()                                               # doctest: +SKIP
+>>> batch = BatchEngine(policy, tasks, group_size=8, max_concurrency=32).run()  # doctest: +SKIP
 
-Modules: :mod:`.types` (Task, History, Turn, Trajectory, the Policy protocol), :mod:`.policies`
-(OpenAIPolicy, ReplayPolicy), :mod:`.engine` (RolloutEngine and its modes), :mod:`.metrics`
+Modules: :mod:`.types` (Task, Verifier, Verdict, History, Turn, Completion, Trajectory, the Policy
+protocol), :mod:`.policies` (OpenAIPolicy, ReplayPolicy), :mod:`.engine` (RolloutEngine and its
+modes), :mod:`.batch` (BatchEngine: tasks × groups, streamed), :mod:`.verify` (running verifiers),
+:mod:`.metrics`
 (the memory/CPU sampler), :mod:`.gym` (a gymnasium env), :mod:`.minisweagent` (an environment
 for mini-swe-agent).
 """
@@ -16,6 +19,7 @@ import importlib
 from typing import Any
 
 from .types import (
+    Completion,
     Final,
     History,
     Policy,
@@ -24,12 +28,16 @@ from .types import (
     Task,
     Trajectory,
     Turn,
+    Verdict,
+    Verifier,
 )
 
 _LAZY = {
     "OpenAIPolicy": "bunshin.rl.policies",
     "ReplayPolicy": "bunshin.rl.policies",
     "RolloutEngine": "bunshin.rl.engine",
+    "BatchEngine": "bunshin.rl.batch",
+    "BatchResult": "bunshin.rl.batch",
     "GroupResult": "bunshin.rl.engine",
     "MODES": "bunshin.rl.engine",
     "MemorySampler": "bunshin.rl.metrics",
@@ -37,9 +45,10 @@ _LAZY = {
     "BunshinEnvironment": "bunshin.rl.minisweagent",
 }
 
-__all__ = ["BunshinEnvironment", "Final", "GroupResult", "History", "MODES", "MemorySampler",  # noqa: RUF022
-           "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine", "RolloutError", "Task",
-           "Trajectory", "Turn", "WorkspaceEnv"]
+__all__ = ["BatchEngine", "BatchResult", "BunshinEnvironment", "Completion", "Final",  # noqa: RUF022
+           "GroupResult", "History", "MODES", "MemorySampler", "OpenAIPolicy", "Policy", "PolicyError",
+           "ReplayPolicy", "RolloutEngine", "RolloutError", "Task", "Trajectory", "Turn", "Verdict", "Verifier",
+           "WorkspaceEnv"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,12 +18,15 @@ bunshin    live fork                                    yes   yes
 ``cache``/``speculate`` switch the two features in ``fork``/``bunshin`` mode. Rollouts run as
 asyncio tasks (the policy is async); workspace work runs on a thread pool, at most
 ``concurrency`` rollouts at a time. A rollout that fails keeps its error in its trajectory and
-the group goes on; a setup that fails raises :class:`RolloutError`.
+the group goes on; a setup that fails raises :class:`RolloutError`. A task's verifier scores each
+rollout in its final workspace before that is closed (``Trajectory.verdict``; see
+:mod:`bunshin.rl.verify`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -37,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Self
 from ..cache.toolcall import ToolCall, as_tool_call, child_key
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, arun_tool, run_tool
 from .metrics import CpuMeter, MemoryReport, MemorySampler
-from .types import Final, History, Policy, RolloutError, Task, Trajectory, Turn
+from .types import Final, History, Policy, RolloutError, Task, Trajectory, Turn, Verifier
+from .verify import averify
 from .workspaces import provider
 
 if TYPE_CHECKING:
@@ -85,6 +89,7 @@ class GroupResult:
     def as_dict(self) -> dict[str, Any]:
         """The figures (no trajectories), JSON-ready."""
         lat = sorted(t.latency_s for t in self.trajectories)
+        rewards = [t.reward for t in self.trajectories if t.reward is not None]
         sources: dict[str, int] = {}
         for t in self.trajectories:
             for turn in t.turns:
@@ -98,6 +103,7 @@ class GroupResult:
             "tool_s": sum(t.tool_s for t in self.trajectories),
             "think_s": sum(t.think_s for t in self.trajectories),
             "sources": sources, "errors": self.errors,
+            **({"reward_mean": sum(rewards) / len(rewards)} if rewards else {}),
             **({"peak_bytes": self.memory.peak_bytes, "gb_s": self.memory.gb_s,
                 "memory_samples": len(self.memory.times),
                 "sample_cost_p50_s": self.memory.as_dict()["sample_cost_p50_s"]} if self.memory else {}),
@@ -269,15 +275,27 @@ class RolloutEngine:
                            setup_s=prov.setup_s, memory=mem, cpu=cpu.stop(), cache=cache_stats,
                            speculation=dataclasses.asdict(ex.stats) if ex is not None else None, extra=extra)
 
-    async def _rollout(self, i: int, prov, ex, pool: ThreadPoolExecutor) -> Trajectory:
+    async def rollout(self, i: int, prov: Any, ex: Any, pool: ThreadPoolExecutor, group: int = 0) -> Trajectory:
+        """Rollout ``i`` (of group ``group`` of a batch) on a workspace from the prepared provider
+        ``prov``, speculating through ``ex`` (None: not), its workspace work on ``pool``: the
+        unit :class:`~bunshin.rl.batch.BatchEngine` schedules. Never raises but for cancellation."""
+        return await self._rollout(i, prov, ex, pool, group)
+
+    async def _rollout(self, i: int, prov, ex, pool: ThreadPoolExecutor, group: int = 0) -> Trajectory:
         loop = asyncio.get_running_loop()
         start = time.monotonic()
-        hist = History(self.task, i)
+        hist = History(self.task, i, group=group)
         final: Final | None = None
         error: str | None = None
         ws = None
         try:
-            ws, sh = await loop.run_in_executor(pool, prov.acquire, i)
+            acquiring = loop.run_in_executor(pool, prov.acquire, i)
+            try:
+                ws, sh = await asyncio.shield(acquiring)
+            except asyncio.CancelledError:  # the workspace is made all the same: close it once it is
+                with contextlib.suppress(Exception):
+                    await (await acquiring)[0].aclose()
+                raise
             if self.cache is not None:
                 target: Any = self.cache.rollout(ws, self.task.id)
                 target._shell = sh  # continue the setup's shell, as in every other mode
@@ -287,8 +305,10 @@ class RolloutEngine:
                 if ex is not None:
                     await loop.run_in_executor(pool, ex.prefetch, target, hist.calls())
                 t = time.monotonic()
+                replies = len(hist.completions)
                 action = await self.policy.act(hist)
                 think = time.monotonic() - t
+                completion = hist.completions[-1] if len(hist.completions) > replies else None
                 if isinstance(action, Final):
                     final = action
                     break
@@ -302,20 +322,35 @@ class RolloutEngine:
                 else:
                     r, source = await loop.run_in_executor(pool, self._call, target, ex, call)
                 turn = Turn(call, _observation(r), r.exit_code, think_s=think,
-                            tool_s=time.monotonic() - t, source=source)
+                            tool_s=time.monotonic() - t, source=source, completion=completion)
                 hist.turns.append(turn)
                 if self.on_turn is not None:
                     self.on_turn(i, turn)
         except Exception as e:  # noqa: BLE001 - one failed rollout must not end the group
             log.warning("rollout %d of %s failed: %s", i, self.task.id, e)
             error = f"{type(e).__name__}: {e}"
+        except BaseException:  # cancelled: nothing to score
+            await self._release(ws, ex, pool)
+            raise
+        traj = Trajectory(task_id=self.task.id, index=i, mode=self.mode, turns=hist.turns, final=final,
+                          start_s=start, end_s=time.monotonic(), error=error,
+                          completions=hist.completions, group=group)
+        try:
+            if isinstance(self.task.verifier, Verifier):
+                traj.verdict = await averify(self.task.verifier, ws, traj, self.task.workdir)
         finally:
-            if ws is not None:
-                if ex is not None:
-                    await loop.run_in_executor(pool, ex.discard, ws)
-                await ws.aclose()
-        return Trajectory(task_id=self.task.id, index=i, mode=self.mode, turns=hist.turns, final=final,
-                          start_s=start, end_s=time.monotonic(), error=error)
+            await self._release(ws, ex, pool)
+        return traj
+
+    @staticmethod
+    async def _release(ws: Any, ex: Any, pool: ThreadPoolExecutor) -> None:
+        if ws is None:
+            return
+        try:
+            if ex is not None:
+                await asyncio.get_running_loop().run_in_executor(pool, ex.discard, ws)
+        finally:
+            await ws.aclose()
 
     @staticmethod
     def _call(target: Any, ex: Any, call: ToolCall) -> tuple[Result, str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..cache.errors import InvalidToolCall
 from ..cache.toolcall import ToolCall, as_tool_call
-from .types import Final, History, PolicyError, RolloutError
+from .types import Completion, Final, History, PolicyError, RolloutError
 
 __all__ = ["BUILTIN_TOOL_SCHEMAS", "OpenAIPolicy", "PolicyStats", "ReplayPolicy"]
 
@@ -259,9 +259,20 @@ class OpenAIPolicy:
     failed rollout rather than an answer the model never gave. Other HTTP errors (400, 401,
     404: a wrong model name, a context overflow) raise at once.
 
-    ``seed``: when given, requests carry ``seed + history.index`` (servers that honour it make
-    each rollout reproducible and the group diverse). ``extra_body`` is merged into every
+    ``seed``: when given, requests carry ``seed + history.index + 100003 * history.group``
+    (servers that honour it make each rollout reproducible, the group diverse, and a batch's
+    groups of one task apart from each other). ``extra_body`` is merged into every
     request (e.g. ``{"top_k": 20}`` for vLLM). Token usage and latencies go to ``self.stats``.
+
+    For training, each reply used is kept as a :class:`~bunshin.rl.types.Completion` in
+    ``history.completions`` (the rollout engine puts it in the turn and the trajectory): the messages and
+    tools exactly as sent and the reply. ``token_ids=True`` asks for the prompt's and the
+    completion's token ids (``return_token_ids`` and ``return_prompt_token_ids`` in the body:
+    vLLM ≥ 0.10.2 answers the first with ``prompt_token_ids`` beside ``choices`` and ignores the
+    second, with a warning in its log; SGLang answers both inside the choice);
+    ``logprobs=True`` asks for each completion token's logprob, ``top_logprobs=k`` for the k
+    likeliest alternatives too. A server that leaves out what was asked for raises
+    :class:`PolicyError` at once: a trainer must not get a trajectory without them.
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY",
@@ -269,7 +280,8 @@ class OpenAIPolicy:
                  timeout: float = 120.0, max_retries: int = 3, backoff_s: float = 0.5,
                  system_prompt: str | None = None, tools: Mapping[str, dict] | None = None,
                  extra_body: Mapping[str, Any] | None = None, max_observation_chars: int = 16_000,
-                 seed: int | None = None, tool_choice: str | None = None) -> None:
+                 seed: int | None = None, tool_choice: str | None = None, token_ids: bool = False,
+                 logprobs: bool = False, top_logprobs: int | None = None) -> None:
         if not isinstance(base_url, str) or not base_url:
             raise RolloutError(f"OpenAIPolicy: base_url must be a URL str, got {base_url!r}")
         if not isinstance(model, str) or not model:
@@ -291,6 +303,14 @@ class OpenAIPolicy:
                                f"got {max_observation_chars!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise RolloutError(f"OpenAIPolicy: seed must be an int or None, got {seed!r}")
+        for name, flag in (("token_ids", token_ids), ("logprobs", logprobs)):
+            if not isinstance(flag, bool):
+                raise RolloutError(f"OpenAIPolicy: {name} must be a bool, got {flag!r}")
+        if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                         or not 0 <= top_logprobs <= 20):
+            raise RolloutError(f"OpenAIPolicy: top_logprobs must be an int in [0, 20] or None, got {top_logprobs!r}")
+        if top_logprobs and not logprobs:
+            raise RolloutError("OpenAIPolicy: top_logprobs needs logprobs=True")
         schemas = dict(BUILTIN_TOOL_SCHEMAS)
         for name, schema in (tools or {}).items():
             if not isinstance(schema, Mapping):
@@ -315,6 +335,9 @@ class OpenAIPolicy:
         self.max_observation_chars = max_observation_chars
         self.seed = seed
         self.tool_choice = tool_choice
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
         self.stats = PolicyStats()
         self._clients: dict[int, Any] = {}  # id(event loop) -> AsyncOpenAI (its pool is per loop)
 
@@ -360,9 +383,17 @@ class OpenAIPolicy:
         if self.max_tokens is not None:
             kw["max_tokens"] = self.max_tokens
         if self.seed is not None:
-            kw["seed"] = self.seed + history.index
-        if self.extra_body:
-            kw["extra_body"] = dict(self.extra_body)
+            # groups of one task in a batch draw apart; group 0 keeps the single group's seeds
+            kw["seed"] = self.seed + history.index + history.group * 100_003
+        if self.logprobs:
+            kw["logprobs"] = True
+            if self.top_logprobs:
+                kw["top_logprobs"] = self.top_logprobs
+        body = dict(self.extra_body)
+        if self.token_ids:
+            body.update(return_token_ids=True, return_prompt_token_ids=True)
+        if body:
+            kw["extra_body"] = body
         return kw
 
     def _client(self) -> Any:
@@ -415,6 +446,41 @@ class OpenAIPolicy:
         except InvalidToolCall as e:
             raise _BadReply(str(e)) from None
 
+    def _completion(self, resp: Any, kw: dict[str, Any]) -> Completion:
+        """The reply ``resp`` to request ``kw`` as a Completion; PolicyError when it lacks the
+        token ids or logprobs asked for."""
+        choice = resp.choices[0]
+        msg = choice.message
+        prompt_ids = ids = lps = tokens = top = None
+        if self.token_ids:
+            # vLLM puts the prompt's ids beside the choices, SGLang inside the choice
+            prompt_ids = _ints(getattr(resp, "prompt_token_ids", None) or getattr(choice, "prompt_token_ids", None))
+            ids = _ints(getattr(choice, "token_ids", None))
+            if prompt_ids is None or ids is None:
+                raise PolicyError(f"{self.base_url} (model {self.model!r}) returned no "
+                                  f"{'prompt_token_ids' if prompt_ids is None else 'token_ids'} although asked "
+                                  "(return_token_ids): use vLLM ≥ 0.10.2 or SGLang, or token_ids=False")
+        if self.logprobs:
+            content = getattr(getattr(choice, "logprobs", None), "content", None)
+            if content is None:
+                raise PolicyError(f"{self.base_url} (model {self.model!r}) returned no logprobs although "
+                                  "asked (logprobs=True)")
+            lps = [float(c.logprob) for c in content]
+            tokens = [c.token for c in content]
+            if self.top_logprobs:
+                top = [{t.token: float(t.logprob) for t in (c.top_logprobs or [])} for c in content]
+            if ids is not None and len(ids) != len(lps):
+                raise PolicyError(f"{self.base_url} (model {self.model!r}) returned {len(ids)} completion token "
+                                  f"ids but {len(lps)} logprobs: they must pair up")
+        u = getattr(resp, "usage", None)
+        return Completion(
+            messages=kw["messages"], tools=kw.get("tools", []), content=msg.content,
+            tool_calls=[c.model_dump() if hasattr(c, "model_dump") else dict(c) for c in msg.tool_calls or []],
+            finish_reason=choice.finish_reason, prompt_token_ids=prompt_ids, completion_token_ids=ids,
+            logprobs=lps, tokens=tokens, top_logprobs=top,
+            usage={k: getattr(u, k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+                   if isinstance(getattr(u, k, None), int)} if u is not None else None)
+
     def _count_usage(self, resp: Any) -> None:
         u = getattr(resp, "usage", None)
         if u is not None:
@@ -457,10 +523,17 @@ class OpenAIPolicy:
             self.stats.latencies_s.append(dt)
             self._count_usage(resp)
             try:
-                return self._parse(resp, history)
+                action = self._parse(resp, history)
             except _BadReply as e:
                 self.stats.bad_replies += 1
                 problem = f"unusable reply: {e}"
+                continue
+            try:
+                history.completions.append(self._completion(resp, kw))
+            except PolicyError:
+                self.stats.failures += 1
+                raise
+            return action
         self.stats.failures += 1
         raise PolicyError(f"task {history.task.id!r} rollout {history.index} step {len(history.turns)}: "
                           f"no usable reply from {self.base_url} (model {self.model!r}) after "
@@ -472,6 +545,12 @@ class OpenAIPolicy:
         self._clients.clear()
         if c is not None:
             await c[1].close()
+
+
+def _ints(v: Any) -> list[int] | None:
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return list(v)
+    return None
 
 
 def _short(e: Exception) -> str:
