@@ -73,7 +73,7 @@ def test_driven_as_swe_agent_drives_a_deployment(no_leaks, tmp_path):
     async def main():
         dep = BunshinDeployment(workdir="/repo", setup=SETUP, env={**ENV, "PAGER": "cat"})
         with pytest.raises(DeploymentNotStartedError):
-            dep.runtime
+            _ = dep.runtime
         assert not await dep.is_alive()
         steps = []
         dep.add_hook(type("H", (), {"on_custom_step": lambda self, m: steps.append(m)})())

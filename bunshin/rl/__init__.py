@@ -7,7 +7,8 @@
 Modules: :mod:`.types` (Task, History, Turn, Trajectory, the Policy protocol), :mod:`.policies`
 (OpenAIPolicy, ReplayPolicy), :mod:`.engine` (RolloutEngine and its modes), :mod:`.metrics`
 (the memory/CPU sampler), :mod:`.gym` (a gymnasium env), :mod:`.minisweagent` (an environment
-for mini-swe-agent).
+for mini-swe-agent), :mod:`.skyrl` (a SkyRL-gym text env), :mod:`.swerex` (a SWE-ReX deployment
+and runtime).
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ _LAZY = {
     "MemorySampler": "bunshin.rl.metrics",
     "WorkspaceEnv": "bunshin.rl.gym",
     "BunshinEnvironment": "bunshin.rl.minisweagent",
+    "BunshinTextEnv": "bunshin.rl.skyrl",
+    "BunshinDeployment": "bunshin.rl.swerex",
+    "BunshinRuntime": "bunshin.rl.swerex",
 }
 
-__all__ = ["BunshinEnvironment", "Final", "GroupResult", "History", "MODES", "MemorySampler",  # noqa: RUF022
+__all__ = ["BunshinDeployment", "BunshinEnvironment", "BunshinRuntime", "BunshinTextEnv",  # noqa: RUF022
+           "Final", "GroupResult", "History", "MODES", "MemorySampler",
            "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine", "RolloutError", "Task",
            "Trajectory", "Turn", "WorkspaceEnv"]
 
