@@ -161,6 +161,78 @@ def test_driven_as_swe_agent_drives_a_deployment(no_leaks, tmp_path):
     run(main())
 
 
+class SweAgentEnv:
+    """SWE-agent's SWEEnv call pattern (sweagent/environment/swe_env.py): synchronous methods,
+    each one ``asyncio.run`` of one runtime call, on any deployment."""
+
+    def __init__(self, deployment, post_startup_commands=()):
+        self.deployment = deployment
+        self.post_startup_commands = list(post_startup_commands)
+
+    def start(self):
+        asyncio.run(self.deployment.start())
+        asyncio.run(self.deployment.runtime.create_session(CreateBashSessionRequest(startup_source=["/root/.bashrc"])))
+        self.communicate(" && ".join(f"export {k}={v}" for k, v in {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}.items()),
+                         check="raise")
+        self.communicate("cd /", check="raise")
+        self.communicate(" && ".join(["cd /repo", "export ROOT=$(pwd -P)", "git status", "git reset --hard",
+                                      "git checkout master", "git clean -fdq"]), check="raise", timeout=120)
+        for c in self.post_startup_commands:
+            self.communicate(c, check="raise", timeout=500)
+
+    def communicate(self, input, timeout=25, *, check="ignore"):
+        r = asyncio.run(self.deployment.runtime.run_in_session(
+            BashAction(command=input, timeout=timeout, check="silent" if check else "ignore")))
+        if check != "ignore" and r.exit_code != 0:
+            raise RuntimeError(f"Command {input!r} failed ({r.exit_code=})")
+        return r.output
+
+    def interrupt_session(self):
+        asyncio.run(self.deployment.runtime.run_in_session(BashInterruptAction()))
+
+    def read_file(self, path):
+        return asyncio.run(self.deployment.runtime.read_file(ReadFileRequest(path=str(path)))).content
+
+    def write_file(self, path, content):
+        asyncio.run(self.deployment.runtime.write_file(WriteFileRequest(path=str(path), content=content)))
+
+    def execute_command(self, command, shell=True, check=False, env=None, cwd=None):
+        asyncio.run(self.deployment.runtime.execute(Command(command=command, shell=shell, check=check, env=env,
+                                                            cwd=cwd)))
+
+    def close(self):
+        asyncio.run(self.deployment.stop())
+
+
+def test_swe_agent_call_pattern(no_leaks, tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "submit").write_text("#!/bin/bash\ngit -C /repo diff\n")
+    (tmp_path / "bin" / "submit").chmod(0o755)
+    setup = [s.replace("git init -q", "git init -q -b master") for s in SETUP]
+    # SWE-agent's default tool config sets these variables (git's pager on a terminal is less)
+    env = SweAgentEnv(BunshinDeployment(setup=setup, env={**ENV, "PAGER": "cat", "GIT_PAGER": "cat"}),
+                      post_startup_commands=["export STARTED=1"])
+    env.start()
+    try:
+        # the agent's tool bundle, installed as SWE-agent installs it
+        asyncio.run(env.deployment.runtime.upload(UploadRequest(source_path=str(tmp_path), target_path="/root/tools/t")))
+        env.execute_command("chmod -R +x /root/tools/t/bin", check=True)
+        env.communicate("export PATH=/root/tools/t/bin:$PATH", check="raise")
+        assert env.communicate("echo $LANG $STARTED $ROOT $FROM_BASHRC; pwd") == "C.UTF-8 1 /repo yes\n/repo\n"
+        env.write_file("/repo/calc.py", env.read_file("/repo/calc.py").replace("a - b", "a + b"))
+        assert env.communicate("python3 test_calc.py", check="raise") == "ok\n"
+        with pytest.raises(CommandTimeoutError):
+            env.communicate("sleep 60", timeout=0.5)
+        env.interrupt_session()
+        assert "+    return a + b" in env.communicate("submit")
+        with pytest.raises(RuntimeError, match="exit_code=1"):
+            env.communicate("false", check="warn")
+        ws = env.deployment.workspace
+    finally:
+        env.close()
+    assert ws.closed
+
+
 def test_fork_continues_every_session(no_leaks):
     async def main():
         dep = BunshinDeployment(workdir="/repo", setup=SETUP, env=ENV)
