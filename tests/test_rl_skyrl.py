@@ -170,11 +170,28 @@ def test_template_and_reward_fn(no_leaks):
         base.close()
 
 
+def test_verifier_failures_are_recorded(templates):
+    for spec, what in [({"fn": lambda ws, chat: 1 / 0}, "ZeroDivisionError"),
+                       ({"fn": lambda ws, chat: float("nan")}, "finite number"),
+                       ({"command": "sleep 30", "timeout": 0.5}, None)]:
+        env = BunshinTextEnv(None, {"task": TASK, "reward_spec": spec})
+        try:
+            env.init(copy.deepcopy(PROMPT))
+            out = env.step("<solution>x</solution>")
+            assert (out["done"], out["reward"]) == (True, 0.0)
+            v = out["metadata"]["verifier"]
+            assert what in v["error"] if what else v["timed_out"]
+        finally:
+            env.close()
+
+
 def test_validation():
     with pytest.raises(RolloutError, match="needs 'task'"):
         BunshinTextEnv(None, {"reward_spec": REWARD})
     with pytest.raises(RolloutError, match="reward_spec"):
         BunshinTextEnv(None, {"task": TASK})
+    with pytest.raises(RolloutError, match="a field Task does not"):
+        BunshinTextEnv(None, {"task": {"image": "x"}, "reward_spec": REWARD})
     env = BunshinTextEnv(None, {"task": Task(id="t", prompt=""), "reward_spec": REWARD})
     with pytest.raises(RolloutError, match="before init"):
         _ = env.workspace

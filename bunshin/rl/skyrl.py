@@ -79,7 +79,10 @@ def task_of(spec: Task | Mapping[str, Any]) -> Task:
              for c in fields.pop("setup", ())]
     fields.setdefault("id", "skyrl")
     fields.setdefault("prompt", "")
-    return Task(setup=tuple(setup), **fields)
+    try:
+        return Task(setup=tuple(setup), **fields)
+    except TypeError as e:
+        raise RolloutError(f"BunshinTextEnv: extras['task'] has a field Task does not: {e}") from None
 
 
 class TemplateCache:
@@ -276,14 +279,21 @@ class BunshinTextEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(observations=[obs], reward=0.0, done=False, metadata=info)
 
     def _verify(self) -> float:
+        """The verifier's reward; one that crashes, times out or answers no finite number
+        gives 0.0 with the failure in ``self.verifier``, never a lost trajectory."""
         t0 = time.monotonic()
         fn = self.reward_spec.get("fn")
         if callable(fn):
-            r = fn(self.workspace, self.chat_history)
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-                raise RolloutError(f"BunshinTextEnv: reward_spec['fn'] must return a finite number, got {r!r}")
-            self.verifier = {"reward": float(r), "seconds": time.monotonic() - t0}
-            return float(r)
+            try:
+                r = fn(self.workspace, self.chat_history)
+                if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+                    raise RolloutError(f"reward_spec['fn'] must return a finite number, got {r!r}")
+                self.verifier = {"reward": float(r), "seconds": time.monotonic() - t0}
+            except Exception as e:  # noqa: BLE001 - recorded, the trajectory kept
+                if self.workspace.closed:
+                    raise
+                self.verifier = {"reward": 0.0, "error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
+            return float(self.verifier["reward"])
         res = self.workspace.run(self.reward_spec["command"], cwd=self.task.workdir,
                                  timeout=float(self.reward_spec.get("timeout", 300)))
         reward = 1.0 if res.ok else 0.0
