@@ -118,6 +118,11 @@ def test_driven_as_swe_agent_drives_a_deployment(no_leaks, tmp_path):
             obs = await sh(rt, "quit()", is_interactive_quit=True, timeout=10)
             assert obs.expect_string == PROMPT
             assert (await sh(rt, "pwd")).output == "/repo\n"
+            # a REPL takes ^C itself: the interrupt ends its job
+            await sh(rt, "python3 -q", is_interactive_command=True, expect=[">>> "], timeout=10)
+            obs = await rt.run_in_session(BashInterruptAction(timeout=0.3, n_retry=2))
+            assert obs.expect_string == PROMPT and "KeyboardInterrupt" in obs.output
+            assert (await sh(rt, "echo $TASK")).output == "fix-add\n"
 
             # files: SWE-agent's editor reads and writes through the runtime
             assert (await rt.read_file(ReadFileRequest(path="/repo/calc.py"))).content == BUGGY

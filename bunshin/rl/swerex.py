@@ -23,9 +23,11 @@ environment to inherit); a relative path names a file under the deployment's ``w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -183,7 +185,21 @@ class BunshinRuntime(AbstractRuntime):
             if hit is not None:
                 return BashObservation(output=_text(out).strip(), exit_code=0,
                                        expect_string=PROMPT if isinstance(hit, int) else hit)
-        raise CommandTimeoutError(f"session {action.session!r}: still busy after {action.n_retry} interrupts")
+        # a program that takes ^C (a REPL) or ignores it: its job is killed, as swe-rex's own
+        # session does with ^Z and kill -9 %1
+        try:
+            pgrp = os.tcgetpgrp(sh.master)  # a host pid
+        except OSError:
+            pgrp = 0
+        if pgrp > 0 and pgrp != os.getpgrp():  # never our own group
+            with contextlib.suppress(OSError):
+                os.killpg(pgrp, signal.SIGKILL)
+        got, hit = await aio.in_thread(lambda: sh.send("", until=action.expect, timeout=5))
+        if hit is None:
+            raise CommandTimeoutError(f"session {action.session!r}: still busy after {action.n_retry} interrupts "
+                                      "and SIGKILL of its foreground job")
+        return BashObservation(output=_text(out + got).strip(), exit_code=0,
+                               expect_string=PROMPT if isinstance(hit, int) else hit)
 
     async def close_session(self, request: CloseSessionRequest) -> CloseSessionResponse:
         sh = self._session(request.session)

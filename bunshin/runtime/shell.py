@@ -280,7 +280,8 @@ class Shell:
         it), or bash is back at its prompt (returns the exit status of its last command), or
         ``timeout`` passes (returns None; nothing is interrupted: ``send("\\x03")`` is ^C).
         The bytes are what came before that; after a match, what follows stays for the next
-        call."""
+        call. A command that was left before bash's prompt came back must be waited for with
+        ``send("")`` before :meth:`run` is used again, as its prompt would end that run."""
         if not isinstance(text, str):
             raise ToolCallError(f"text must be a str, got {type(text).__name__}")
         pats = [u.encode() for u in until]
