@@ -275,6 +275,11 @@ def test_fork_continues_every_session(no_leaks):
                 made = [d.workspace for d in deps]
                 try:
                     for i, d in enumerate(deps):
+                        assert sorted(d.runtime.sessions) == ["default", "repl"]
+                        assert (await sh(d.runtime, "echo $X; pwd")).output == "shared\n/repo\n"
+                        obs = await sh(d.runtime, "print(n)", session="repl", is_interactive_command=True,
+                                       expect=[">>> "], timeout=10)
+                        assert obs.output == "41"
                         await d.runtime.write_file(WriteFileRequest(path="calc.py", content=FIXED if i else BUGGY))
                         r = await d.runtime.execute(Command(command="python3 test_calc.py", shell=True))
                         assert (r.exit_code, r.stdout) == ((0, "ok\n") if i else (1, ""))

@@ -12,6 +12,7 @@ a workspace as on a Docker container::
     await dep.runtime.create_session(CreateBashSessionRequest())
     obs = await dep.runtime.run_in_session(BashAction(command="cd /repo && ls", check="silent"))
     kids = await dep.fork(4)      # four deployments on live copies, sessions included
+    tpl = await dep.snapshot()    # or many, each BunshinDeployment(template=tpl), sessions too
     await dep.stop()
 
 Differences from swe-rex's own runtime, where a workspace does better or cannot do the same:
@@ -29,6 +30,7 @@ import os
 import re
 import signal
 import stat
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +83,10 @@ __all__ = ["BunshinDeployment", "BunshinRuntime"]
 PROMPT = "SHELLPS1PREFIX"
 """``BashObservation.expect_string`` when the command ended at bash's prompt: the PS1 swe-rex's
 own sessions match, so callers comparing with it see the same."""
+
+_SESSION_NAMES: weakref.WeakKeyDictionary[Template, dict[str, str]] = weakref.WeakKeyDictionary()
+"""The session names of the deployment each template was snapshotted from: a fork's shells
+keep their session ids, not the names swe-rex gave them."""
 
 _ANSI = re.compile(r"\x1B[@-_][0-?]*[ -/]*[@-~]")
 
@@ -304,6 +310,7 @@ class BunshinDeployment(AbstractDeployment):
         self.setup = list(setup)
         self.setup_timeout = setup_timeout
         self._runtime: BunshinRuntime | None = None
+        self._sessions: dict[str, Shell] = {}
 
     def add_hook(self, hook: DeploymentHook) -> None:
         self._hooks.add_hook(hook)
@@ -330,13 +337,18 @@ class BunshinDeployment(AbstractDeployment):
             return
         self._hooks.on_custom_step("Starting Bunshin workspace")
         ws = await aio.in_thread(self._make)
-        self._runtime = BunshinRuntime(ws, cwd=self.workdir, env=self.env, logger=self.logger)
+        self._runtime = BunshinRuntime(ws, cwd=self.workdir, env=self.env, sessions=self._sessions,
+                                       logger=self.logger)
 
     def _make(self) -> Workspace:
         if self._given is not None:
             return self._given
         if self._template is not None:
-            return self._template.fork(1)[0]
+            kid = self._template.fork(1)[0]
+            by_id = {sh.id: sh for sh in kid.shells}
+            names = _SESSION_NAMES.get(self._template, {})
+            self._sessions = {name: by_id[sid] for name, sid in names.items() if sid in by_id}
+            return kid
         from ..runtime.workspace import Workspace
 
         ws = Workspace.create(self._rootfs, workdir=self.workdir, env=self.env, **self._create)
@@ -384,5 +396,9 @@ class BunshinDeployment(AbstractDeployment):
         return out
 
     async def snapshot(self) -> Template:
-        """A :class:`bunshin.Template` of the workspace now (the caller closes it)."""
-        return await self.runtime.workspace.asnapshot()
+        """A :class:`bunshin.Template` of the workspace now (the caller closes it); a
+        deployment started from it has this one's bash sessions, under their names."""
+        rt = self.runtime
+        tpl = await rt.workspace.asnapshot()
+        _SESSION_NAMES[tpl] = {name: sh.id for name, sh in rt.sessions.items()}
+        return tpl
