@@ -10,7 +10,8 @@ protocol), :mod:`.policies` (OpenAIPolicy, ReplayPolicy), :mod:`.engine` (Rollou
 modes), :mod:`.batch` (BatchEngine: tasks × groups, streamed), :mod:`.verify` (running verifiers),
 :mod:`.metrics`
 (the memory/CPU sampler), :mod:`.gym` (a gymnasium env), :mod:`.minisweagent` (an environment
-for mini-swe-agent).
+for mini-swe-agent), :mod:`.skyrl` (a SkyRL-gym text env), :mod:`.swerex` (a SWE-ReX deployment
+and runtime).
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ _LAZY = {
     "MemorySampler": "bunshin.rl.metrics",
     "WorkspaceEnv": "bunshin.rl.gym",
     "BunshinEnvironment": "bunshin.rl.minisweagent",
+    "BunshinTextEnv": "bunshin.rl.skyrl",
+    "BunshinDeployment": "bunshin.rl.swerex",
+    "BunshinRuntime": "bunshin.rl.swerex",
 }
 
-__all__ = ["BatchEngine", "BatchResult", "BunshinEnvironment", "Completion", "Final",  # noqa: RUF022
-           "GroupResult", "History", "MODES", "MemorySampler", "OpenAIPolicy", "Policy", "PolicyError",
-           "ReplayPolicy", "RolloutEngine", "RolloutError", "Task", "Trajectory", "Turn", "Verdict", "Verifier",
-           "WorkspaceEnv"]
+__all__ = ["BatchEngine", "BatchResult", "BunshinDeployment", "BunshinEnvironment",  # noqa: RUF022
+           "BunshinRuntime", "BunshinTextEnv", "Completion", "Final", "GroupResult", "History", "MODES",
+           "MemorySampler", "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine",
+           "RolloutError", "Task", "Trajectory", "Turn", "Verdict", "Verifier", "WorkspaceEnv"]
 
 
 def __getattr__(name: str) -> Any:

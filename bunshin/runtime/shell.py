@@ -20,7 +20,7 @@ import struct
 import termios
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import BunshinError, ShellExited, ToolCallError, WorkspaceClosed
@@ -271,6 +271,60 @@ class Shell:
                         os.killpg(pgrp, signal.SIGKILL)
         if call.done() and not call.cancelled():
             call.exception()  # retrieved: the caller was cancelled and wants no result
+
+    def send(self, text: str, *, until: Sequence[str] = (),
+             timeout: float | None = 30.0) -> tuple[bytes, str | int | None]:
+        """Type ``text`` on the session's terminal, as a user would: the program in the
+        foreground reads it (an interactive one that :meth:`run` cannot drive, such as a REPL
+        or a debugger), else bash does. Then read until one of ``until`` appears (returns
+        it), or bash is back at its prompt (returns the exit status of its last command), or
+        ``timeout`` passes (returns None; nothing is interrupted: ``send("\\x03")`` is ^C).
+        The bytes are what came before that; after a match, what follows stays for the next
+        call. A command that was left before bash's prompt came back must be waited for with
+        ``send("")`` before :meth:`run` is used again, as its prompt would end that run."""
+        if not isinstance(text, str):
+            raise ToolCallError(f"text must be a str, got {type(text).__name__}")
+        pats = [u.encode() for u in until]
+        with self._lock:
+            if self._exited:
+                raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} has exited")
+            if self._ws.closed:
+                raise WorkspaceClosed(f"workspace {self._ws.id} is closed")
+            self._write(text.encode())
+            deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+            buf, self._pending = self._pending, bytearray()
+            sel = selectors.DefaultSelector()
+            sel.register(self._master, selectors.EVENT_READ)
+            try:
+                while True:
+                    hits: list[tuple[int, int, str | int]] = []
+                    m = self._marker.search(buf)
+                    if m:
+                        hits.append((m.start(), m.end(), int(m.group(1))))
+                    for p in pats:
+                        i = buf.find(p)
+                        if i >= 0:
+                            hits.append((i, i + len(p), p.decode()))
+                    if hits:
+                        start, end, what = min(hits, key=lambda h: h[0])
+                        self._pending = bytearray(buf[end:])
+                        return bytes(buf[:start]), what
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return bytes(buf), None
+                    if not sel.select(min(left, 0.05)):
+                        continue
+                    try:
+                        data = os.read(self._master, 1 << 16)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        self._exited = True
+                        raise ShellExited(f"shell {self.pid} in workspace {self._ws.id} exited; it wrote "
+                                          f"{bytes(buf[-300:])!r}")
+                    buf += data
+            finally:
+                sel.close()
 
     def _interrupt(self, cap: int) -> tuple[int, Capture]:
         os.write(self._master, b"\x03")  # ^C: SIGINT to the foreground job, as a user would
