@@ -22,8 +22,10 @@ The reward is 0.0 until the end, then the verifier's.
   fork of that snapshot;
 * or ``template``: a :class:`bunshin.Template` of the caller's, forked the same way;
 * ``reward_spec``: ``{"command": ..., "timeout": s}``, a bash command run in the episode's
-  final workspace (reward 1.0 when it exits 0, else 0.0), or ``{"fn": callable(ws,
-  chat_history) -> float}``;
+  final workspace, or ``{"fn": callable(ws, chat_history)}``, scored as a
+  :class:`bunshin.rl.Verifier` scores (the command passes on exit 0, its reward the number it
+  prints last, else 1.0 / 0.0; ``fn`` returns a number, a bool, ``(reward, passed)`` or a
+  Verdict); the verdict is in the last step's ``metadata["verifier"]``;
 * ``max_turns`` (SkyRL's generator sets it).
 
 ``env_config`` (SkyRL's ``skyrl_gym_config.bunshin``, or a dict): ``timeout`` (seconds per
@@ -38,8 +40,8 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import json
-import math
 import re
 import threading
 import time
@@ -51,7 +53,8 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, Con
 from skyrl_gym.tools.core import ToolGroup, tool
 
 from ..cache.toolcall import ToolCall
-from .types import RolloutError, Task
+from .types import RolloutError, Task, Verifier
+from .verify import verify
 from .workspaces import build, rollout_shell
 
 if TYPE_CHECKING:
@@ -279,27 +282,21 @@ class BunshinTextEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(observations=[obs], reward=0.0, done=False, metadata=info)
 
     def _verify(self) -> float:
-        """The verifier's reward; one that crashes, times out or answers no finite number
-        gives 0.0 with the failure in ``self.verifier``, never a lost trajectory."""
-        t0 = time.monotonic()
-        fn = self.reward_spec.get("fn")
+        """The verifier's reward (bunshin.rl.verify: one that crashes, times out or answers no
+        usable value gives 0.0 with the failure in ``self.verifier``, never a lost trajectory)."""
+        spec, fn = self.reward_spec, self.reward_spec.get("fn")
+        timeout = float(spec.get("timeout", 300))
         if callable(fn):
-            try:
-                r = fn(self.workspace, self.chat_history)
-                if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-                    raise RolloutError(f"reward_spec['fn'] must return a finite number, got {r!r}")
-                self.verifier = {"reward": float(r), "seconds": time.monotonic() - t0}
-            except Exception as e:  # noqa: BLE001 - recorded, the trajectory kept
-                if self.workspace.closed:
-                    raise
-                self.verifier = {"reward": 0.0, "error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
-            return float(self.verifier["reward"])
-        res = self.workspace.run(self.reward_spec["command"], cwd=self.task.workdir,
-                                 timeout=float(self.reward_spec.get("timeout", 300)))
-        reward = 1.0 if res.ok else 0.0
-        self.verifier = {"reward": reward, "exit_code": res.exit_code, "timed_out": res.timed_out,
-                         "output": res.output[-4000:], "seconds": time.monotonic() - t0}
-        return reward
+            def check(ws: Workspace, _traj: object) -> object:
+                return fn(ws, self.chat_history)
+            verifier = Verifier(check, timeout=timeout)
+        else:
+            verifier = Verifier(spec["command"], timeout=timeout)
+        verdict = verify(verifier, self.workspace, None, self.task.workdir)
+        if self.workspace.closed:
+            raise RolloutError("BunshinTextEnv: the workspace was closed while it was being verified")
+        self.verifier = dataclasses.asdict(verdict)
+        return verdict.reward
 
     def get_metrics(self) -> dict[str, Any]:
         return {"steps": self.turns, "tool_errors": self.tool_errors, "reward": self.reward}
