@@ -91,6 +91,9 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
     own, rootfs_lowers = _layers(body)
     init_pid = body.init_pid
     by_plugin = plugin.available()
+    if not by_plugin:
+        log.warning("Bunshin's CRIU plugin: %s; the control socket is dumped as --external",
+                    plugin.plugin_info().reason)
     assert body.channel is not None
     prep = initfds.prepare(init_pid, body.channel.sock, masters)
     cg = body.cgroup
