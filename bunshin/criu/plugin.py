@@ -148,6 +148,9 @@ class FdServer:
         self.served = False
         self.error = ""
         self._dir = tempfile.mkdtemp(prefix="bunshin-criu-fds-")
+        if len(os.path.join(self._dir, "fds").encode()) >= 108:  # sun_path's size; a long TMPDIR
+            os.rmdir(self._dir)
+            self._dir = tempfile.mkdtemp(prefix="bunshin-criu-fds-", dir="/tmp")
         self.address = os.path.join(self._dir, "fds")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self._thread: threading.Thread | None = None
