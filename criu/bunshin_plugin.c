@@ -178,7 +178,9 @@ __attribute__((visibility("default"))) bx_criu_plugin_desc_t CR_PLUGIN_DESC = {
 	.init = bunshin_init,
 	.exit = bunshin_exit,
 	.version = BX_CRIU_PLUGIN_VERSION,
-	.max_hooks = BX_HOOK_MAX,
+	/* CRIU reads hooks[0 .. max_hooks): ours are the first two, which keeps the plugin
+	 * loadable by a CRIU of fewer hooks than 4.2.1's (it refuses a larger max_hooks) */
+	.max_hooks = BX_HOOK_RESTORE_UNIX_SK + 1,
 	.hooks = {
 		[BX_HOOK_DUMP_UNIX_SK] = (void *)bunshin_dump_unix_sk,
 		[BX_HOOK_RESTORE_UNIX_SK] = (void *)bunshin_restore_unix_sk,

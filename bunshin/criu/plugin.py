@@ -33,7 +33,8 @@ FILE_NAME = "bunshin.so"
 ENV_CTL_INO = "BUNSHIN_CRIU_CTL_INO"
 ENV_FDS = "BUNSHIN_CRIU_FDS"
 _MAGIC = "bunshin-criu-fds 1"
-#: what CRIU 4.2.1 accepts: its CRIU_PLUGIN_VERSION (0.2.0) and CR_PLUGIN_HOOK__MAX
+#: the most CRIU 4.2.1 accepts: its CRIU_PLUGIN_VERSION (0.2.0) and CR_PLUGIN_HOOK__MAX (the
+#: plugin names 2, its own, so that a CRIU of fewer hooks loads it too)
 ABI_VERSION = (0, 2, 0)
 MAX_HOOKS = 13
 _HOOK_NAMES = ("DUMP_UNIX_SK", "RESTORE_UNIX_SK", "DUMP_EXT_FILE", "RESTORE_EXT_FILE",
@@ -97,7 +98,7 @@ def _read_info(path: Path) -> PluginInfo:
     except (OSError, ValueError) as e:
         return PluginInfo(str(path), False, reason=f"cannot read {path}: {e}")
     version = ((d.version >> 16) & 0xFF, (d.version >> 8) & 0xFF, d.version & 0xFF)
-    hooks = tuple(n for n, h in zip(_HOOK_NAMES, d.hooks) if h)
+    hooks = tuple(n for n, h in zip(_HOOK_NAMES[:d.max_hooks], d.hooks) if h)  # CRIU reads no further
     name = (d.name or b"").decode()
     if version > ABI_VERSION or d.max_hooks > MAX_HOOKS:
         return PluginInfo(str(path), False, name, version, hooks,

@@ -5,7 +5,7 @@
  * calls. Checked against criu-4.2.1/criu/include/criu-plugin.h (Debian's criu_4.2.1.orig.tar).
  *
  * CRIU refuses a descriptor whose version is above its own CRIU_PLUGIN_VERSION or whose
- * max_hooks exceeds its CR_PLUGIN_HOOK__MAX: 0.2.0 and 13 are 4.2.1's.
+ * max_hooks exceeds its CR_PLUGIN_HOOK__MAX: 0.2.0 and 13 are 4.2.1's (0.2.0 since CRIU 3.x).
  */
 #ifndef BUNSHIN_CRIU_PLUGIN_ABI_H
 #define BUNSHIN_CRIU_PLUGIN_ABI_H
