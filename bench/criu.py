@@ -5,14 +5,20 @@
    template dumped by CRIU, layers copied) and `Template.load(dir)` (CRIU restore + snapshot) are
    timed, with the image size; `dump_workspace(ws)` / `restore_workspace(dir)` (the baseline's
    per-rollout restore) are timed too.
-2. n clones from one image of the medium workspace:
-   * restore-n: `restore_workspace(dir)` n times (n independent workspaces: the CRIU baseline);
-   * load-then-fork-n: `Template.load(dir)` once, then `tpl.fork(n)` (memory shared CoW);
+2. n clones from one image of a workspace whose worker holds 128 MiB (and 256 MiB, full run):
+   * restore-n: `restore_workspace(dir)` n times (n independent workspaces: stock CRIU);
+   * shared-restore-n: `bunshin.criu.restore_many(dir, n)` (restored once into a frozen
+     template, forked n times, the template let go: the clones share memory CoW);
+   * load-then-fork-n: `Template.load(dir)` once, then `tpl.fork(n)` (the same mechanism as
+     shared-restore-n, by hand, with the template kept and counted);
    * restore-n + KSM: `restore_workspace(dir, ksm=True)` n times (PR_SET_MEMORY_MERGE on every
      restored process), then KSM is left to merge (pages_to_scan raised for the run, put back
      after) until pages_sharing stops growing; the merge wall time and ksmd's CPU are reported.
    Memory = distinct physical pages mapped by the family (bunshin.memory.pids_usage: each page
-   once; for load-then-fork the frozen template's processes are counted), and Σ cgroup memory.
+   once; for load-then-fork the frozen template's processes are counted), and Σ cgroup memory;
+   "one workspace" is one `restore_workspace(dir)`'s. `shared_restore_over_one_workspace` =
+   shared-restore-8's memory / one workspace's; `restore_time_over_stock` = shared-restore-8's
+   time per clone / restore-8's (128 MiB).
    The worker's pages are random (identical across clones of one image, distinct within one),
    so KSM can only merge across clones, as with real heaps.
 
@@ -117,18 +123,24 @@ def ksm_settle(timeout: float) -> float:
     """Wait until KSM's pages_sharing stops growing (1 s unchanged); seconds waited."""
     t0 = time.monotonic()
     last, since = -1, time.monotonic()
+    scans = int((KSM / "full_scans").read_text())  # a count since boot: two more see every page
     while time.monotonic() - t0 < timeout:
         cur = int((KSM / "pages_sharing").read_text())
         if cur != last:
             last, since = cur, time.monotonic()
-        elif time.monotonic() - since >= 1.0 and int((KSM / "full_scans").read_text()) > 0:
+        elif time.monotonic() - since >= 1.0 and int((KSM / "full_scans").read_text()) >= scans + 2:
             break
         time.sleep(0.1)
     return time.monotonic() - t0
 
 
 def scaling(img: Path, ns: list[int], ksm_ns: list[int], ksm_timeout: float) -> dict:
-    res: dict = {"restore_n": [], "load_fork_n": [], "restore_n_ksm": []}
+    res: dict = {"restore_n": [], "shared_restore_n": [], "load_fork_n": [], "restore_n_ksm": []}
+    one = criu.restore_workspace(img)
+    try:
+        res["one_workspace"] = {**family_bytes({one.id: one.host_pids()}), "cgroup_bytes": cg_bytes([one])}
+    finally:
+        one.close()
     for n in ns:
         wss = []
         try:
@@ -138,6 +150,16 @@ def scaling(img: Path, ns: list[int], ksm_ns: list[int], ksm_timeout: float) -> 
             dt = time.perf_counter() - t
             m = family_bytes({w.id: w.host_pids() for w in wss})
             res["restore_n"].append({"n": n, "time_s": dt, **m, "cgroup_bytes": cg_bytes(wss)})
+        finally:
+            for w in wss:
+                w.close()
+        wss = []
+        try:
+            t = time.perf_counter()
+            wss = criu.restore_many(img, n)
+            dt = time.perf_counter() - t
+            m = family_bytes({w.id: w.host_pids() for w in wss})
+            res["shared_restore_n"].append({"n": n, "time_s": dt, **m, "cgroup_bytes": cg_bytes(wss)})
         finally:
             for w in wss:
                 w.close()
@@ -156,7 +178,9 @@ def scaling(img: Path, ns: list[int], ksm_ns: list[int], ksm_timeout: float) -> 
             if tpl is not None:
                 tpl.close()
         print(f"n={n}: restore-n {res['restore_n'][-1]['time_s']:.2f} s "
-              f"{res['restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; load+fork-n "
+              f"{res['restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; shared-restore-n "
+              f"{res['shared_restore_n'][-1]['time_s']:.2f} s "
+              f"{res['shared_restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; load+fork-n "
               f"{res['load_fork_n'][-1]['time_s']:.2f} s {res['load_fork_n'][-1]['distinct_bytes']/_M:.0f} MiB",
               file=sys.stderr, flush=True)
     saved = {k: (KSM / k).read_text().strip() for k in ("run", "pages_to_scan", "sleep_millisecs")}
@@ -196,43 +220,69 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sweep (under 2 minutes)")
     args = ap.parse_args()
     info = runner.criu()
-    sizes = [0, 64, 256] if args.quick else [0, 64, 256, 1024]
-    mib = 128 if args.quick else 256
-    ns = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16]
-    ksm_ns = [ns[-1]] if args.quick else ns
+    sizes = [0, 128] if args.quick else [0, 64, 256, 1024]
+    mibs = [128] if args.quick else [128, 256]
+    ns = [1, 8] if args.quick else [1, 2, 4, 8, 16]
+    ksm_ns = [8] if args.quick else ns
     tmp = Path(tempfile.mkdtemp(prefix="bunshin-bench-criu-"))
+    scaled: dict[int, dict] = {}
     try:
         sweep = size_sweep(sizes, tmp, 2 if args.quick else 3)
-        ws = build_workspace(mib, distinct=True).ws
-        try:
-            img = tmp / "medium"
-            criu.dump_workspace(ws, img)
-        finally:
-            ws.close()
-        sc = scaling(img, ns, ksm_ns, 20 if args.quick else 60)
+        for mib in mibs:
+            ws = build_workspace(mib, distinct=True).ws
+            try:
+                img = tmp / f"scaling-{mib}"
+                criu.dump_workspace(ws, img)
+            finally:
+                ws.close()
+            scaled[mib] = scaling(img, ns, ksm_ns if mib == mibs[0] else [], 20 if args.quick else 60)
+            shutil.rmtree(img)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    nmax = ns[-1]
-    r, f = sc["restore_n"][-1], sc["load_fork_n"][-1]
+    at8 = {mib: _at(sc, 8) for mib, sc in scaled.items()}
+    sc = scaled[mibs[0]]
+    r, sh, f = at8[mibs[0]]["restore_n"], at8[mibs[0]]["shared_restore_n"], at8[mibs[0]]["load_fork_n"]
     k = sc["restore_n_ksm"][-1]
-    med = next(s for s in sweep if s["worker_mib"] == 256)
+    big = sweep[-1]
     res = {
         "quick": args.quick, "criu": runner.version_string(info), "memory": memory_facts(),
-        "sizes": sweep, "scaling_worker_mib": mib, "ns": ns, **sc,
+        "plugin": criu_plugin(), "sizes": sweep, "scaling_worker_mib": mibs[0], "ns": ns,
+        "scaling_by_mib": {str(m): v for m, v in scaled.items()},
         "restore_workspace_p50_ms_small": sweep[0]["restore_workspace_s"] * 1e3,
-        "restore_workspace_p50_ms_256mib": med["restore_workspace_s"] * 1e3,
-        "save_ms_256mib": med["save_s"] * 1e3, "load_ms_256mib": med["load_s"] * 1e3,
-        "image_mib_256mib": med["image_bytes"] / _M,
-        f"restore_n{nmax}_time_over_load_fork_n{nmax}": r["time_s"] / f["time_s"],
-        f"restore_n{nmax}_memory_over_load_fork_n{nmax}": r["distinct_bytes"] / f["distinct_bytes"],
-        f"restore_ksm_n{nmax}_memory_over_load_fork_n{nmax}": k["distinct_bytes"] / f["distinct_bytes"],
-        f"restore_ksm_n{nmax}_merge_wait_s": k["merge_wait_s"],
+        f"restore_workspace_p50_ms_{big['worker_mib']}mib": big["restore_workspace_s"] * 1e3,
+        f"save_ms_{big['worker_mib']}mib": big["save_s"] * 1e3, f"load_ms_{big['worker_mib']}mib": big["load_s"] * 1e3,
+        f"image_mib_{big['worker_mib']}mib": big["image_bytes"] / _M,
+        "shared_restore_over_one_workspace": sh["distinct_bytes"] / sc["one_workspace"]["distinct_bytes"],
+        "restore_time_over_stock": sh["time_s"] / r["time_s"],
+        "shared_restore_n8": {str(m): {
+            "one_workspace_bytes": scaled[m]["one_workspace"]["distinct_bytes"],
+            **{key: {"distinct_bytes": a[key]["distinct_bytes"], "time_per_clone_s": a[key]["time_s"] / 8}
+               for key in ("restore_n", "shared_restore_n", "load_fork_n")},
+            "shared_restore_over_one_workspace": (a["shared_restore_n"]["distinct_bytes"]
+                                                  / scaled[m]["one_workspace"]["distinct_bytes"]),
+            "restore_time_over_stock": a["shared_restore_n"]["time_s"] / a["restore_n"]["time_s"]}
+            for m, a in at8.items()},
+        "restore_n8_time_over_load_fork_n8": r["time_s"] / f["time_s"],
+        "restore_n8_memory_over_load_fork_n8": r["distinct_bytes"] / f["distinct_bytes"],
+        "restore_ksm_n8_memory_over_load_fork_n8": k["distinct_bytes"] / f["distinct_bytes"],
+        "restore_ksm_n8_merge_wait_s": k["merge_wait_s"],
         "counted": ("distinct = physical pages mapped by any process of the family, once (pagemap "
-                    "PFNs); load-then-fork counts the frozen template's processes; times are wall "
-                    "clock on a shared 2-core VM; restore-n is sequential"),
+                    "PFNs); load-then-fork counts the frozen template's processes, shared-restore "
+                    "lets its template go; times are wall clock on a shared 2-core VM; restore-n is "
+                    "sequential"),
     }
     plot(res)
     emit("criu", res)
+
+
+def _at(sc: dict, n: int) -> dict:
+    return {key: next(p for p in sc[key] if p["n"] == n) for key in ("restore_n", "shared_restore_n", "load_fork_n")}
+
+
+def criu_plugin() -> str:
+    from bunshin.criu import plugin
+
+    return plugin.plugin_info().describe()
 
 
 def plot(res: dict) -> None:
@@ -255,10 +305,12 @@ def plot(res: dict) -> None:
     a.set_title(f"CRIU {res['criu']}: save / load vs workspace size")
     a.legend(fontsize=8, loc="upper left")
     ns = res["ns"]
+    sc = res["scaling_by_mib"][str(res["scaling_worker_mib"])]
     for key, lab, st in (("restore_n", "restore-n (CRIU baseline)", "o-"),
+                         ("shared_restore_n", "restore_many(n) (shared)", "d-"),
                          ("load_fork_n", "load once + fork n (Bunshin)", "s-"),
                          ("restore_n_ksm", "restore-n + KSM", "^-")):
-        pts = res[key]
+        pts = sc[key]
         b.plot([p["n"] for p in pts], [p["time_s"] for p in pts], st, label=lab)
         c.plot([p["n"] for p in pts], [p["distinct_bytes"] / _M for p in pts], st, label=lab)
     b.set_xlabel("n")

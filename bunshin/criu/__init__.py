@@ -3,12 +3,14 @@
 >>> tpl = ws.snapshot(); tpl.save("/data/state-42")        # doctest: +SKIP
 >>> tpl2 = bunshin.Template.load("/data/state-42")         # frozen; tpl2.fork(8) shares memory
 >>> w = bunshin.criu.restore_workspace("/data/state-42")   # one independent running clone
+>>> ws8 = bunshin.criu.restore_many("/data/state-42", 8)   # 8 running clones sharing memory
 
 ``dump.py`` writes images (``dump``: a body; ``dump_workspace``, ``save``), ``restore.py`` reads
 them back into a body (``restore``), ``workspaces.py`` makes Workspaces and Templates of them
-(``restore_workspace``, ``load``), ``images.py`` is the directory layout and its checks,
-``initfds.py`` what is done to the init around a dump, ``externals.py`` host files, and
-``runner.py`` runs the CRIU binary found by :mod:`bunshin.criu_locate`.
+(``restore_workspace``, ``load``, ``restore_many``), ``images.py`` is the directory layout and its checks,
+``initfds.py`` what is done to the init around a dump, ``externals.py`` host files,
+``plugin.py`` Bunshin's CRIU plugin (the control socket), and ``runner.py`` runs the CRIU
+binary found by :mod:`bunshin.criu_locate`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from .dump import dump, dump_workspace, save
 from .images import read_meta
 from .restore import restore
 
-__all__ = ["dump", "dump_workspace", "load", "read_meta", "restore", "restore_workspace", "save"]
+__all__ = ["dump", "dump_workspace", "load", "read_meta", "restore", "restore_many", "restore_workspace",
+           "save"]
 
 
 def __getattr__(name: str) -> Any:
     # workspaces.py stands on bunshin.runtime.workspace, which stands on this package: it is
     # imported once asked for
-    if name in ("load", "restore_workspace"):
+    if name in ("load", "restore_many", "restore_workspace"):
         return getattr(importlib.import_module(".workspaces", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,14 +7,16 @@ nested in another, and the host's root is one), so the images are only read and 
 serves any number of restores, concurrently too. CRIU runs in a private mount namespace (``unshare -m``) holding
 that overlay, moved into the new cgroup before it execs, so the restored tasks are charged to
 the workspace from their first page; ``--restore-sibling`` makes the restored init a child of
-the trainer, as a created workspace's is. The control socket is a new socketpair handed in with
-``--inherit-fd``; host files the workspace used (``/dev/null``, the init binary, its log) are
-handed in the same way (see :mod:`bunshin.criu.externals`). A sandbox's image is restored in a
+the trainer, as a created workspace's is. The control socket is a new socketpair handed to
+Bunshin's CRIU plugin (:mod:`bunshin.criu.plugin`; an image dumped without it: ``--inherit-fd``);
+host files the workspace used (``/dev/null``, the init binary, its log) are handed in with
+``--inherit-fd`` (see :mod:`bunshin.criu.externals`). A sandbox's image is restored in a
 user namespace with its maps, on rootfs layers idmapped alike (see :mod:`bunshin.criu.sandbox`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -31,7 +33,7 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.userns import UserNs
 from ..runtime.workspace_config import WorkspaceConfig
-from . import externals, images, initfds, runner
+from . import externals, images, initfds, plugin, runner
 from . import sandbox as _sandbox
 
 log = logging.getLogger("bunshin.criu")
@@ -92,7 +94,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         work = d.path / "criu"
         work.mkdir()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        inherit = [f"fd[{theirs.fileno()}]:socket:[{meta['ctl_socket_ino']}]"]
+        by_plugin = meta.get("ctl_socket_by") == "plugin"  # older images: --inherit-fd
+        inherit = [] if by_plugin else [f"fd[{theirs.fileno()}]:socket:[{meta['ctl_socket_ino']}]"]
         for ext in meta["externals"]:
             fd = externals.reopen(ext, d.log_file)
             fds.append(fd)
@@ -115,8 +118,19 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)
         view_fds = views.view_fds() if views is not None else []
-        runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
-                   pass_fds=[theirs.fileno(), *fds, *view_fds], env=env)
+        srv = plugin.FdServer({int(meta["ctl_socket_ino"]): theirs.fileno()}) if by_plugin else None
+        with srv or contextlib.nullcontext():
+            if srv is not None:
+                opts = srv.options()
+                argv += opts.argv()
+                env.update(opts.env)
+            try:
+                runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
+                           pass_fds=[theirs.fileno(), *fds, *view_fds], env=env)
+            except CheckpointError as e:
+                if srv is not None:
+                    srv.explain(e)
+                raise
         init_pid = int((work / "pid").read_text())
         pidfd = os.pidfd_open(init_pid)
         userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None

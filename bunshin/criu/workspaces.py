@@ -1,5 +1,6 @@
 """Images as Workspaces and Templates: ``restore_workspace`` (a running, independent Workspace:
-the CRIU baseline) and ``load`` (a frozen Template, forkable with the live-fork engine)."""
+the CRIU baseline), ``load`` (a frozen Template, forkable with the live-fork engine) and
+``restore_many`` (n running clones of one image that share its memory copy-on-write)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ..runtime.template import Template
 from ..runtime.workspace import Workspace
 from .restore import restore
 
-__all__ = ["load", "restore_workspace"]
+__all__ = ["load", "restore_many", "restore_workspace"]
 
 
 def restore_workspace(path: str | os.PathLike, *, ksm: bool = False) -> Workspace:
@@ -26,3 +27,19 @@ def load(path: str | os.PathLike) -> Template:
         return ws.snapshot()
     finally:
         ws.close()
+
+
+def restore_many(path: str | os.PathLike, n: int) -> list[Workspace]:
+    """``n`` running Workspaces restored from the images at ``path`` whose memory is shared
+    copy-on-write, as forks' is: CRIU restores the image once into a frozen template, the fork
+    engine makes the ``n`` clones of it (docs/design.md, "A memory-sharing restore"), and the
+    template is let go (its pages stay shared by the clones). Each clone is as
+    :func:`restore_workspace`'s would be but for what a fork refuses (``ForkError``, before any
+    clone runs); the errors are :func:`load`'s and ``tpl.fork``'s."""
+    if n < 1:
+        raise ValueError(f"restore_many: n must be at least 1, not {n}")
+    tpl = load(path)
+    try:
+        return tpl.fork(n)
+    finally:
+        tpl.close()
