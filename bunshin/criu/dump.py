@@ -100,7 +100,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
             pids = cg.pids()
             _refuse_group_stopped(pids)
             _refuse_nested_userns(init_pid, pids)
-            exts = externals.scan(init_pid, pids, body.dir.path)
+            exts = externals.scan(init_pid, pids, body.dir.path, [body.dir.upper, *body.rootfs.lowers])
             binds = sandbox.device_binds(init_pid) if body.userns is not None else []
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import cast
 
 from .. import config
-from ..errors import LayerCorrupt, LayerMissing
+from ..errors import ImageError, LayerCorrupt, LayerMissing
 from ..runtime import statefs
 from ..runtime.rootfs import store as _install
 
@@ -217,28 +217,34 @@ def _install_verified(digest: str, fill: Callable[[Path], None], where: str) -> 
     return Path(os.path.realpath(final))
 
 
+def untar(chunks: Iterable[bytes], dest: Path) -> tuple[int, str]:
+    """Extract the tar stream ``chunks`` into ``dest`` with GNU tar; (its exit code, the tail of
+    what it said)."""
+    p = subprocess.Popen([*_TAR, "-x", "-p", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE,
+                         stderr=subprocess.PIPE, bufsize=0)
+    assert p.stdin is not None and p.stderr is not None
+    try:
+        for c in chunks:
+            p.stdin.write(c)
+    except BrokenPipeError:
+        pass  # tar gave up: it says why
+    finally:
+        p.stdin.close()  # also when the stream broke off: tar sees its end and stops
+        err = p.stderr.read()
+        p.wait()
+    return p.returncode, err.decode(errors="replace").strip()[-300:]
+
+
 def receive_layer(digest: str, chunks: Iterable[bytes], where: str = "a stream") -> Path:
     """Put the layer whose tar stream (:func:`layer_chunks`) ``chunks`` carry into the store,
     once its digest is checked; returns its directory. Memory stays at one chunk."""
     check_digest(digest)
 
     def fill(tmp: Path) -> None:
-        p = subprocess.Popen([*_TAR, "-x", "-p", "-f", "-", "-C", str(tmp)], stdin=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        assert p.stdin is not None and p.stderr is not None
-        err = b""
-        try:
-            for c in chunks:
-                p.stdin.write(c)
-            p.stdin.close()
-        except BrokenPipeError:
-            pass
-        finally:
-            err = p.stderr.read()
-            p.wait()
-        if p.returncode != 0:
-            raise LayerCorrupt(f"rootfs layer {digest} from {where} is not a readable tar stream: "
-                               f"{err.decode(errors='replace').strip()[-300:]}", digest=digest)
+        rc, err = untar(chunks, tmp)
+        if rc != 0:
+            raise LayerCorrupt(f"rootfs layer {digest} from {where} is not a readable tar stream: {err}",
+                               digest=digest)
 
     return _install_verified(digest, fill, where)
 
@@ -248,18 +254,25 @@ def layer_chunks(digest: str, chunk: int = _CHUNK) -> Iterator[bytes]:
     layer = local(digest)
     if layer is None:
         raise LayerMissing(f"rootfs layer {digest} is not in this node's store {store_dir()}", digest=digest)
-    p = subprocess.Popen([*_TAR, "-c", "-f", "-", "-C", str(layer), "."], stdout=subprocess.PIPE,
+    return tar_chunks(layer, chunk)
+
+
+def tar_chunks(directory: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
+    """``directory`` as a GNU tar stream, ``chunk`` bytes at a time."""
+    p = subprocess.Popen([*_TAR, "-c", "-f", "-", "-C", str(directory), "."], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stderr is not None
+    read_all = False
     try:
         while b := p.stdout.read(chunk):
             yield b
+        read_all = True
     finally:
-        p.stdout.close()
+        p.stdout.close()  # a reader that stopped early: tar ends on the broken pipe
         err = p.stderr.read()
-        if p.wait() != 0 and err:
-            raise LayerCorrupt(f"reading rootfs layer {digest} ({layer}) failed: "
-                               f"{err.decode(errors='replace').strip()[-300:]}", digest=digest)
+        p.wait()
+    if read_all and p.returncode != 0:
+        raise ImageError(f"reading {directory} failed: {err.decode(errors='replace').strip()[-300:]}")
 
 
 def publish(digest: str, store: str | os.PathLike) -> Path:

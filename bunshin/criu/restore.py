@@ -94,7 +94,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         inherit = [f"fd[{theirs.fileno()}]:socket:[{meta['ctl_socket_ino']}]"]
         for ext in meta["externals"]:
-            fd = externals.reopen(ext, d.log_file)
+            fd = externals.reopen(ext, d.log_file, lowers)
             fds.append(fd)
             inherit.append(f"fd[{fd}]:{ext['key']}")
         argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _SCRIPT, "sh",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -34,20 +33,6 @@ _HEAD = 9
 
 def _frame(kind: bytes, payload: bytes) -> bytes:
     return kind + len(payload).to_bytes(8, "little") + payload
-
-
-def _tar_out(directory: Path, chunk: int) -> Iterator[bytes]:
-    p = subprocess.Popen([*layerstore._TAR, "-c", "-f", "-", "-C", str(directory), "."],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert p.stdout is not None and p.stderr is not None
-    try:
-        while b := p.stdout.read(chunk):
-            yield b
-    finally:
-        p.stdout.close()
-        err = p.stderr.read()
-        if p.wait() != 0 and err:
-            raise ImageError(f"reading {directory} failed: {err.decode(errors='replace').strip()[-300:]}")
 
 
 def image_layers(path: str | os.PathLike) -> list[str]:
@@ -66,7 +51,7 @@ def pack(path: str | os.PathLike, layers: Sequence[str] = (), chunk: int = _CHUN
     src = Path(path)
     images.check_meta(src)  # a damaged image is refused here, not on the receiver
     yield _frame(b"H", json.dumps({"part": "image"}).encode())
-    for b in _tar_out(src, chunk):
+    for b in layerstore.tar_chunks(src, chunk):
         yield _frame(b"D", b)
     yield _frame(b"E", b"")
     for digest in layers:
@@ -113,20 +98,9 @@ class _Frames:
 
 
 def _untar(chunks: Iterable[bytes], dest: Path) -> None:
-    p = subprocess.Popen([*layerstore._TAR, "-x", "-p", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    assert p.stdin is not None and p.stderr is not None
-    try:
-        for c in chunks:
-            p.stdin.write(c)
-        p.stdin.close()
-    except BrokenPipeError:
-        pass
-    finally:
-        err = p.stderr.read()
-        p.wait()
-    if p.returncode != 0:
-        raise ImageError(f"unpacking the image into {dest} failed: {err.decode(errors='replace').strip()[-300:]}")
+    rc, err = layerstore.untar(chunks, dest)
+    if rc != 0:
+        raise ImageError(f"unpacking the image into {dest} failed: {err}")
 
 
 def unpack(chunks: Iterable[bytes], dest: str | os.PathLike) -> list[str]:
