@@ -221,15 +221,18 @@ def untar(chunks: Iterable[bytes], dest: Path) -> tuple[int, str]:
     """Extract the tar stream ``chunks`` into ``dest`` with GNU tar; (its exit code, the tail of
     what it said)."""
     p = subprocess.Popen([*_TAR, "-x", "-p", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE,
-                         stderr=subprocess.PIPE, bufsize=0)
+                         stderr=subprocess.PIPE)
     assert p.stdin is not None and p.stderr is not None
     try:
         for c in chunks:
-            p.stdin.write(c)
+            p.stdin.write(c)  # buffered: all of it, even where one write(2) takes less
     except BrokenPipeError:
         pass  # tar gave up: it says why
     finally:
-        p.stdin.close()  # also when the stream broke off: tar sees its end and stops
+        try:
+            p.stdin.close()  # also when the stream broke off: tar sees its end and stops
+        except BrokenPipeError:
+            pass
         err = p.stderr.read()
         p.wait()
     return p.returncode, err.decode(errors="replace").strip()[-300:]
