@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ForeignHost, ImageError
+from ..runtime.rootfs.default import MOUNT_POINTS, PRIVATE, default_rootfs
 from . import layerstore
 from .layerstore import Source
 
@@ -56,8 +57,6 @@ def _packages() -> tuple[int, str]:
 
 def host_fingerprint() -> dict:
     """What identifies the host's system as a workspace sees it through the default rootfs."""
-    from ..runtime.rootfs.default import MOUNT_POINTS, PRIVATE, default_rootfs
-
     name, release = _os_release()
     count, packages = _packages()
     hidden = sorted(set(default_rootfs().mask) - set(MOUNT_POINTS + PRIVATE))
