@@ -8,12 +8,14 @@ import os
 from ..runtime.template import Template
 from ..runtime.workspace import Workspace
 from . import images
+from .layerstore import Source
 from .restore import restore
 
 __all__ = ["load", "restore_workspace"]
 
 
-def restore_workspace(path: str | os.PathLike, *, ksm: bool = False, layers=None) -> Workspace:
+def restore_workspace(path: str | os.PathLike, *, ksm: bool = False,
+                      layers: Source | list[Source] | None = None) -> Workspace:
     """A running Workspace restored from the images at ``path`` (see :func:`dump_workspace`);
     the arguments and errors are :func:`bunshin.criu.restore.restore`'s; rootfs layers this
     node lacks are fetched from ``layers`` first (:func:`bunshin.criu.images.read_meta`)."""
@@ -22,7 +24,7 @@ def restore_workspace(path: str | os.PathLike, *, ksm: bool = False, layers=None
     return Workspace.from_body(*restore(path, ksm=ksm))
 
 
-def load(path: str | os.PathLike, *, layers=None) -> Template:
+def load(path: str | os.PathLike, *, layers: Source | list[Source] | None = None) -> Template:
     """A frozen Template restored from images: restore once, then freeze it as a template
     (``ws.snapshot()``), so that ``tpl.fork(n)`` shares its memory among the children."""
     ws = restore_workspace(path, layers=layers)
