@@ -50,7 +50,7 @@ Source = str | os.PathLike | Callable[[str], Iterable[bytes] | None]
 
 def check_digest(digest: object) -> str:
     if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
-        raise LayerCorrupt(f"{digest!r} is not a layer digest (64 lowercase hex digits)")
+        raise ImageError(f"{digest!r} is not a layer digest (64 lowercase hex digits)")
     return digest
 
 
@@ -122,7 +122,7 @@ def digest_of(layer: str | os.PathLike) -> str:
         kept = json.loads(side.read_text())
         if kept.get("scheme") == SCHEME and kept.get("stamp") == stamp:
             return check_digest(kept["digest"])
-    except (OSError, ValueError, AttributeError, KeyError, LayerCorrupt):
+    except (OSError, ValueError, AttributeError, KeyError, ImageError):
         pass
     digest = tree_digest(real)
     tmp = side.with_name(side.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
@@ -196,11 +196,12 @@ def fetch(digest: str, srcs: Sequence[Source]) -> Path:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    # reflinks where the store and the state share a file system
+    # reflinks where the store and the state share a file system; not hard links, through which
+    # a change in the shared store would reach the checked copy
     r = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], capture_output=True, text=True,
                        check=False)
     if r.returncode != 0:
-        raise LayerCorrupt(f"copying rootfs layer {src} failed: {r.stderr.strip()[-300:]}")
+        raise ImageError(f"copying rootfs layer {src} failed: {r.stderr.strip()[-300:]}")
 
 
 def _install_verified(digest: str, fill: Callable[[Path], None], where: str) -> Path:
