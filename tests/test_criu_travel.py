@@ -254,3 +254,20 @@ def test_a_host_image_is_refused_on_another_host_system(family, tmp_path):
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(ForeignHost, match="installed packages"):
         bunshin.Template.load(tmp_path / "img")
+
+
+def test_a_version_1_image_with_lowers_by_path_still_loads(family, cache, tmp_path):
+    img, digest = _saved(tmp_path)
+    meta_file = img / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["bases"]
+    meta.update(version=1, rootfs_lowers=[str(layerstore.local(digest))])
+    meta_file.write_text(json.dumps(meta))
+    loaded = bunshin.Template.load(img)
+    try:
+        kid = loaded.fork(1)[0]
+        family.append(kid)
+    finally:
+        loaded.close()
+    assert _answer(kid, "old") == "42 old"
+    assert kid.read_file("/etc/travel") == b"travelled\n"
