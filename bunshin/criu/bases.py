@@ -25,6 +25,7 @@ __all__ = ["HOST", "digests", "host_fingerprint", "record", "resolve"]
 HOST = "/"
 _OS_RELEASE = ("/etc/os-release", "/usr/lib/os-release")
 _DPKG_STATUS = Path("/var/lib/dpkg/status")
+_PACKAGES: dict[tuple[int, int, int], tuple[int, str]] = {}
 
 
 def _os_release() -> tuple[str, str]:
@@ -41,8 +42,13 @@ def _os_release() -> tuple[str, str]:
 
 
 def _packages() -> tuple[int, str]:
-    """(how many, sha256 of the sorted ``name arch version`` list) of dpkg's installed packages."""
+    """(how many, sha256 of the sorted ``name arch version`` list) of dpkg's installed packages;
+    read again only when dpkg's status file changed (every dump of a host-rootfs workspace asks)."""
     try:
+        st = os.stat(_DPKG_STATUS)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _PACKAGES:
+            return _PACKAGES[key]
         text = _DPKG_STATUS.read_text(errors="replace")
     except OSError:
         return 0, ""
@@ -52,7 +58,9 @@ def _packages() -> tuple[int, str]:
         if f.get("Status", "").endswith(" installed") and "Package" in f:
             rows.append(f"{f['Package']} {f.get('Architecture', '')} {f.get('Version', '')}")
     rows.sort()
-    return len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()
+    _PACKAGES.clear()
+    _PACKAGES[key] = len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()
+    return _PACKAGES[key]
 
 
 def host_fingerprint() -> dict:
