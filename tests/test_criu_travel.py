@@ -72,8 +72,8 @@ def _saved(tmp_path: Path) -> tuple[Path, str]:
 
 
 # Runs in the other node: loads the image (with SOURCE, a Python expression), forks two
-# children, has each answer, and reports what it saw; leaves nothing behind (its state file
-# system is released, which only happens when no workspace is left in it).
+# children, has each answer, and reports what it saw (an ImageError too); leaves nothing
+# behind (its state file system is released, which only happens when no workspace is left).
 _NODE = r'''
 import json, os, subprocess, sys
 import bunshin
@@ -91,26 +91,27 @@ def owner(d):
         yield b
     assert p.wait() == 0
 out = {}
+tpl, kids = None, []
 try:
     SETUP
     tpl = bunshin.Template.load(img, layers=SOURCE)
-    try:
-        kids = tpl.fork(2)
-    finally:
-        tpl.close()
+    kids = tpl.fork(2)
+    tpl.close()
     for i, k in enumerate(kids):
-        with k:
-            k.run(f"echo kid{i} > /tmp/fifo")
-            r = k.run("while [ ! -s /tmp/answer ]; do /bin/busybox sleep 0.05; done; cat /tmp/answer;"
-                      " cat /etc/travel; ls /etc; /bin/busybox stat -c '%a %u' /usr/bin/su")
-            out[f"kid{i}"] = r.stdout.decode()
+        k.run(f"echo kid{i} > /tmp/fifo")
+        r = k.run("while [ ! -s /tmp/answer ]; do /bin/busybox sleep 0.05; done; cat /tmp/answer;"
+                  " cat /etc/travel; ls /etc; /bin/busybox stat -c '%a %u' /usr/bin/su")
+        out[f"kid{i}"] = r.stdout.decode()
     layer = layerstore.store_dir() / digest
     out["stored"] = layer.is_dir() and not layer.is_symlink()
-except errors.BunshinError as e:
+except errors.ImageError as e:
     out["error"] = [type(e).__name__, str(e)]
-    if not isinstance(e, errors.ImageError): raise
-out["store"] = sorted(os.listdir(layerstore.store_dir()))
-out["released"] = statefs.release()
+finally:  # whatever happened, this node ends with nothing left
+    for w in [*kids, tpl]:
+        if w is not None:
+            w.close()
+    out["store"] = sorted(os.listdir(layerstore.store_dir()))
+    out["released"] = statefs.release()
 print(json.dumps(out))
 '''
 
