@@ -97,11 +97,11 @@ def digests(meta: dict) -> list[str]:
 def check_host(want: dict, where: Path) -> None:
     """Refuse this host unless its fingerprint is ``want``'s, naming what differs."""
     have = host_fingerprint()
-    for key, what in (("os_release", "OS release"), ("packages", "installed packages")):
+    for key, what in (("os_release", "OS release"), ("packages", "set of installed packages")):
         if have[key] != want.get(key):
             raise ForeignHost(
                 f"{where} was saved on a host's own system ({want.get('os')!r}, {want.get('package_count')} "
-                f"packages) and this host's {what} differ ({have['os']!r}, {have['package_count']} packages): "
+                f"packages) and this host has another {what} ({have['os']!r}, {have['package_count']} packages): "
                 "its processes would see other files. Load it on a node running the same system image, "
                 "or save it from a workspace on a rootfs layer (rootfs=..., which travels)")
     unmasked = sorted(set(have["bunshin_dirs"]) - set(want.get("bunshin_dirs", [])))
