@@ -34,6 +34,7 @@ __all__ = [
     "kmod_fork",
     "kmod_mode",
     "kmod_run",
+    "layer_store",
     "ns_pool_size",
     "pagemap_scan",
     "rebase",
@@ -66,6 +67,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BUNSHIN_CACHE_DIR", "", "path",
          "rootfs layers, Debian roots, kernel probe results, a private CRIU "
          "(default `$XDG_CACHE_HOME/bunshin` or `~/.cache/bunshin`)"),
+    Knob("BUNSHIN_LAYER_STORE", "", "path",
+         "shared directories (`:`-separated) `Template.load` fetches missing rootfs layers from "
+         "(`<digest>/` each) and `tpl.save` puts its layers in"),
     Knob("BUNSHIN_CGROUP_PREFIX", "bunshin", "text",
          "the cgroup directory (in every hierarchy) that holds all workspaces"),
     Knob("BUNSHIN_CGROUP", "", "choice",
@@ -166,6 +170,11 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "bunshin"
+
+
+def layer_store() -> str:
+    """The shared layer store directories, ``:``-separated, or ``""``."""
+    return _raw("BUNSHIN_LAYER_STORE")
 
 
 def cgroup_prefix() -> str:

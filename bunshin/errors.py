@@ -24,6 +24,9 @@ __all__ = [
     "ShellExited",
     "CriuError",
     "ImageError",
+    "LayerMissing",
+    "LayerCorrupt",
+    "ForeignHost",
     "CheckpointError",
     "ConfigError",
 ]
@@ -107,6 +110,29 @@ class CriuError(UnsupportedKernel):
 class ImageError(BunshinError):
     """A CRIU image directory is missing, incomplete, corrupt, not Bunshin's, or made for files
     that are no longer there; the directory is left as it was."""
+
+
+class LayerMissing(ImageError):
+    """A rootfs layer an image stands on is not on this node and no source given has it; the
+    message names its ``digest`` and where it was looked for."""
+
+    def __init__(self, msg: str, *, digest: str | None = None) -> None:
+        super().__init__(msg)
+        self.digest = digest
+
+
+class LayerCorrupt(ImageError):
+    """A rootfs layer fetched from a source does not have the content digest it was asked for
+    (or the stream carrying it is broken); nothing of it was kept."""
+
+    def __init__(self, msg: str, *, digest: str | None = None) -> None:
+        super().__init__(msg)
+        self.digest = digest
+
+
+class ForeignHost(ImageError):
+    """An image made on the host's own system (the default rootfs) is loaded on a host whose
+    system differs (another OS release or package set): its processes would see other files."""
 
 
 class CheckpointError(BunshinError):

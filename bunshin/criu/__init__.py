@@ -7,10 +7,12 @@
 
 ``dump.py`` writes images (``dump``: a body; ``dump_workspace``, ``save``), ``restore.py`` reads
 them back into a body (``restore``), ``workspaces.py`` makes Workspaces and Templates of them
-(``restore_workspace``, ``load``, ``restore_many``), ``images.py`` is the directory layout and its checks,
-``initfds.py`` what is done to the init around a dump, ``externals.py`` host files,
-``plugin.py`` Bunshin's CRIU plugin (the control socket), and ``runner.py`` runs the CRIU
-binary found by :mod:`bunshin.criu_locate`.
+(``restore_workspace``, ``load``, ``restore_many``), ``images.py`` is the directory layout and
+its checks, ``bases.py`` and ``layerstore.py`` the rootfs layers an image stands on (by content
+digest, fetched when missing), ``transfer.py`` images as byte streams between nodes,
+``initfds.py`` what is done to the init around a dump, ``externals.py`` host files, ``plugin.py``
+Bunshin's CRIU plugin (the control socket), and ``runner.py`` runs the CRIU binary found by
+:mod:`bunshin.criu_locate`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any
 from .dump import dump, dump_workspace, save
 from .images import read_meta
 from .restore import restore
+from .transfer import image_layers, layer_chunks, missing_layers, pack, receive_layer, unpack
 
-__all__ = ["dump", "dump_workspace", "load", "read_meta", "restore", "restore_many", "restore_workspace",
-           "save"]
+__all__ = ["dump", "dump_workspace", "image_layers", "layer_chunks", "load", "missing_layers", "pack",
+           "read_meta", "receive_layer", "restore", "restore_many", "restore_workspace", "save", "unpack"]
 
 
 def __getattr__(name: str) -> Any:

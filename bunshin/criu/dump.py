@@ -13,7 +13,7 @@ from .. import config
 from ..compel import in_group_stop
 from ..errors import CheckpointError
 from ..fork.plan import proc_status
-from . import externals, images, initfds, plugin, runner, sandbox
+from . import bases, externals, images, initfds, layerstore, plugin, runner, sandbox
 
 if TYPE_CHECKING:
     from ..runtime.body import Body
@@ -30,11 +30,12 @@ log = logging.getLogger("bunshin.criu")
 def _layers(body: Body) -> tuple[list[Path], list[str]]:
     """(the workspace's own layers, topmost first; the rootfs lowers below them)."""
     state = config.state_dir().resolve()
+    store = layerstore.store_dir().resolve()
     own = [body.dir.upper]
     rootfs: list[str] = []
     for p in body.rootfs.lowers:
         rp = Path(p).resolve()
-        if not rootfs and (rp == state or state in rp.parents):
+        if not rootfs and (rp == state or state in rp.parents) and rp.parent != store:
             own.append(Path(p))  # a template's layer: as ephemeral as the workspace
         else:
             rootfs.append(str(p))
@@ -103,7 +104,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
             pids = cg.pids()
             _refuse_group_stopped(pids)
             _refuse_nested_userns(init_pid, pids)
-            exts = externals.scan(init_pid, pids, body.dir.path)
+            exts = externals.scan(init_pid, pids, body.dir.path, [body.dir.upper, *body.rootfs.lowers])
             binds = sandbox.device_binds(init_pid) if body.userns is not None else []
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
@@ -144,7 +145,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         "externals": [e.to_dict() for e in exts],
         "device_binds": sorted({host for _point, host in binds}),
         "layers": len(own),
-        "rootfs_lowers": rootfs_lowers,
+        "bases": bases.record(rootfs_lowers),
         "rootfs_source": str(body.rootfs.source),
         "init_binary": _init_binary(),
     }

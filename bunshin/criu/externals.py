@@ -5,13 +5,18 @@ the host's ``/dev/null`` and the workspace's ``init.log``; ``ws.spawn`` gives pr
 host's ``/dev/null``. CRIU cannot resolve such files inside the workspace, so each is dumped as
 ``--external file[mnt_id:inode]`` and recorded here with what to hand back on restore
 (``--inherit-fd``): the same host path (checked unchanged for mapped files), or the restored
-workspace's own ``init.log``.
+workspace's own ``init.log``. A file mapped from one of the workspace's own overlay layers
+(a program of its rootfs, or one it built) is such a file too: overlayfs maps the layer's
+file, on a mount outside the workspace (the layer's, or its idmapped view in a sandbox). It is
+recorded by its layer (counted from the bottom: the restored overlay has as many) and handed
+back from the restored layer, not from the host's file of that name.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,9 +27,10 @@ from ..errors import ImageError
 class External:
     key: str        # CRIU's id: file[mnt_id:inode] in hex
     path: str       # host path at dump time
-    role: str       # "log" | "device" | "file"
+    role: str       # "log" | "device" | "file" | "layer"
     flags: int      # open flags of an fd using it (O_RDONLY for mappings only)
     size: int       # size of a regular file at dump time
+    layer: int = -1  # "layer": which of the workspace's layers holds it, counted from the bottom
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,8 +52,23 @@ def _flags(fdinfo_path: str) -> int:
     return os.O_RDONLY
 
 
-def scan(init_pid: int, pids: list[int], ws_dir: Path) -> list[External]:
-    """Every file (fd, mapping, executable) of ``pids`` not on a mount of the workspace's."""
+def _layer_of(st: os.stat_result, path: str, layers: Sequence[Path]) -> int:
+    """Which of ``layers`` (topmost first) holds the file ``st`` at ``path``, counted from the
+    bottom; -1 for none."""
+    for i, layer in enumerate(layers):
+        try:
+            lst = os.lstat(os.path.join(layer, path.lstrip("/")))
+        except OSError:
+            continue
+        # the overlay shows the layer's inode number, but a device number of its own
+        if (lst.st_ino, lst.st_size, lst.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns):
+            return len(layers) - 1 - i
+    return -1
+
+
+def scan(init_pid: int, pids: list[int], ws_dir: Path, layers: Sequence[Path] = ()) -> list[External]:
+    """Every file (fd, mapping, executable) of ``pids`` not on a mount of the workspace's;
+    ``layers`` are the workspace's overlay layers, topmost first (its upper the first)."""
     from .. import config
 
     with open(f"/proc/{init_pid}/mountinfo") as fh:
@@ -65,10 +86,12 @@ def scan(init_pid: int, pids: list[int], ws_dir: Path) -> list[External]:
             role = "device"
         else:
             role = "file"
+        layer = _layer_of(st, path, layers) if role == "file" else -1
         old = found.get(key)
         if old is None:
-            found[key] = External(key, path, role, os.O_RDONLY if flags is None else flags,
-                                  st.st_size if stat.S_ISREG(st.st_mode) else 0)
+            found[key] = External(key, path, "layer" if layer >= 0 else role,
+                                  os.O_RDONLY if flags is None else flags,
+                                  st.st_size if stat.S_ISREG(st.st_mode) else 0, layer)
         elif flags is not None and (flags & os.O_ACCMODE) != os.O_RDONLY:
             old.flags = flags
 
@@ -94,17 +117,21 @@ def scan(init_pid: int, pids: list[int], ws_dir: Path) -> list[External]:
     return list(found.values())
 
 
-def reopen(ext: dict, log_file: Path) -> int:
-    """An fd to hand CRIU for ``ext`` (a dict from the metadata) in a restored workspace."""
+def reopen(ext: dict, log_file: Path, layers: Sequence[str] = ()) -> int:
+    """An fd to hand CRIU for ``ext`` (a dict from the metadata) in a restored workspace whose
+    overlay layers are ``layers`` (topmost first)."""
     keep = os.O_ACCMODE | os.O_APPEND
     if ext["role"] == "log":
         return os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    path = ext["path"]
+    if ext["role"] == "layer":
+        path = os.path.join(layers[len(layers) - 1 - ext["layer"]], path.lstrip("/"))
     try:
-        fd = os.open(ext["path"], (ext["flags"] & keep) | os.O_CLOEXEC)
+        fd = os.open(path, (ext["flags"] & keep) | os.O_CLOEXEC)
     except OSError as e:
         raise ImageError(f"the image uses the host file {ext['path']} ({ext['role']}): {e.strerror}") from None
     st = os.fstat(fd)
-    if ext["role"] == "file" and stat.S_ISREG(st.st_mode) and st.st_size != ext["size"]:
+    if ext["role"] in ("file", "layer") and stat.S_ISREG(st.st_mode) and st.st_size != ext["size"]:
         os.close(fd)
         raise ImageError(f"the host file {ext['path']} changed since the image was made "
                          f"({ext['size']} -> {st.st_size} bytes; e.g. bunshin-init was rebuilt): "

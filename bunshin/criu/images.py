@@ -4,7 +4,10 @@
     <path>/criu/        CRIU's images of the process tree (pages-*.img are the memory)
     <path>/layers/<i>/  the workspace's own overlay layers, topmost first (upper = layers/0)
 
-Rootfs lowers (the host's system, cached rootfs layers) are recorded by path, not copied.
+The rootfs lowers below them are not copied: ``meta.json`` names them by content digest, or
+the host's system by its fingerprint (:mod:`.bases`), and a load finds them in the node's layer
+store or fetches them (:mod:`.layerstore`); :mod:`.transfer` moves an image between nodes.
+Version 1 images (lowers by host path) are still read.
 Every CRIU image file is recorded with its size, and every one but the memory pages with its
 xxh3-128 digest, so a truncated, corrupt or foreign directory is refused before CRIU runs.
 """
@@ -20,9 +23,12 @@ from pathlib import Path
 import xxhash
 
 from ..errors import ImageError
+from . import bases, layerstore
+from .layerstore import Source
 
 FORMAT = "bunshin-criu-workspace"
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)
 META = "meta.json"
 
 
@@ -86,7 +92,18 @@ def write_meta(path: Path, meta: dict) -> None:
     os.replace(tmp, path / META)
 
 
-def read_meta(path: str | os.PathLike) -> dict:
+def read_meta(path: str | os.PathLike, *, layers: Source | list[Source] | None = None) -> dict:
+    """Validated metadata of an image directory (:func:`check_meta`) with ``rootfs_lowers``:
+    this node's paths of the image's base, rootfs layers missing here fetched from ``layers``
+    (sources as :func:`.layerstore.sources` takes them) or the shared stores of
+    ``BUNSHIN_LAYER_STORE``."""
+    meta = check_meta(path)
+    if meta["version"] > 1:
+        meta["rootfs_lowers"] = bases.resolve(meta, Path(path), layerstore.sources(layers))
+    return meta
+
+
+def check_meta(path: str | os.PathLike) -> dict:
     """Validated metadata of an image directory; :class:`ImageError` saying what is wrong."""
     p = Path(path)
     if not p.is_dir():
@@ -101,8 +118,9 @@ def read_meta(path: str | os.PathLike) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         fmt = meta.get("format") if isinstance(meta, dict) else None
         raise ImageError(f"{p}: {META} is not a Bunshin workspace image's (format {fmt!r})")
-    if meta.get("version") != VERSION:
-        raise ImageError(f"{p}: image format version {meta.get('version')!r}; this Bunshin reads version {VERSION}")
+    if meta.get("version") not in _READS:
+        raise ImageError(f"{p}: image format version {meta.get('version')!r}; this Bunshin reads versions "
+                         f"{', '.join(map(str, _READS))}")
     files = meta.get("files") or {}
     if "pstree.img" not in files:
         raise ImageError(f"{p}: the metadata lists no pstree.img: incomplete image")
@@ -119,9 +137,10 @@ def read_meta(path: str | os.PathLike) -> dict:
     for i in range(int(meta.get("layers", 0))):
         if not layer_dir(p, i).is_dir():
             raise ImageError(f"{p}: layer {i} ({layer_dir(p, i)}) is missing")
-    for lower in meta.get("rootfs_lowers", []):
-        if not Path(lower).is_dir():
-            raise ImageError(f"{p}: the rootfs layer {lower} the image was made on is gone")
+    if meta["version"] == 1:
+        for lower in meta.get("rootfs_lowers", []):
+            if not Path(lower).is_dir():
+                raise ImageError(f"{p}: the rootfs layer {lower} the image was made on is gone")
     return meta
 
 

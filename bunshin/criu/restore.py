@@ -97,7 +97,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         by_plugin = meta.get("ctl_socket_by") == "plugin"  # older images: --inherit-fd
         inherit = [] if by_plugin else [f"fd[{theirs.fileno()}]:socket:[{meta['ctl_socket_ino']}]"]
         for ext in meta["externals"]:
-            fd = externals.reopen(ext, d.log_file)
+            fd = externals.reopen(ext, d.log_file, lowers)
             fds.append(fd)
             inherit.append(f"fd[{fd}]:{ext['key']}")
         argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _SCRIPT, "sh",

@@ -15,6 +15,7 @@ from ..fork.template import TemplateCore, check_n
 from . import aio
 
 if TYPE_CHECKING:
+    from ..criu.layerstore import Source
     from .workspace import Workspace
 
 __all__ = ["Template"]
@@ -84,10 +85,12 @@ class Template:
         criu.save(self, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Template:
+    def load(cls, path: str | os.PathLike, *, layers: Source | list[Source] | None = None) -> Template:
         """A frozen template restored from images written by :meth:`save` (or
-        ``bunshin.criu.dump_workspace``); fork it as any other."""
-        return criu.load(path)
+        ``bunshin.criu.dump_workspace``); fork it as any other. Rootfs layers this node lacks
+        are fetched from ``layers`` (a shared store directory, a callable ``digest -> chunks``
+        or a list of them; see :mod:`bunshin.criu.layerstore`) or ``BUNSHIN_LAYER_STORE``."""
+        return criu.load(path, layers=layers)
 
     def host_pids(self) -> list[int]:
         """Host pids of the template's frozen processes (for accounting): its group's members,
