@@ -47,6 +47,8 @@ DEFAULT_RESOURCE = "bunshin"
 """The custom resource a node offers to get a host (``ray start --resources '{"bunshin": 1}'``)."""
 HOST_NAMESPACE = "bunshin"
 """The Ray namespace of the hosts' actor names, so any job of the cluster finds them."""
+COLLECT_EVERY_S = 5.0
+"""Seconds between a host's passes over what dead trainers of its machine left."""
 RESOURCE_SHARE = 0.001
 """What a host asks of its node's custom resource: a sliver, so tasks asking a part of it still fit."""
 
@@ -139,8 +141,9 @@ class WorkspaceHost:
         self._task_locks: dict[str, asyncio.Lock] = {}
         self._running = 0
         self._counts = {"groups": 0, "rollouts": 0, "setups": 0, "setup_failures": 0, "reclaimed": 0,
-                        "template_hits": 0}
+                        "template_hits": 0, "collected": 0}
         self._closed = False
+        collect_dead_owners()
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="bunshin-lease-reaper", daemon=True)
         self._reaper.start()
@@ -193,8 +196,12 @@ class WorkspaceHost:
 
     def _reap_loop(self) -> None:
         period = min(1.0, self.lease_s / 4)
+        last_collect = time.monotonic()
         while not self._stop.wait(period):
             now = time.monotonic()
+            if now - last_collect > COLLECT_EVERY_S:
+                last_collect = now
+                self._counts["collected"] += len(collect_dead_owners())
             with self._lock:
                 dead = [o for o, until in self._leases.items() if until < now]
             for owner in dead:
@@ -408,6 +415,33 @@ class WorkspaceHost:
         for st in tasks:
             st.template.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+        collect_dead_owners(passes=5)
+
+
+def collect_dead_owners(passes: int = 1) -> list[str]:
+    """Remove what dead trainers of this machine left (``bunshin gc`` for each dead owner,
+    never the state file system or the shared freezer group, which live hosts use). A host
+    needs it: when a Ray worker dies, Ray kills its child processes, the owner watcher
+    (runtime/owner_watch.py) among them, so a killed host's workspaces wait for the next host
+    of the machine (at its start, every ``COLLECT_EVERY_S``, at shutdown)."""
+    from ..runtime import gc, statedir
+
+    removed: list[str] = []
+    for attempt in range(passes):  # a frozen process dies only once its cgroup thaws: look again
+        owners = {(m.owner_pid, m.owner_start) for d in statedir.all_dirs()
+                  if (m := d.read_meta()) is not None and not statedir.owner_alive(m)}
+        if not owners:
+            break
+        if attempt:
+            time.sleep(0.1 * attempt)
+        for owner in sorted(owners):
+            try:
+                removed += gc.collect(owner=owner)
+            except Exception as e:  # noqa: BLE001 - the next pass tries again
+                log.warning("collecting what trainer %d left: %s", owner[0], e)
+    if removed:
+        log.warning("removed what dead trainers left: %s", ", ".join(removed))
+    return removed
 
 
 def _setup_error(e: BaseException | None, node: str) -> BaseException:
