@@ -158,6 +158,14 @@ def test_results_stream_as_rollouts_end(idle):
     assert sorted(asyncio.run(collect())) == [("stream", 0, 0), ("stream", 0, 1)]
 
 
+def test_leaving_the_stream_early_stops_the_rollouts(idle):
+    pol = ReplayPolicy([["echo quick"]] + [["sleep 60"]] * 3)
+    stream = ClusterEngine(pol, [task("leave")], 4, hosts=idle).stream()
+    first = next(stream)
+    assert first.index == 0
+    stream.close()  # the idle fixture checks that no host still runs a rollout
+
+
 def test_a_failing_setup_fails_its_group_only(idle):
     bad = Task("bad-setup", "never runs", setup=("echo half-way", "(exit 3)"))
     res = ClusterEngine(numbered(2), [bad, task("good")], 2, hosts=idle).run()
