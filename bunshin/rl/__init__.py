@@ -47,11 +47,12 @@ _LAZY = {
     "BunshinTextEnv": "bunshin.rl.skyrl",
     "BunshinDeployment": "bunshin.rl.swerex",
     "BunshinRuntime": "bunshin.rl.swerex",
+    "ClusterEngine": "bunshin.cluster.engine",
 }
 
 __all__ = ["BatchEngine", "BatchResult", "BunshinDeployment", "BunshinEnvironment",  # noqa: RUF022
-           "BunshinRuntime", "BunshinTextEnv", "Completion", "Final", "GroupResult", "History", "MODES",
-           "MemorySampler", "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine",
+           "BunshinRuntime", "BunshinTextEnv", "ClusterEngine", "Completion", "Final", "GroupResult", "History",
+           "MODES", "MemorySampler", "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine",
            "RolloutError", "Task", "Trajectory", "Turn", "Verdict", "Verifier", "WorkspaceEnv"]
 
 
