@@ -2,10 +2,13 @@
 
 A real Ray cluster (``ray.cluster_utils.Cluster``: one head without the ``bunshin`` resource,
 worker nodes offering it, every node a raylet of its own) runs the repo workload's groups
-(bench/workloads/repo.py, several tasks — the same setup under distinct ids, so each is set up
-on whichever node runs it first) through :class:`bunshin.cluster.ClusterEngine`, over 1, 2
-and 3 nodes, then over 3 nodes again with one node killed midway (its host actor's process
-SIGKILLed and its raylet removed, as when a machine dies).
+(bench/workloads/repo.py; ``--tasks`` tasks with the same setup under distinct ids, so each is
+set up on the node that runs it first, ``--groups`` groups each, so later groups find their
+task's state somewhere) through :class:`bunshin.cluster.ClusterEngine` in ``bunshin`` mode,
+over 1, 2 and 3 nodes, then over 3 nodes again with one node killed midway (the node running
+the most rollouts once ``--kill-at`` of them are in: its host actor's process SIGKILLed and its
+raylet removed, as when a machine dies). Each run starts with new hosts (the last run's are shut
+down) and new task ids, and checks that its hosts left no workspace behind.
 
 Every run states ``nodes``, ``completed``, ``lost`` (rollouts never delivered), ``duplicated``
 (delivered twice), rollouts/min, the peak memory of each node's workspaces, template transfers
@@ -21,8 +24,8 @@ figure when each node has this machine's CPUs). ``--address`` runs against a rea
 instead (nodes started with ``ray start ... --resources '{"bunshin": 1}'``; every node's
 Bunshin state directory local to it): one run over the nodes it has, no kill unless ``--kill``.
 
-usage: python bench/cluster.py [--quick] [--nodes 1,2,3] [--tasks N] [--group N] [--think S]
-                               [--address HOST:PORT] [--kill | --no-kill]
+usage: python bench/cluster.py [--quick] [--nodes 1,2,3] [--tasks N] [--groups N] [--group N]
+                               [--think S] [--per-node N] [--address HOST:PORT] [--kill | --no-kill]
 (last stdout line: JSON; PNG in bench/out/cluster.png)
 """
 
@@ -170,7 +173,10 @@ class LocalCluster:
 
         t = time.monotonic()
         self.node_cpus = node_cpus
-        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        # no dashboard, and the agent on a free port: a head takes 52365 by default, and a second
+        # cluster on the machine (another job, a test) would then lose its raylet with its agent
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "dashboard_agent_listen_port": None})
         self.nodes: dict[str, Any] = {}
         self.start_s = time.monotonic() - t
 
@@ -229,7 +235,7 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     from bunshin.cluster import ClusterEngine, start_hosts
 
     tasks = make_tasks(wl, args.tasks, tag)
-    expected = {(t.id, 0, i) for t in tasks for i in range(args.group)}
+    expected = {(t.id, g, i) for t in tasks for g in range(args.groups) for i in range(args.group)}
     policy = ReplayPolicy(wl.traces, think_s=args.think, jitter=args.jitter, seed=args.seed)
     hosts = start_hosts(resource=RESOURCE)
     samplers = Samplers(hosts)
@@ -240,7 +246,8 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     killed: dict[str, Any] = {}
     cpu0, t0 = machine_cpu_seconds(), time.monotonic()
     last_poll = t0
-    eng = ClusterEngine(policy, tasks, args.group, **engine_options(args))
+    eng = ClusterEngine(policy, tasks, args.group, groups=args.groups, mode="bunshin", hosts=hosts,
+                        **({"per_node": args.per_node} if args.per_node else {}))
     try:
         for traj in eng.stream():
             now = time.monotonic()
@@ -270,7 +277,8 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     left = leftovers(set(samplers.host_pids.values())) if cluster is not None else None
     completed = sum(1 for k in seen if k in expected)
     res = {
-        "nodes": nodes, "kill": kill, "tasks": len(tasks), "group": args.group, "expected": len(expected),
+        "nodes": nodes, "kill": kill, "tasks": len(tasks), "groups_per_task": args.groups, "group": args.group,
+        "expected": len(expected),
         "completed": completed, "lost": len(expected - set(seen)),
         "duplicated": sum(c - 1 for c in seen.values() if c > 1),
         "unexpected_keys": len(set(seen) - expected), "rollout_errors": errors[:20],
@@ -280,7 +288,8 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
         "completion_times_s": [round(x, 3) for x in times],
         "memory": {n[:8]: m for n, m in memory.items()},
         "peak_memory_per_node_bytes": {n[:8]: m.get("peak_bytes") for n, m in memory.items()},
-        "engine_metrics": metrics, **placement_figures(metrics), "left_workspaces": left,
+        "engine_metrics": {k: v for k, v in metrics.items() if k != "placements"},
+        **placement_figures(metrics), "left_workspaces": left,
     }
     if killed:
         res["killed"] = killed
@@ -300,15 +309,18 @@ def leftovers(owner_pids: set[int], wait_s: float = 15.0) -> int:
         time.sleep(0.2)
 
 
-def engine_options(args) -> dict:
-    return {"mode": "bunshin", "per_node": args.per_node}
-
-
 def placement_figures(metrics: dict) -> dict:
-    """The engine's own counts, under the bench's names (None when the engine does not say)."""
-    return {"template_transfers": metrics.get("template_transfers"),
-            "template_transfer_s": metrics.get("template_transfer_s"),
-            "placement_hits": metrics.get("placement_hits")}
+    """The engine's counts under the bench's names. A placement *hit* is a chunk of a group sent
+    to a node that held its task's state (its set-up template, or a cached prefix); ``moved``
+    chunks set the task up again on a free node rather than wait for the holder. Template
+    transfers: templates loaded on a node from another's saved image (None: the engine has no
+    template travel)."""
+    hits = metrics.get("hits", {})
+    return {"placements": sum(hits.values()), "placement_hits": hits.get("template", 0) + hits.get("prefix", 0),
+            "placement_by": hits,
+            "template_transfers": metrics.get("transfers"), "template_transfer_s": metrics.get("transfer_s"),
+            "hosts_lost": len(metrics.get("hosts_lost", [])), "reruns": metrics.get("reruns"),
+            "duplicates_dropped": metrics.get("duplicates")}
 
 
 def kill_busiest(hosts: dict[str, Any], samplers: Samplers, cluster: LocalCluster | None, at: float, log) -> dict:
@@ -335,9 +347,10 @@ def main() -> int:
     from workloads import WORKLOADS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="3 tasks × groups of 4, short think time (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="2 tasks × 2 groups of 4, short think time (< 2 min)")
     p.add_argument("--nodes", default="1,2,3", help="node counts to run, comma-separated (local cluster)")
-    p.add_argument("--tasks", type=int, default=None, help="tasks per run, one group each (default 6; quick 3)")
+    p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; quick 2)")
+    p.add_argument("--groups", type=int, default=2, help="groups per task: the later ones find the task's state")
     p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
     p.add_argument("--think", type=float, default=None, help="seconds of generation per step (default: the "
                    "workload's)")
@@ -350,7 +363,7 @@ def main() -> int:
                    help="the node-kill run (default: on for a local cluster, off with --address)")
     p.add_argument("--address", default=None, help="a running cluster (ray start); its nodes are used as they are")
     args = p.parse_args()
-    args.tasks = args.tasks or (3 if args.quick else 6)
+    args.tasks = args.tasks or (2 if args.quick else 6)
     args.group = args.group or (4 if args.quick else 8)
     args.kill = (args.address is None) if args.kill is None else args.kill
     if args.kill and args.address is not None:
