@@ -6,7 +6,7 @@ PIP = $(PY) -m pip install -q --disable-pip-version-check
 
 install:
 	scripts/install-deps.sh
-	$(PIP) --no-build-isolation -e '.[test,bench,rl,criu]' 2>&1 | grep -v "^WARNING: Running pip as" || true
+	$(PIP) --no-build-isolation -e '.[test,bench,rl,criu,cluster]' 2>&1 | grep -v "^WARNING: Running pip as" || true
 	$(PY) -c "import bunshin._core; bunshin._core.init_path()"
 
 demo: install

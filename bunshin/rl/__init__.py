@@ -35,9 +35,10 @@ _LAZY = {
     "MemorySampler": "bunshin.rl.metrics",
     "WorkspaceEnv": "bunshin.rl.gym",
     "BunshinEnvironment": "bunshin.rl.minisweagent",
+    "ClusterEngine": "bunshin.cluster.engine",
 }
 
-__all__ = ["BunshinEnvironment", "Final", "GroupResult", "History", "MODES", "MemorySampler",  # noqa: RUF022
+__all__ = ["BunshinEnvironment", "ClusterEngine", "Final", "GroupResult", "History", "MODES", "MemorySampler",  # noqa: RUF022
            "OpenAIPolicy", "Policy", "PolicyError", "ReplayPolicy", "RolloutEngine", "RolloutError", "Task",
            "Trajectory", "Turn", "WorkspaceEnv"]
 

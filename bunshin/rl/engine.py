@@ -148,7 +148,12 @@ class RolloutEngine:
     draft model's guesses.
     ``ksm``: criu mode restores with KSM merging (the best stock setup). ``sample_interval``:
     seconds between memory samples (None: no sampler). ``on_turn(rollout_index, turn)`` is
-    called after every turn (progress bars).
+    called after every turn (progress bars). ``indices``: which rollouts of the group to run
+    (default ``range(group_size)``; a rerun of part of a group keeps each rollout's index, which
+    seeded policies answer by). ``on_rollout(trajectory)`` is called as each rollout ends
+    (streaming). ``workspaces``: where rollouts' workspaces come from (an object with
+    ``prepare``/``acquire(i)``/``close`` and ``setup_s``, see :mod:`bunshin.rl.workspaces`;
+    default: the mode's provider), e.g. forks of a template kept across groups.
     """
 
     def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
@@ -157,7 +162,10 @@ class RolloutEngine:
                  snapshot_after: float = 0.05,
                  predictor: Callable[[Sequence[ToolCall]], Sequence[ToolCall]] | None = None,
                  ksm: bool = False, sample_interval: float | None = 0.1,
-                 on_turn: Callable[[int, Turn], None] | None = None) -> None:
+                 on_turn: Callable[[int, Turn], None] | None = None,
+                 indices: Sequence[int] | None = None,
+                 on_rollout: Callable[[Trajectory], None] | None = None,
+                 workspaces: Any = None) -> None:
         from ..cache.prefix import PrefixCache
 
         if not callable(getattr(policy, "act", None)):
@@ -184,6 +192,12 @@ class RolloutEngine:
         unknown = sorted(set(task.tools) - set(BUILTIN_TOOLS))
         if unknown:
             raise RolloutError(f"task {task.id!r} names unknown tools {unknown}; built in: {sorted(BUILTIN_TOOLS)}")
+        self.indices = list(range(group_size)) if indices is None else list(indices)
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < group_size for i in self.indices) \
+                or len(set(self.indices)) != len(self.indices):
+            raise RolloutError(f"indices must be distinct ints in [0, {group_size}), got {indices!r}")
+        self.on_rollout = on_rollout
+        self.workspaces = workspaces
         self.policy, self.task, self.group_size, self.mode = policy, task, group_size, mode
         self.concurrency = concurrency
         self.ksm = ksm
@@ -224,7 +238,7 @@ class RolloutEngine:
         """Run one group to the end."""
         from ..speculate.executor import SpeculativeExecutor
 
-        prov = provider(self.mode, self.task, ksm=self.ksm)
+        prov = self.workspaces or provider(self.mode, self.task, ksm=self.ksm)
         ex = None
         if self.speculate:
             assert self.cache is not None
@@ -246,9 +260,12 @@ class RolloutEngine:
 
             async def one(i: int) -> Trajectory:
                 async with sem:
-                    return await self._rollout(i, prov, ex, pool)
+                    t = await self._rollout(i, prov, ex, pool)
+                if self.on_rollout is not None:
+                    self.on_rollout(t)
+                return t
 
-            trajs = list(await asyncio.gather(*(one(i) for i in range(self.group_size))))
+            trajs = list(await asyncio.gather(*(one(i) for i in self.indices)))
         finally:
             try:
                 if ex is not None:

@@ -1,0 +1,286 @@
+"""Bunshin on a real 3-node Ray cluster on this machine (ray.cluster_utils.Cluster, one raylet
+per node, each offering the ``bunshin`` resource): groups land where their task's template is,
+every rollout comes back once, results stream, a host killed mid-group loses and duplicates
+nothing, proxies work from other processes, a dead owner's workspaces are reclaimed, a failing
+setup fails only its group, and nothing is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from conftest import wait_no_leaks  # noqa: E402
+
+from bunshin.cluster import (  # noqa: E402
+    ClusterEngine,
+    HostLost,
+    RemoteWorkspace,
+    TaskSetupError,
+    UnknownWorkspace,
+    start_hosts,
+)
+from bunshin.rl import ReplayPolicy, RolloutError, Task  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LEASE_S = 1.5
+NODES = 3
+
+
+def task(name: str, **kw) -> Task:
+    return Task(name, "leave your number in /repo/mine", workdir="/repo",
+                setup=(f"echo {name} > /repo/base", "export STAGE=set-up"), **kw)
+
+
+def numbered(n: int) -> ReplayPolicy:
+    """Rollout i checks the set-up state and its own isolation, and leaves its number."""
+    return ReplayPolicy([[f"cat base; echo $STAGE; test ! -e mine && echo {i} > mine; cat mine"]
+                         for i in range(n)])
+
+
+def check(t, name: str) -> None:
+    """The rollout saw its task's set-up state (file and shell) and only its own writes."""
+    assert t.error is None, t.error
+    assert [turn.observation for turn in t.turns] == [f"{name}\nset-up\n{t.index}\n"], t
+
+
+def answering(hosts: dict) -> dict:
+    """``{host: its info()}`` of the hosts that answer (a removed node's may still be listed)."""
+    out = {}
+    for h in hosts.values():
+        try:
+            out[h] = ray.get(h.info.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"bunshin": 1},
+                                                      "include_dashboard": False})
+    for _ in range(NODES - 1):
+        c.add_node(num_cpus=1, resources={"bunshin": 1})
+    ray.init(address=c.address, logging_level="warning")
+    # the Ray tasks and actors below are defined here, in a module Ray's workers cannot import
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        c.wait_for_nodes()
+        yield c
+        for h in answering(start_hosts(lease_s=LEASE_S)):
+            ray.get(h.shutdown.remote())
+            ray.kill(h)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    found = wait_no_leaks(30)
+    assert not found, f"the cluster left: {found}"
+
+
+@pytest.fixture(scope="module")
+def hosts(cluster):
+    hs = start_hosts(lease_s=LEASE_S)
+    assert len(hs) == NODES
+    return hs
+
+
+@pytest.fixture
+def idle(hosts):
+    """The hosts (one made again where an earlier test killed one); after the test, no host
+    holds a workspace or template of a user, or runs a rollout."""
+    yield start_hosts(lease_s=LEASE_S)
+    live = start_hosts(lease_s=LEASE_S)
+    deadline = time.monotonic() + 15
+    while True:
+        infos = list(answering(live).values())
+        busy = [(i["node_id"], i["workspaces"], i["templates"], i["running"]) for i in infos
+                if i["workspaces"] or i["templates"] or i["running"]]
+        if not busy or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not busy, f"hosts still hold (node, workspaces, templates, running): {busy}"
+
+
+def test_groups_land_where_their_template_is_and_every_rollout_completes_once(idle):
+    tasks = [task("place-a"), task("place-b")]
+    eng = ClusterEngine(numbered(4), tasks, 4, groups=2, per_node=4, hosts=idle)
+    res = eng.run()
+    assert not res.errors
+    assert sorted(t.key for t in res.trajectories) == sorted(
+        (t.id, g, i) for t in tasks for g in range(2) for i in range(4))
+    for t in res.trajectories:
+        check(t, t.task_id)
+    first = {}
+    for p in res.metrics["placements"]:
+        if p["group"] == 0:
+            first[p["task"]] = p["node"]
+            assert p["why"] == "load"
+        else:  # the holder was busy with group 0: group 1 waited for it rather than set up again
+            assert (p["node"], p["why"]) == (first[p["task"]], "template"), res.metrics["placements"]
+    assert first["place-a"] != first["place-b"]  # the least loaded node took the second task
+    assert res.metrics["lost"] == 0 and res.metrics["duplicates"] == 0 and res.metrics["completed"] == 16
+    for node in {t.node for t in res.trajectories}:  # never more than per_node at once on a node
+        spans = [(t.start_s, t.end_s) for t in res.trajectories if t.node == node]
+        assert max(sum(a <= s < b for a, b in spans) for s, _ in spans) <= 4
+
+    # a later call finds the template where the first left it, set up once there
+    again = ClusterEngine(numbered(2), [tasks[0]], 2, hosts=idle).run()
+    assert [p["node"] for p in again.metrics["placements"]] == [first["place-a"]]
+    assert again.metrics["hits"]["template"] == 1
+    for t in again.trajectories:
+        check(t, "place-a")
+    info = ray.get(idle[first["place-a"]].info.remote())
+    assert info["setups"] >= 1 and "place-a" in info["tasks"]
+
+
+def test_results_stream_as_rollouts_end(idle):
+    t = task("stream")
+    # rollout i takes about i seconds: the first comes back long before the group ends
+    pol = ReplayPolicy([[f"sleep {i}; echo {i}"] for i in range(3)])
+    arrived = []
+    for traj in ClusterEngine(pol, [t], 3, hosts=idle).stream():
+        arrived.append((traj.index, time.monotonic()))
+    assert [i for i, _ in arrived] == [0, 1, 2]
+    assert arrived[-1][1] - arrived[0][1] > 1.5
+    node = traj.node  # the calls that took a second or more left cached states one call deep
+    assert ray.get(idle[node].info.remote())["prefix_depth"] == {"stream": 1}
+
+    async def collect():
+        return [traj.key async for traj in ClusterEngine(numbered(2), [t], 2, hosts=idle).astream()]
+
+    assert sorted(asyncio.run(collect())) == [("stream", 0, 0), ("stream", 0, 1)]
+
+
+def test_a_failing_setup_fails_its_group_only(idle):
+    bad = Task("bad-setup", "never runs", setup=("echo half-way", "(exit 3)"))
+    res = ClusterEngine(numbered(2), [bad, task("good")], 2, hosts=idle).run()
+    assert list(res.errors) == [("bad-setup", 0)]
+    assert res.errors[("bad-setup", 0)].startswith("TaskSetupError: ") and "exit code 3" in res.errors[("bad-setup", 0)]
+    assert not res.groups[("bad-setup", 0)].trajectories
+    assert res.groups[("good", 0)].complete
+    assert issubclass(TaskSetupError, RolloutError)
+    assert res.metrics["failed_groups"] == 1
+
+
+@ray.remote(num_cpus=0)
+def use_elsewhere(ws: RemoteWorkspace) -> tuple[str, list[RemoteWorkspace]]:
+    """In a Ray worker: read what the driver wrote, fork it there (the forks belong to this
+    worker process) and write to the fork."""
+    seen = ws.read_file("/note").decode()
+    kid = ws.fork(1)[0]
+    kid.write_file("/note", "from the kid\n")
+    sh = kid.shell(cwd="/")
+    assert sh.run("cd /tmp; export X=1").exit_code == 0
+    assert sh.run("echo $PWD $X").output == "/tmp 1\n"
+    sh.close()
+    return seen, [kid]
+
+
+def test_proxies_work_from_other_processes(idle):
+    node = next(iter(idle))
+    with RemoteWorkspace.create(node=node) as ws:
+        ws.write_file("/note", "from the driver\n")
+        seen, (kid,) = ray.get(use_elsewhere.remote(ws))
+        assert seen == "from the driver\n"
+        assert kid.read_file("/note") == b"from the kid\n"
+        assert ws.read_file("/note") == b"from the driver\n"
+        tpl = ws.snapshot()
+        ws.run("echo later > /note")
+        a, b = tpl.fork(2)
+        assert a.read_file("/note") == b.read_file("/note") == b"from the driver\n"
+        for w in (a, b, tpl, kid):
+            w.close()
+    with pytest.raises(UnknownWorkspace):
+        ws.run("true")
+
+
+@ray.remote(num_cpus=0)
+class Owner:
+    """A trainer process that makes workspaces on a host and then dies without closing them."""
+
+    def make(self, host) -> list[RemoteWorkspace]:
+        ws = RemoteWorkspace.create(host=host)
+        ws.run("sleep 1000 &")
+        return [ws, *ws.fork(1)]
+
+    def template(self, ws: RemoteWorkspace):
+        return ws.snapshot()
+
+
+def test_a_dead_owners_workspaces_are_reclaimed(idle):
+    host = next(iter(idle.values()))
+    before = ray.get(host.info.remote())["reclaimed"]
+    owner = Owner.remote()
+    made = ray.get(owner.make.remote(host))
+    tpl = ray.get(owner.template.remote(made[0]))
+    time.sleep(2 * LEASE_S)  # the owner renews: nothing is reclaimed while it lives
+    assert made[1].run("echo alive").output == "alive\n"
+    ray.kill(owner)
+    deadline = time.monotonic() + LEASE_S + 10
+    while ray.get(host.info.remote())["workspaces"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    info = ray.get(host.info.remote())
+    assert (info["workspaces"], info["templates"]) == (0, 0)
+    assert info["reclaimed"] - before == 3
+    with pytest.raises(UnknownWorkspace):
+        tpl.fork(1)
+
+
+def test_a_host_killed_mid_group_loses_and_duplicates_nothing(idle):
+    t = task("kill")
+    n = 6
+    # rollouts 0 and 1 end at once, the others sleep: the host dies with them running
+    pol = ReplayPolicy([[f"cat base; echo $STAGE; {'sleep 4; ' if i > 1 else ''}echo {i} > mine; cat mine"]
+                        for i in range(n)])
+    eng = ClusterEngine(pol, [t], n, per_node=n, hosts=idle)
+    got, killed = [], None
+    for traj in eng.stream():
+        got.append(traj)
+        if killed is None:
+            killed = traj.node
+            ray.kill(idle[killed], no_restart=True)  # SIGKILL: its workspaces go with it
+    assert sorted(tr.index for tr in got) == list(range(n))
+    assert all(tr.error is None for tr in got)
+    for tr in got:
+        assert tr.turns[0].observation == f"kill\nset-up\n{tr.index}\n"
+    m = eng.metrics
+    assert m["hosts_lost"] == [killed] and m["lost"] == 0 and m["duplicates"] == 0
+    assert m["reruns"] >= n - 2
+    assert {tr.node for tr in got if tr.index > 1} and killed not in {tr.node for tr in got if tr.index > 1}
+    with pytest.raises(HostLost):
+        RemoteWorkspace.create(host=idle[killed])
+    # what the killed host held is removed by the next host of the machine (the module's
+    # teardown checks that nothing is left)
+
+
+def test_a_node_removed_mid_group_loses_and_duplicates_nothing(cluster, idle):
+    t = task("remove")
+    head = ray.get_runtime_context().get_node_id()
+    victim = next(n for n in idle if n != head)
+    # the task's template is set up on the victim first, so the group goes there
+    ClusterEngine(numbered(1), [t], 1, hosts={victim: idle[victim]}).run()
+    n = 4
+    pol = ReplayPolicy([[f"cat base; echo $STAGE; {'sleep 4; ' if i else ''}echo {i} > mine; cat mine"]
+                        for i in range(n)])
+    eng = ClusterEngine(pol, [t], n, groups=1, per_node=n, hosts=idle)
+    got = []
+    for traj in eng.stream():
+        got.append(traj)
+        if len(got) == 1:
+            assert traj.node == victim
+            node = next(x for x in cluster.list_all_nodes() if x.node_id == victim)
+            cluster.remove_node(node, allow_graceful=False)  # its raylet and workers die
+    assert sorted(tr.index for tr in got) == list(range(n))
+    for tr in got:
+        assert tr.error is None and tr.turns[0].observation == f"remove\nset-up\n{tr.index}\n"
+    assert victim not in {tr.node for tr in got if tr.index}
+    m = eng.metrics
+    assert m["hosts_lost"] == [victim] and m["lost"] == 0 and m["duplicates"] == 0
+    assert m["placements"][0]["why"] == "template"
