@@ -150,7 +150,7 @@ def test_results_stream_as_rollouts_end(idle):
     assert [i for i, _ in arrived] == [0, 1, 2]
     assert arrived[-1][1] - arrived[0][1] > 1.5
     node = traj.node  # the calls that took a second or more left cached states one call deep
-    assert ray.get(idle[node].info.remote())["prefix_depth"] == {"stream": 1}
+    assert ray.get(idle[node].info.remote())["prefix_depth"]["stream"] == 1
 
     async def collect():
         return [traj.key async for traj in ClusterEngine(numbered(2), [t], 2, hosts=idle).astream()]
@@ -167,6 +167,32 @@ def test_a_failing_setup_fails_its_group_only(idle):
     assert res.groups[("good", 0)].complete
     assert issubclass(TaskSetupError, RolloutError)
     assert res.metrics["failed_groups"] == 1
+
+
+def test_a_busy_holder_sends_its_template_rather_than_a_setup_again(idle):
+    from bunshin.criu_locate import find_criu
+
+    if not (find_criu() and find_criu().usable):
+        pytest.skip("no CRIU ≥ 4 on this machine: `bunshin criu provision`")
+    slow = Task("travel", "leave your number in /repo/mine", workdir="/repo",
+                setup=("echo travel > /repo/base", "export STAGE=set-up", "sleep 3"))
+    pol = ReplayPolicy([[f"sleep 4; cat base; echo $STAGE; echo {i} > mine; cat mine"] for i in range(2)])
+    first = ClusterEngine(pol, [slow], 2, per_node=2, hosts=idle).run()
+    holder = first.trajectories[0].node
+    # the holder is full with group 0; group 1 would wait a rollout (~4 s) for it, or set the
+    # task up again (~3 s): a pull (~1.5 s) is cheaper
+    eng = ClusterEngine(pol, [slow], 2, groups=2, per_node=2, hosts=idle)
+    res = eng.run()
+    assert not res.errors
+    m = eng.metrics
+    assert [(p["group"], p["why"]) for p in m["placements"]] == [(0, "template"), (1, "pulled")]
+    (pull,) = m["pulls"]
+    assert pull["from"] == holder and pull["to"] != holder and m["transfers"] == 1
+    assert res.groups[("travel", 1)].nodes == [pull["to"]]
+    for t in res.trajectories:
+        assert t.turns[0].observation == f"travel\nset-up\n{t.index}\n"
+    info = ray.get(idle[pull["to"]].info.remote())
+    assert info["tasks"]["travel"]["pulled_from"] == holder and info["imports"] == 1
 
 
 @ray.remote(num_cpus=0)

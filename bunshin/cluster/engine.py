@@ -34,7 +34,11 @@ from .types import ClusterGroup, ClusterResult, GroupTrajectory
 
 log = logging.getLogger("bunshin.cluster")
 
-__all__ = ["ClusterEngine"]
+__all__ = ["PULL_PRIOR_S", "ClusterEngine"]
+
+PULL_PRIOR_S = 1.5
+"""What a template pull is assumed to cost before one is measured: a small workspace's save
+(~0.7 s), stream and load (~0.4-0.8 s) measured here."""
 
 
 @dataclass
@@ -57,6 +61,7 @@ class _Node:
     running: int = 0
     free_memory: int = 0
     tasks: dict[str, float] = field(default_factory=dict)  # task id -> setup seconds (-1: being set up)
+    rollout_s: dict[str, float] = field(default_factory=dict)  # task id -> mean rollout seconds there
     depth: dict[str, int] = field(default_factory=dict)
 
 
@@ -88,7 +93,7 @@ class ClusterEngine:
 
     def __init__(self, policy: Policy | Mapping[str, Policy], tasks: Sequence[Task], group_size: int, *,
                  groups: int = 1, mode: str = "bunshin", hosts: Mapping[str, Any] | None = None,
-                 per_node: int = 16, engine: Mapping[str, Any] | None = None) -> None:
+                 per_node: int = 16, travel: bool = True, engine: Mapping[str, Any] | None = None) -> None:
         tasks = list(tasks)
         if not tasks or not all(isinstance(t, Task) for t in tasks):
             raise RolloutError(f"tasks must be a non-empty list of bunshin.rl.Task, got {tasks!r}")
@@ -106,6 +111,8 @@ class ClusterEngine:
         self.tasks, self.policies = tasks, policies
         self.group_size, self.groups, self.mode, self.per_node = group_size, groups, mode, per_node
         self.engine = dict(engine or {})
+        self.travel = travel
+        self._pulls = (0.0, 0)
         self._hosts = dict(hosts) if hosts is not None else None
         self.metrics: dict[str, Any] = {}
 
@@ -176,8 +183,9 @@ class ClusterEngine:
                 return min(ready, key=load), "template"
             if not free:
                 return None
-            if self._move_cost(g, nodes, holders) < self._wait_cost(g):
-                return min(free, key=load), "moved"
+            setup, pull = self._setup_cost(g, nodes, holders), self._pull_cost()
+            if min(setup, pull) < self._wait_cost(g, nodes, holders):
+                return min(free, key=load), "pulled" if pull < setup else "setup"
             if not g.waited:
                 g.waited = True
                 self.metrics["decisions"]["waited"] += 1
@@ -189,18 +197,26 @@ class ClusterEngine:
             return max(deep, key=lambda n: (nodes[n].depth[g.task.id], [-x for x in load(n)])), "prefix"
         return min(free, key=load), "load"
 
-    def _move_cost(self, g: _Group, nodes: dict[str, _Node], holders: list[str]) -> float:
-        """Seconds to have ``g``'s task state on a node without it: set it up again there (the
-        holder's setup seconds). Where template travel is available, loading the saved template
-        would be the other option here."""
+    def _setup_cost(self, g: _Group, nodes: dict[str, _Node], holders: list[str]) -> float:
+        """Seconds to set ``g``'s task up again on another node: what it took the holder."""
         known = [nodes[n].tasks[g.task.id] for n in holders if nodes[n].tasks[g.task.id] >= 0]
         return max(known) if known else float("inf")
 
-    def _wait_cost(self, g: _Group) -> float:
-        """Expected seconds until the holder frees a slot: the task's mean rollout so far
-        (unknown: 0, i.e. wait)."""
+    def _pull_cost(self) -> float:
+        """Seconds to bring a template over from its holder (save, stream, load): the mean of
+        this engine's pulls so far, ``PULL_PRIOR_S`` before the first; inf without travel."""
+        if not self.travel:
+            return float("inf")
+        return self._pulls[0] / self._pulls[1] if self._pulls[1] else PULL_PRIOR_S
+
+    def _wait_cost(self, g: _Group, nodes: dict[str, _Node], holders: list[str]) -> float:
+        """Expected seconds until a holder frees a slot: a rollout of the task (the mean seen
+        by this run, else by the holders; unknown: 0, i.e. wait)."""
         lat = self._latency.get(g.task.id)
-        return lat[0] / lat[1] if lat else 0.0
+        if lat:
+            return lat[0] / lat[1]
+        known = [nodes[n].rollout_s[g.task.id] for n in holders if g.task.id in nodes[n].rollout_s]
+        return min(known) if known else 0.0
 
     async def _nodes(self) -> dict[str, _Node]:
         from .host import start_hosts
@@ -215,12 +231,15 @@ class ClusterEngine:
                 continue
             nodes[nid] = _Node(h, free_memory=info["free_memory"],
                                tasks={t: v["setup_s"] for t, v in info["tasks"].items()},
+                               rollout_s={t: v["rollout_s"] for t, v in info["tasks"].items()
+                                          if v["rollout_s"] is not None},
                                depth=dict(info["prefix_depth"]))
         return nodes
 
     async def _drive(self, groups: list[_Group]) -> AsyncIterator[GroupTrajectory]:
-        self.metrics = {"placements": [], "hits": {"template": 0, "prefix": 0, "load": 0, "moved": 0},
-                        "decisions": {"waited": 0, "moved": 0}, "hosts_lost": [], "reruns": 0,
+        self.metrics = {"placements": [], "hits": {"template": 0, "prefix": 0, "load": 0, "pulled": 0, "setup": 0},
+                        "decisions": {"waited": 0, "pulled": 0, "setup": 0}, "pulls": [], "transfers": 0,
+                        "transfer_s": 0.0, "pull_failures": 0, "hosts_lost": [], "reruns": 0,
                         "duplicates": 0, "completed": 0, "failed_groups": 0, "per_node": {}}
         self._latency: dict[str, tuple[float, int]] = {}
         nodes = await self._nodes()
@@ -229,10 +248,12 @@ class ClusterEngine:
         wake = asyncio.Event()
         chunks: set[asyncio.Task[None]] = set()
 
-        async def chunk(nid: str, g: _Group, idx: list[int]) -> None:
+        async def chunk(nid: str, g: _Group, idx: list[int], pull_from: str | None) -> None:
             node = nodes[nid]
             got: set[int] = set()
             try:
+                if pull_from is not None and pull_from in nodes:
+                    await self._pull(g, nodes, pull_from, nid)
                 gen = node.host.run_group.remote(g.task, g.policy, self.group_size, indices=idx, mode=self.mode,
                                                  group=g.number, engine=self.engine)
                 async for ref in gen:
@@ -284,17 +305,21 @@ class ClusterEngine:
                         break
                     nid, why = where
                     node = nodes[nid]
+                    src = None
+                    if why == "pulled":
+                        src = max((n for n in nodes if nodes[n].tasks.get(g.task.id, -1) >= 0),
+                                  key=lambda n: -nodes[n].running)
                     take = min(self.per_node - node.running, len(g.todo))
                     idx, g.todo = sorted(g.todo)[:take], sorted(g.todo)[take:]
                     node.running += len(idx)
                     if self.mode in ("fork", "bunshin"):
                         node.tasks.setdefault(g.task.id, -1.0)
                     self.metrics["hits"][why] += 1
-                    if why == "moved":
-                        self.metrics["decisions"]["moved"] += 1
+                    if why in ("pulled", "setup"):
+                        self.metrics["decisions"][why] += 1
                     self.metrics["placements"].append({"task": g.task.id, "group": g.number, "node": nid,
                                                        "why": why, "indices": idx})
-                    chunks.add(asyncio.ensure_future(chunk(nid, g, idx)))
+                    chunks.add(asyncio.ensure_future(chunk(nid, g, idx, src)))
 
         t0 = time.monotonic()
         try:
@@ -320,6 +345,28 @@ class ClusterEngine:
             self.metrics["seconds"] = time.monotonic() - t0
             self.metrics["lost"] = sum(g.out.group_size - len(g.out.trajectories) for g in groups
                                        if g.out.error is None)
+
+    async def _pull(self, g: _Group, nodes: dict[str, _Node], src: str, dst: str) -> None:
+        """Bring ``g``'s task template from node ``src`` to ``dst``; if that fails, ``dst``
+        sets the task up itself (run_group does), and the failure is counted."""
+        try:
+            secs = await nodes[dst].host.import_task.remote(g.task, nodes[src].host)
+        except Exception as e:  # noqa: BLE001 - a failed pull costs a setup, not the group
+            import ray
+
+            if _lost(e) and not isinstance(e, ray.exceptions.RayTaskError):
+                raise  # the destination is gone: the chunk goes elsewhere
+            log.warning("pulling %s's template from %s to %s failed (%s); setting it up there",
+                        g.task.id, src, dst, _cause(e))
+            self.metrics["pull_failures"] += 1
+            return
+        self._pulls = (self._pulls[0] + secs, self._pulls[1] + 1)
+        self.metrics["pulls"].append({"task": g.task.id, "group": g.number, "from": src, "to": dst,
+                                      "seconds": secs})
+        self.metrics["transfers"] += 1
+        self.metrics["transfer_s"] += secs
+        if dst in nodes:
+            nodes[dst].tasks[g.task.id] = nodes[src].tasks.get(g.task.id, -1.0)
 
     @staticmethod
     async def _setup_s(node: _Node, task_id: str) -> float:

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -47,6 +48,8 @@ DEFAULT_RESOURCE = "bunshin"
 """The custom resource a node offers to get a host (``ray start --resources '{"bunshin": 1}'``)."""
 HOST_NAMESPACE = "bunshin"
 """The Ray namespace of the hosts' actor names, so any job of the cluster finds them."""
+TRAVEL_CHUNK = 1 << 20
+"""Bytes per chunk of a template sent to another node (Ray objects of bounded size)."""
 COLLECT_EVERY_S = 5.0
 """Seconds between a host's passes over what dead trainers of its machine left."""
 RESOURCE_SHARE = 0.001
@@ -82,6 +85,9 @@ class _TaskState:
     task: Task
     template: Template
     setup_s: float
+    pulled_from: str | None = None  # the node whose saved template this one was loaded from
+    rollout_s: float = 0.0  # summed over the rollouts run from it
+    rollouts: int = 0
 
 
 class HeldTemplate:
@@ -141,7 +147,8 @@ class WorkspaceHost:
         self._task_locks: dict[str, asyncio.Lock] = {}
         self._running = 0
         self._counts = {"groups": 0, "rollouts": 0, "setups": 0, "setup_failures": 0, "reclaimed": 0,
-                        "template_hits": 0, "collected": 0}
+                        "template_hits": 0, "collected": 0,
+                        "imports": 0}
         self._closed = False
         collect_dead_owners()
         self._stop = threading.Event()
@@ -277,7 +284,9 @@ class WorkspaceHost:
         template it holds (with their setup seconds) and the deepest cached prefix per task."""
         with self._lock:
             held = list(self._held.values())
-            tasks = {t: {"setup_s": s.setup_s} for t, s in self._tasks.items()}
+            tasks = {t: {"setup_s": s.setup_s, "pulled_from": s.pulled_from,
+                         "rollout_s": s.rollout_s / s.rollouts if s.rollouts else None}
+                     for t, s in self._tasks.items()}
         return {"node_id": self.node_id, "pid": os.getpid(), "free_memory": free_memory(),
                 "running": self._running,
                 "workspaces": sum(1 for h in held if not hasattr(h.obj, "core")),
@@ -351,6 +360,7 @@ class WorkspaceHost:
 
         kw = dict(engine or {})
         kw.setdefault("sample_interval", None)
+        st = None
         if mode in ("fork", "bunshin"):
             st = await self._task_state(task)
             kw["workspaces"] = HeldTemplate(task, st.template)
@@ -378,6 +388,9 @@ class WorkspaceHost:
                 left -= 1
                 self._running -= 1
                 self._counts["rollouts"] += 1
+                if st is not None:
+                    st.rollout_s += t.latency_s
+                    st.rollouts += 1
                 yield GroupTrajectory(**{f.name: getattr(t, f.name) for f in dataclasses.fields(Trajectory)},
                                       group=group, node=self.node_id)
             await run
@@ -386,6 +399,61 @@ class WorkspaceHost:
             if not run.done():
                 run.cancel()
                 await asyncio.gather(run, return_exceptions=True)
+
+    # -- templates that travel -------------------------------------------------------------
+    async def export_task(self, task_id: str) -> AsyncIterator[bytes]:
+        """This host's template of task ``task_id`` as a tar stream of its saved images (a Ray
+        streaming generator of chunks of at most ``TRAVEL_CHUNK`` bytes), for
+        :meth:`import_task` on another node."""
+        st = self._tasks.get(task_id)
+        if st is None:
+            raise ClusterError(f"the host of node {self.node_id} holds no template of task {task_id!r}")
+        d = Path(tempfile.mkdtemp(prefix="export-", dir=self._dir))
+        try:
+            await self._call(st.template.save, d / "image")
+            tar: subprocess.Popen[bytes] = await self._call(
+                subprocess.Popen, ["tar", "-C", str(d), "-cf", "-", "image"], stdout=subprocess.PIPE)
+            assert tar.stdout is not None
+            while chunk := await self._call(tar.stdout.read, TRAVEL_CHUNK):
+                yield chunk
+            if await self._call(tar.wait) != 0:
+                raise ClusterError(f"node {self.node_id}: tar of task {task_id!r}'s images failed")
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    async def import_task(self, task: Task, source: Any) -> float:
+        """Make ``task``'s template here from the one ``source`` (another host's actor handle)
+        holds: its saved images streamed over, then loaded (``Template.load``), instead of
+        running the setup. Returns the seconds it took (0 if this host holds it already)."""
+        from ..runtime.template import Template
+
+        lock = self._task_locks.setdefault(task.id, asyncio.Lock())
+        async with lock:
+            if task.id in self._tasks:
+                return 0.0
+            t = time.monotonic()
+            d = Path(tempfile.mkdtemp(prefix="import-", dir=self._dir))
+            try:
+                tar: subprocess.Popen[bytes] = await self._call(
+                    subprocess.Popen, ["tar", "-C", str(d), "-xf", "-"], stdin=subprocess.PIPE)
+                assert tar.stdin is not None
+                try:
+                    async for ref in source.export_task.remote(task.id):
+                        await self._call(tar.stdin.write, await ref)
+                finally:
+                    tar.stdin.close()
+                    code = await self._call(tar.wait)
+                if code != 0:
+                    raise ClusterError(f"node {self.node_id}: unpacking task {task.id!r}'s images failed")
+                tpl = await self._call(Template.load, d / "image")
+                src = await source.info.remote()
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            with self._lock:
+                self._tasks[task.id] = _TaskState(task, tpl, src["tasks"][task.id]["setup_s"],
+                                                  pulled_from=src["node_id"])
+            self._counts["imports"] += 1
+            return time.monotonic() - t
 
     # -- end ----------------------------------------------------------------------------
     async def shutdown(self) -> None:
