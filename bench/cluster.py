@@ -172,6 +172,9 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         t = time.monotonic()
+        # Ray's memory monitor judges the whole machine and kills workers, the hosts included,
+        # when it runs low: on a shared machine, for others' memory (workspaces have cgroup limits)
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
         self.node_cpus = node_cpus
         # no dashboard, and the agent on a free port: a head takes 52365 by default, and a second
         # cluster on the machine (another job, a test) would then lose its raylet with its agent
@@ -247,7 +250,7 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     cpu0, t0 = machine_cpu_seconds(), time.monotonic()
     last_poll = t0
     eng = ClusterEngine(policy, tasks, args.group, groups=args.groups, mode="bunshin", hosts=hosts,
-                        **({"per_node": args.per_node} if args.per_node else {}))
+                        per_node=args.per_node)
     try:
         for traj in eng.stream():
             now = time.monotonic()
@@ -278,6 +281,7 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     completed = sum(1 for k in seen if k in expected)
     res = {
         "nodes": nodes, "kill": kill, "tasks": len(tasks), "groups_per_task": args.groups, "group": args.group,
+        "per_node": args.per_node,
         "expected": len(expected),
         "completed": completed, "lost": len(expected - set(seen)),
         "duplicated": sum(c - 1 for c in seen.values() if c > 1),
@@ -311,10 +315,11 @@ def leftovers(owner_pids: set[int], wait_s: float = 15.0) -> int:
 
 def placement_figures(metrics: dict) -> dict:
     """The engine's counts under the bench's names. A placement *hit* is a chunk of a group sent
-    to a node that held its task's state (its set-up template, or a cached prefix); ``moved``
-    chunks set the task up again on a free node rather than wait for the holder. Template
-    transfers: templates loaded on a node from another's saved image (None: the engine has no
-    template travel)."""
+    to a node that held its task's state (its set-up template, or a cached prefix); the other
+    chunks (``placement_by``) went to the least loaded node (``load``: no node had the state)
+    or, the holders being full, to a free node that pulled the template (``pulled``) or set the
+    task up again (``setup``). Template transfers: the pulls, with their seconds (save, stream,
+    load)."""
     hits = metrics.get("hits", {})
     return {"placements": sum(hits.values()), "placement_hits": hits.get("template", 0) + hits.get("prefix", 0),
             "placement_by": hits,
@@ -347,16 +352,17 @@ def main() -> int:
     from workloads import WORKLOADS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 tasks × 2 groups of 4, short think time (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="2 tasks × 3 groups of 4, short think time")
     p.add_argument("--nodes", default="1,2,3", help="node counts to run, comma-separated (local cluster)")
     p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; quick 2)")
-    p.add_argument("--groups", type=int, default=2, help="groups per task: the later ones find the task's state")
+    p.add_argument("--groups", type=int, default=3, help="groups per task: the later ones find the task's state "
+                   "(or pull its template when its holder is full)")
     p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
     p.add_argument("--think", type=float, default=None, help="seconds of generation per step (default: the "
                    "workload's)")
     p.add_argument("--jitter", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--per-node", type=int, default=None, help="rollouts at once per node (default: the engine's)")
+    p.add_argument("--per-node", type=int, default=None, help="rollouts at once per node (default: two groups)")
     p.add_argument("--node-cpus", type=int, default=2, help="logical CPUs each local node declares")
     p.add_argument("--kill-at", type=float, default=0.3, help="kill a node once this fraction of rollouts is in")
     p.add_argument("--kill", action=argparse.BooleanOptionalAction, default=None,
@@ -365,6 +371,7 @@ def main() -> int:
     args = p.parse_args()
     args.tasks = args.tasks or (2 if args.quick else 6)
     args.group = args.group or (4 if args.quick else 8)
+    args.per_node = args.per_node or 2 * args.group
     args.kill = (args.address is None) if args.kill is None else args.kill
     if args.kill and args.address is not None:
         p.error("--kill needs the local cluster (the bench kills one of its own raylets)")
