@@ -260,7 +260,9 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     samplers = Samplers(hosts)
     seen: dict[tuple, int] = {}
     errors: list[str] = []
-    unexpected = 0
+    failures = GroupFailures()
+    logging.getLogger("bunshin.cluster").addHandler(failures)
+    unexpected: list[dict] = []
     times: list[float] = []
     killed: dict[str, Any] = {}
     cpu0, t0 = machine_cpu_seconds(), time.monotonic()
@@ -275,9 +277,12 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
             times.append(now - t0)
             if traj.error:
                 errors.append(f"{key}: {traj.error}")
-            unexpected += sum(1 for k, turn in enumerate(traj.turns)
-                              if k < len(wl.expect[traj.index]) and wl.expect[traj.index][k] is not None
-                              and turn.exit_code != wl.expect[traj.index][k])
+            for k, turn in enumerate(traj.turns):
+                want = wl.expect[traj.index][k] if k < len(wl.expect[traj.index]) else None
+                if want is not None and turn.exit_code != want:
+                    unexpected.append({"rollout": list(key), "node": traj.node[:8], "step": k,
+                                       "exit_code": turn.exit_code, "expected": want, "source": turn.source,
+                                       "output_tail": turn.observation[-300:]})
             if now - last_poll > 2:
                 samplers.poll()
                 last_poll = now
@@ -286,6 +291,7 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     finally:
         wall = time.monotonic() - t0
         cpu = machine_cpu_seconds() - cpu0
+        logging.getLogger("bunshin.cluster").removeHandler(failures)
         memory = samplers.stop()
         metrics = dict(getattr(eng, "metrics", {}) or {})
         close = getattr(eng, "close", None)
@@ -295,14 +301,19 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
             stop_hosts(hosts)
     left = leftovers(set(samplers.host_pids.values())) if cluster is not None else None
     completed = sum(1 for k in seen if k in expected)
+    undelivered = expected - set(seen)
+    in_failed = {k for k in undelivered if k[:2] in failures.groups}
     res = {
         "nodes": nodes, "kill": kill, "tasks": len(tasks), "groups_per_task": args.groups, "group": args.group,
         "per_node": args.per_node,
         "expected": len(expected),
-        "completed": completed, "lost": len(expected - set(seen)),
+        "completed": completed, "lost": len(undelivered - in_failed),
+        "failed": len(in_failed),
+        "failed_groups": [{"task": t, "group": g, "error": e} for (t, g), e in failures.groups.items()],
+        "failed_groups_unnamed": max(0, metrics.get("failed_groups", 0) - len(failures.groups)),
         "duplicated": sum(c - 1 for c in seen.values() if c > 1),
         "unexpected_keys": len(set(seen) - expected), "rollout_errors": errors[:20],
-        "calls_unexpected": unexpected,
+        "calls_unexpected": len(unexpected), "calls_unexpected_first": unexpected[:8],
         "wall_s": wall, "rollouts_per_min": 60 * completed / wall if wall else None,
         "machine_cpu_busy": cpu / (wall * (os.cpu_count() or 1)) if wall else None,
         "completion_times_s": [round(x, 3) for x in times],
@@ -314,6 +325,21 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     if killed:
         res["killed"] = killed
     return res
+
+
+class GroupFailures(logging.Handler):
+    """The groups the engine failed (a group's error, e.g. a fork refused), from its log: their
+    undelivered rollouts are ``failed``, not ``lost``. (A failed setup is not logged: such
+    groups are counted in ``failed_groups_unnamed``.)"""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.groups: dict[tuple[str, int], str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("group %d of %s failed") and isinstance(record.args, tuple):
+            number, task, _node, cause = record.args
+            self.groups[(str(task), int(number))] = repr(cause)[:300]
 
 
 def leftovers(owner_pids: set[int], wait_s: float = 15.0) -> int:
@@ -419,8 +445,8 @@ def main() -> int:
             r = run(wl, args, n, kill=kill, cluster=cluster, tag=f"r{k}", log=console.print)
             r["nodes_up_s"] = grow_s
             runs.append(r)
-            console.print(f"  completed {r['completed']}/{r['expected']}, lost {r['lost']}, duplicated "
-                          f"{r['duplicated']}, {r['rollouts_per_min']:.1f} rollouts/min, {r['wall_s']:.1f} s")
+            console.print(f"  completed {r['completed']}/{r['expected']}, failed {r['failed']}, lost {r['lost']}, "
+                          f"duplicated {r['duplicated']}, {r['rollouts_per_min']:.1f}/min, {r['wall_s']:.1f} s")
     finally:
         if cluster is not None:
             cluster.shutdown()
