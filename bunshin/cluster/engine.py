@@ -19,6 +19,7 @@ task whose setup fails fails its group with :class:`TaskSetupError`; the other g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -34,8 +35,10 @@ from .types import ClusterGroup, ClusterResult, GroupTrajectory
 
 log = logging.getLogger("bunshin.cluster")
 
-__all__ = ["PULL_PRIOR_S", "ClusterEngine"]
+__all__ = ["PULL_PRIOR_S", "STOP_WAIT_S", "ClusterEngine"]
 
+STOP_WAIT_S = 10.0
+"""Seconds ``stream()`` waits, when left early, for the hosts to be told to stop."""
 PULL_PRIOR_S = 1.5
 """What a template pull is assumed to cost before one is measured: a small workspace's save
 (~0.7 s), stream and load (~0.4-0.8 s) measured here."""
@@ -134,16 +137,16 @@ class ClusterEngine:
             yield t
 
     def stream(self) -> Iterator[GroupTrajectory]:
-        """Each trajectory as its rollout ends, over every group (a thread runs the loop)."""
+        """Each trajectory as its rollout ends, over every group (a thread runs the loop).
+        Leaving the loop early stops the rollouts still running."""
         q: queue.Queue[tuple[str, Any]] = queue.Queue()
-        stop = threading.Event()
+        running: dict[str, Any] = {}
 
         async def pump() -> None:
+            running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
             try:
                 async for t in self.astream():
                     q.put(("t", t))
-                    if stop.is_set():
-                        return
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                 q.put(("e", e))
             else:
@@ -161,7 +164,9 @@ class ClusterEngine:
                 else:
                     return
         finally:
-            stop.set()
+            if th.is_alive() and "task" in running:
+                running["loop"].call_soon_threadsafe(running["task"].cancel)
+                th.join(STOP_WAIT_S)
 
     # -- scheduling ---------------------------------------------------------------------
     def _new_groups(self) -> list[_Group]:
@@ -251,6 +256,7 @@ class ClusterEngine:
         async def chunk(nid: str, g: _Group, idx: list[int], pull_from: str | None) -> None:
             node = nodes[nid]
             got: set[int] = set()
+            gen = None
             try:
                 if pull_from is not None and pull_from in nodes:
                     await self._pull(g, nodes, pull_from, nid)
@@ -273,6 +279,13 @@ class ClusterEngine:
                     wake.set()
                 if self.mode in ("fork", "bunshin") and node.tasks.get(g.task.id, 0) < 0:
                     node.tasks[g.task.id] = await self._setup_s(node, g.task.id)
+            except asyncio.CancelledError:
+                if gen is not None:  # the caller stopped listening: the host stops the rollouts
+                    import ray
+
+                    with contextlib.suppress(Exception):
+                        ray.cancel(gen)
+                raise
             except Exception as e:  # noqa: BLE001 - sorted below: host lost, setup failed, other
                 cause = _cause(e)
                 rest = [i for i in idx if i not in got]

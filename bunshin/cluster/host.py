@@ -188,12 +188,14 @@ class WorkspaceHost:
         """Close everything ``owner`` holds here now; returns how many objects."""
         return await self._call(self._reclaim, owner)
 
-    def _reclaim(self, owner: str) -> int:
+    def _reclaim(self, owner: str, *, lapsed: bool = False) -> int:
         with self._lock:
             self._leases.pop(owner, None)
             mine = sorted(((k, h) for k, h in self._held.items() if h.owner == owner), key=lambda kh: -kh[1].made)
             for k, _h in mine:
                 del self._held[k]
+            if lapsed:  # counted as they leave the table, which info() reads
+                self._counts["reclaimed"] += len(mine)
         for _k, h in mine:  # newest first: forks before their sources
             try:
                 h.obj.close()
@@ -212,8 +214,7 @@ class WorkspaceHost:
             with self._lock:
                 dead = [o for o, until in self._leases.items() if until < now]
             for owner in dead:
-                n = self._reclaim(owner)
-                self._counts["reclaimed"] += n
+                n = self._reclaim(owner, lapsed=True)
                 if n:
                     log.warning("host %s: owner %s stopped renewing its lease; closed its %d workspaces/templates",
                                 self.node_id, owner, n)
