@@ -394,10 +394,11 @@ def main() -> int:
     from workloads import WORKLOADS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="2 tasks × 3 groups of 4, short think time")
+    p.add_argument("--quick", action="store_true", help="3 tasks × 2 groups of 3, short think time")
     p.add_argument("--nodes", default="1,2,3", help="node counts to run, comma-separated (local cluster)")
     p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; quick 2)")
-    p.add_argument("--groups", type=int, default=3, help="groups per task: the later ones find the task's state "
+    p.add_argument("--groups", type=int, default=None, help="groups per task (default 3; quick 2): the later ones "
+                   "find the task's state "
                    "(or pull its template when its holder is full)")
     p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
     p.add_argument("--think", type=float, default=None, help="seconds of generation per step (default: the "
@@ -411,8 +412,9 @@ def main() -> int:
                    help="the node-kill run (default: on for a local cluster, off with --address)")
     p.add_argument("--address", default=None, help="a running cluster (ray start); its nodes are used as they are")
     args = p.parse_args()
-    args.tasks = args.tasks or (2 if args.quick else 6)
-    args.group = args.group or (4 if args.quick else 8)
+    args.tasks = args.tasks or (3 if args.quick else 6)  # quick: one task per node at 3 nodes
+    args.groups = args.groups or (2 if args.quick else 3)
+    args.group = args.group or (3 if args.quick else 8)
     args.per_node = args.per_node or 2 * args.group
     args.kill = (args.address is None) if args.kill is None else args.kill
     if args.kill and args.address is not None:
