@@ -396,11 +396,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="3 tasks × 2 groups of 3, short think time")
     p.add_argument("--nodes", default="1,2,3", help="node counts to run, comma-separated (local cluster)")
-    p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; quick 2)")
-    p.add_argument("--groups", type=int, default=None, help="groups per task (default 3; quick 2): the later ones "
-                   "find the task's state "
-                   "(or pull its template when its holder is full)")
-    p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
+    p.add_argument("--tasks", type=int, default=None, help="tasks per run (default 6; quick 3)")
+    p.add_argument("--groups", type=int, default=None, help="groups per task (default 3; quick 2): the later "
+                   "ones find the task's state (or pull its template when its holder is full)")
+    p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 3)")
     p.add_argument("--think", type=float, default=None, help="seconds of generation per step (default: the "
                    "workload's)")
     p.add_argument("--jitter", type=float, default=None)
