@@ -10,8 +10,9 @@ the most rollouts once ``--kill-at`` of them are in: its host actor's process SI
 raylet removed, as when a machine dies). Each run starts with new hosts (the last run's are shut
 down) and new task ids, and checks that its hosts left no workspace behind.
 
-Every run states ``nodes``, ``completed``, ``lost`` (rollouts never delivered), ``duplicated``
-(delivered twice), rollouts/min, the peak memory of each node's workspaces, template transfers
+Every run states ``nodes``, ``completed``, ``failed`` (rollouts of a group the engine failed,
+e.g. a refused fork, with its error), ``lost`` (rollouts neither delivered nor failed),
+``duplicated`` (delivered twice), rollouts/min, the peak memory of each node's workspaces, template transfers
 and their seconds, and placement hits (from the engine's metrics). Memory per node: a sampler
 actor pinned to each node accounts the node's workspaces and templates (the cgroups of the
 workspaces whose owner is that node's host actor, from the state directory) with
@@ -22,7 +23,8 @@ All local nodes share this machine's CPUs, so measured throughput cannot grow wi
 count here; the JSON says so and projects n nodes from the 1-node run (n × its rollouts/min, the
 figure when each node has this machine's CPUs). ``--address`` runs against a real cluster
 instead (nodes started with ``ray start ... --resources '{"bunshin": 1}'``; every node's
-Bunshin state directory local to it): one run over the nodes it has, no kill unless ``--kill``.
+Bunshin state directory local to it): one run over the nodes it has and no kill run (``ray stop
+--force`` on a node mid-run is one; the JSON counts what it cost).
 
 usage: python bench/cluster.py [--quick] [--nodes 1,2,3] [--tasks N] [--groups N] [--group N]
                                [--think S] [--per-node N] [--address HOST:PORT] [--kill | --no-kill]
@@ -49,7 +51,7 @@ from bunshin.rl.policies import ReplayPolicy
 
 RESOURCE = "bunshin"
 SAMPLE_S = 1.0
-"""Seconds between memory samples on each node (a sample of a few dozen processes costs ~10 ms)."""
+"""Seconds between memory samples on each node (one costs 30-60 ms here, most in pagemap reads)."""
 
 
 # ---- memory per node ------------------------------------------------------------------------
