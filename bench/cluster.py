@@ -471,7 +471,8 @@ def summarize(runs: list[dict], args, wl, cluster: LocalCluster | None, wall: fl
                                       if r["projected_rollouts_per_min"] else None)
     ok = [r for r in runs if r["kill"] or r["nodes"] >= 3]
     return {
-        "quick": args.quick, "workload": "repo", "params": wl.params, "tasks": args.tasks, "group": args.group,
+        "quick": args.quick, "workload": "repo", "params": wl.params, "tasks": args.tasks, "groups": args.groups,
+        "group": args.group, "per_node": args.per_node,
         "think_s": args.think, "jitter": args.jitter, "seed": args.seed, "mode": "bunshin",
         "cluster": ("local: ray.cluster_utils.Cluster, a head without the resource and one raylet per node, "
                     f"each declaring {args.node_cpus} CPUs and {{'{RESOURCE}': 1}}") if cluster else
@@ -525,7 +526,7 @@ def plot(res: dict) -> None:
     ax.set_xlabel("seconds")
     ax.set_title("rollouts delivered (red: node killed)")
     ax.legend(fontsize=8)
-    fig.suptitle(f"Cluster group rollouts: repo, {res['tasks']} tasks × {res['group']}"
+    fig.suptitle(f"Cluster group rollouts: repo, {res['tasks']} tasks × {res['groups']} groups × {res['group']}"
                  f"{' (--quick)' if res['quick'] else ''}")
     fig.tight_layout()
     fig.savefig(png_path("cluster"), dpi=110)
