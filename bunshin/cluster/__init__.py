@@ -24,12 +24,16 @@ API (names are stable):
   cmd)``, ``shell_close(shell id)``, ``fork(id, n, owner) -> [id]`` (of a workspace or a
   template), ``snapshot(id, owner) -> template id``, ``close(id)``, ``renew(owner) -> lease_s``,
   ``release(owner)``, ``info() -> dict`` (``node_id``, ``free_memory``, ``running``, ``tasks``:
-  {task id: {"setup_s"}} whose set-up template it holds, ``prefix_depth``: {task id: depth of
-  the deepest live cached state}, ``cache``, counters ``groups``/``rollouts``/``setups``/
-  ``setup_failures``/``reclaimed``/``template_hits``), ``run_group(task, policy, group_size, *,
+  {task id: {"setup_s", "rollout_s", "pulled_from"}} whose set-up template it holds,
+  ``prefix_depth``: {task id: depth of the deepest live cached state}, ``cache``, counters
+  ``groups``/``rollouts``/``setups``/``setup_failures``/``reclaimed``/``template_hits``/
+  ``imports``/``collected``), ``run_group(task, policy, group_size, *,
   indices=None, mode="bunshin", group=0, engine=None)`` (a Ray streaming generator of
   :class:`GroupTrajectory`; fork/bunshin modes fork the host's template of the task, kept across
-  groups; bunshin mode shares the node's ``PrefixCache``), ``shutdown()``.
+  groups; bunshin mode shares the node's ``PrefixCache``), ``export_task(task_id)`` (a streaming
+  generator of the task template's saved images, tar chunks of 1 MiB), ``import_task(task,
+  source_host) -> seconds`` (load another host's template of the task instead of a setup),
+  ``shutdown()``.
 * ``RemoteWorkspace.create(rootfs=None, *, host=None, node=None, **kw)``; ``.run``, ``.exec``,
   ``.shell() -> RemoteShell`` (``.run``, ``.close``), ``.read_file``, ``.write_file``,
   ``.fork(n) -> [RemoteWorkspace]``, ``.snapshot() -> RemoteTemplate`` (``.fork(n)``,
@@ -37,13 +41,16 @@ API (names are stable):
   makes and renews a lease (:mod:`.lease`); the host closes an owner's objects ``lease_s`` after
   its last renewal. ``find_host(node_id=None)``.
 * ``ClusterEngine(policy | {task id: policy}, tasks, group_size, *, groups=1, mode="bunshin",
-  hosts=None, per_node=16, engine=None)``: ``.run() -> ClusterResult`` (``groups``: {(task id,
+  hosts=None, per_node=16, travel=True, engine=None)``: ``.run() -> ClusterResult`` (``groups``: {(task id,
   group): ClusterGroup(trajectories by index, error, nodes)}, ``metrics``, ``trajectories``,
   ``errors``), ``.arun()``, ``.stream()`` / ``.astream()`` yielding each
   :class:`GroupTrajectory` (a ``Trajectory`` plus ``group``, ``node``, ``key``) as it ends.
   ``.metrics``: ``placements`` [{task, group, node, why, indices}], ``hits`` {template, prefix,
-  load, moved}, ``decisions`` {waited, moved}, ``hosts_lost``, ``reruns``, ``duplicates``,
-  ``completed``, ``lost``, ``failed_groups``, ``per_node``, ``seconds``.
+  load, pulled, setup}, ``decisions`` {waited, pulled, setup} (a busy holder: wait, set the task
+  up elsewhere, or pull its template, whichever costs least), ``pulls`` [{task, group, from, to,
+  seconds}], ``transfers``, ``transfer_s``, ``pull_failures``, ``hosts_lost``, ``reruns``,
+  ``duplicates``, ``completed``, ``lost``, ``failed_groups``, ``per_node`` {node: rollouts},
+  ``seconds``.
 * Errors: ``ClusterError`` ⊃ ``TaskSetupError`` (also a ``RolloutError``), ``HostLost``,
   ``UnknownWorkspace``.
 """

@@ -392,8 +392,8 @@ class WorkspaceHost:
                 if st is not None:
                     st.rollout_s += t.latency_s
                     st.rollouts += 1
-                yield GroupTrajectory(**{f.name: getattr(t, f.name) for f in dataclasses.fields(Trajectory)},
-                                      group=group, node=self.node_id)
+                yield GroupTrajectory(**{**{f.name: getattr(t, f.name) for f in dataclasses.fields(Trajectory)},
+                                         "group": group, "node": self.node_id})
             await run
         finally:
             self._running -= left
