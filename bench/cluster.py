@@ -236,24 +236,8 @@ def stop_hosts(hosts: dict[str, Any]) -> None:
         ray.kill(h)
 
 
-def engine_class():
-    """ClusterEngine, made to wait rather than pull a template that no holder has finished
-    setting up (the engine's dispatch then finds no node to pull from and raises ValueError)."""
-    from bunshin.cluster import ClusterEngine
-
-    class Engine(ClusterEngine):
-        def _place(self, g, nodes):
-            where = super()._place(g, nodes)
-            if where is not None and where[1] == "pulled" \
-                    and not any(nodes[n].tasks.get(g.task.id, -1) >= 0 for n in nodes):
-                return None
-            return where
-
-    return Engine
-
-
 def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: str, log) -> dict:
-    from bunshin.cluster import start_hosts
+    from bunshin.cluster import ClusterEngine, start_hosts
 
     tasks = make_tasks(wl, args.tasks, tag)
     expected = {(t.id, g, i) for t in tasks for g in range(args.groups) for i in range(args.group)}
@@ -269,7 +253,7 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     killed: dict[str, Any] = {}
     cpu0, t0 = machine_cpu_seconds(), time.monotonic()
     last_poll = t0
-    eng = engine_class()(policy, tasks, args.group, groups=args.groups, mode="bunshin", hosts=hosts,
+    eng = ClusterEngine(policy, tasks, args.group, groups=args.groups, mode="bunshin", hosts=hosts,
                         per_node=args.per_node)
     try:
         for traj in eng.stream():

@@ -66,7 +66,9 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"bunshin": 1},
-                                                      "include_dashboard": False})
+                                                      "include_dashboard": False,
+                                                      # not Ray's default port: another local cluster may hold it
+                                                      "dashboard_agent_listen_port": None})
     for _ in range(NODES - 1):
         c.add_node(num_cpus=1, resources={"bunshin": 1})
     ray.init(address=c.address, logging_level="warning")
@@ -323,3 +325,20 @@ def test_a_node_removed_mid_group_loses_and_duplicates_nothing(cluster, idle):
     m = eng.metrics
     assert m["hosts_lost"] == [victim] and m["lost"] == 0 and m["duplicates"] == 0
     assert m["placements"][0]["why"] == "template"
+
+
+def test_no_template_is_pulled_from_a_holder_still_setting_it_up():
+    """Placement alone (no cluster): while every holder of a task is still setting it up there
+    is nothing to pull, so a group whose holders are full waits, however cheap pulls have been."""
+    from bunshin.cluster.engine import _Group, _Node
+    from bunshin.cluster.types import ClusterGroup
+
+    task = Task("setting-up", "p")
+    eng = ClusterEngine(ReplayPolicy([["true"]]), [task], 1, hosts={}, per_node=1)
+    eng._latency = {task.id: (60.0, 1)}  # a rollout takes a minute: a pull would beat waiting
+    eng.metrics = {"decisions": {"waited": 0}}
+    g = _Group(task, eng.policies[task.id], 0, ClusterGroup(task.id, 0, 1), [0])
+    nodes = {"a": _Node(None, running=1, tasks={task.id: -1}), "b": _Node(None)}
+    assert eng._place(g, nodes) is None
+    nodes["a"].tasks[task.id] = 2.0  # set up in 2 s: now a pull (1.5 s prior) is the cheapest
+    assert eng._place(g, nodes) == ("b", "pulled")

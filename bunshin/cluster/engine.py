@@ -71,8 +71,9 @@ class _Node:
 def _lost(e: BaseException) -> bool:
     import ray
 
+    # Ray's memory monitor killing a host (OutOfMemoryError) loses it as surely as a crash
     return isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError,
-                          ray.exceptions.ObjectLostError))
+                          ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError))
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -188,7 +189,9 @@ class ClusterEngine:
                 return min(ready, key=load), "template"
             if not free:
                 return None
-            setup, pull = self._setup_cost(g, nodes, holders), self._pull_cost()
+            # a template can be pulled only from a holder that has finished setting it up
+            set_up = [n for n in holders if nodes[n].tasks[g.task.id] >= 0]
+            setup, pull = self._setup_cost(g, nodes, holders), self._pull_cost() if set_up else float("inf")
             if min(setup, pull) < self._wait_cost(g, nodes, holders):
                 return min(free, key=load), "pulled" if pull < setup else "setup"
             if not g.waited:
