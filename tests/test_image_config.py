@@ -110,6 +110,11 @@ def _check(ws: bunshin.Workspace) -> None:
     assert ws.run(REPORT).stdout == AS_DEV
     assert _live(ws) == AS_DEV
     assert ws.run("echo hi > $HOME/mine && cat $HOME/mine").stdout == b"hi\n"
+    # what the trainer writes for the agent is the agent's to change, as if it had written it
+    ws.write_file("/home/dev/new/notes.txt", "draft\n")
+    assert ws.run("echo more >> /home/dev/new/notes.txt && touch /home/dev/new/x && "
+                  "cat /home/dev/new/notes.txt").stdout == b"draft\nmore\n"
+    ws.write_file("/home/dev/new/notes.txt", "again\n")
 
 
 @pytest.mark.parametrize("isolation", ["trusted", "sandbox"])

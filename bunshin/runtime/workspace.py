@@ -944,9 +944,21 @@ class Workspace:
         if self._body.userns is not None and os.fstat(fd).st_uid == 0:
             _userns.give(fd)
 
+    def _owner(self) -> tuple[int, int]:
+        """Host ids of what the workspace's user owns: what the trainer makes for it."""
+        u = self._config.user
+        uid, gid = (u.uid, u.gid) if u is not None else (0, 0)
+        if self._body.userns is not None:
+            return uid + _userns.BASE, gid + _userns.BASE
+        return uid, gid
+
+    def _own(self, fd: int) -> None:
+        os.fchown(fd, *self._owner())
+
     def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644, parents: bool = True) -> None:
         """Write ``data`` to ``path`` inside the workspace (replacing it), creating parent
         directories when ``parents``. Symlinks resolve inside the workspace, never outside.
+        What it creates belongs to the workspace's user, as if that user had written it.
 
         Not atomic: the file exists (empty) before its bytes are written, so a program in the
         workspace that polls for it can read it short. For such a reader, write another name
@@ -958,8 +970,11 @@ class Workspace:
             raise ToolCallError(f"data must be bytes or str, got {type(data).__name__}")
         if parents:
             self._makedirs(str(PurePosixPath(path).parent))
+        new = self._config.user is not None and not self._exists(path)
         fd = self.open_path(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
+            if new:
+                self._own(fd)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -993,8 +1008,9 @@ class Workspace:
             dfd = self.open_path(parent, _O_PATH | os.O_DIRECTORY)
             try:
                 os.mkdir(part, 0o755, dir_fd=dfd)
-                if self._body.userns is not None:
-                    os.chown(part, _userns.BASE, _userns.BASE, dir_fd=dfd, follow_symlinks=False)
+                uid, gid = self._owner()
+                if (uid, gid) != (0, 0):
+                    os.chown(part, uid, gid, dir_fd=dfd, follow_symlinks=False)
             except FileExistsError:
                 pass
             except OSError as e:
