@@ -304,16 +304,11 @@ async def _group(mode: str, pod: Podman, image: str, task, policy, group: int, o
                        memory=mem, cpu=cpu.stop(), extra=extra)
 
 
-def run_group(mode: str, root: Path, task, policy, group: int, criu: str | None, on_turn=None) -> GroupResult:
-    """One group of ``mode`` (see the module docstring) on the image of ``root``."""
+def run_group(mode: str, image: str, task, policy, group: int, criu: str | None, on_turn=None) -> GroupResult:
+    """One group of ``mode`` (see the module docstring) in containers of ``image``."""
     pod = Podman(criu if mode == "podman-checkpoint" else None)
-    tag = f"localhost/bunshin-e2e-{os.getpid()}:latest"
-    t = time.monotonic()
-    image = Image(pod, root, tag)
-    import_s = time.monotonic() - t
-    try:
-        g = asyncio.run(_group(mode, pod, tag, task, policy, group, on_turn))
-    finally:
-        image.close()
-    g.extra["image_import_s"] = import_s
-    return g
+    return asyncio.run(_group(mode, pod, image, task, policy, group, on_turn))
+
+
+def image_tag() -> str:
+    return f"localhost/bunshin-e2e-{os.getpid()}:latest"

@@ -58,7 +58,7 @@ def run_mode(mode: str, wl, args, progress) -> dict:
     steps = sum(len(t) for t in wl.traces)
     bar = progress.add_task(f"{mode:8s}", total=steps)
     if mode in _podman.MODES:
-        g = _podman.run_group(mode, Path(wl.task.rootfs), wl.task, policy, args.group, args.criu_path,
+        g = _podman.run_group(mode, args.image.tag, wl.task, policy, args.group, args.criu_path,
                               on_turn=lambda i, t: progress.advance(bar))
     else:
         with RolloutEngine(policy, wl.task, args.group, mode=mode, ksm=args.ksm,
@@ -88,9 +88,9 @@ def main() -> int:
     from workloads import DEFAULT, WORKLOADS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small group, short think time (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="group of 2, short traces and think time (< 2 min)")
     p.add_argument("--workload", default=DEFAULT, choices=sorted(WORKLOADS))
-    p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 4)")
+    p.add_argument("--group", type=int, default=None, help="rollouts per group (default 8; quick 2)")
     p.add_argument("--think", type=float, default=None,
                    help="seconds of generation per step (default: the workload's params['think_s'])")
     p.add_argument("--jitter", type=float, default=None, help="think time varies by ± this fraction "
@@ -105,11 +105,10 @@ def main() -> int:
     # the sampler counts every workspace under the cgroup prefix: this run's alone, not those of
     # other programs using Bunshin on the machine
     os.environ.setdefault("BUNSHIN_CGROUP_PREFIX", f"bunshin-e2e-{os.getpid()}")
-    args.group = args.group or (4 if args.quick else 8)
+    args.group = args.group or (2 if args.quick else 8)
     args.rootfs = args.rootfs or ("image" if args.workload in IMAGE_PACKAGES else "host")
     logging.basicConfig(level=logging.WARNING)
     from rich.console import Console
-    from rich.progress import Progress
 
     wl = WORKLOADS[args.workload](args.group, seed=args.seed, quick=args.quick)
     if args.rootfs == "image":
@@ -126,24 +125,12 @@ def main() -> int:
     args.criu_path = str(criu.path) if criu is not None and criu.usable else None
     console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 140)
     t0 = time.monotonic()
-    with Progress(console=console) as progress:
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            if mode == "criu" and (criu is None or not criu.usable):
-                modes[mode] = {"available": False,
-                               "reason": "no CRIU found" if criu is None else criu.reason}
-                continue
-            if mode in _podman.MODES:
-                why = ("podman runs an image: this run is on the host view (--rootfs host)"
-                       if args.rootfs != "image" else _podman.why_not(args.criu_path, mode))
-                if why is not None:
-                    modes[mode] = {"available": False, "reason": why}
-                    console.print(f"[red]{mode}: {why}")
-                    continue
-            try:
-                modes[mode] = run_mode(mode, wl, args, progress)
-            except Exception as e:  # noqa: BLE001 - a mode that cannot run is a finding, not a crash
-                modes[mode] = {"available": False, "reason": f"{type(e).__name__}: {e}"}
-                console.print(f"[red]{mode}: {e}")
+    args.image = None
+    try:
+        _run_modes(args, wl, criu, console, modes)
+    finally:
+        if args.image is not None:
+            args.image.close()
     vs_fresh, vs_criu = ratios(modes, "fresh"), ratios(modes, "criu")
     vs_podman, vs_podman_ck = ratios(modes, "podman"), ratios(modes, "podman-checkpoint")
     aims = {}
@@ -162,12 +149,51 @@ def main() -> int:
            "rootfs": args.rootfs, "modes": modes, "ratios_vs_podman": vs_podman,
            "ratios_vs_podman_checkpoint": vs_podman_ck, "ratios_vs_fresh": vs_fresh,
            "ratios_vs_criu": vs_criu, "aims": aims,
-           "wall_s": time.monotonic() - t0, "memory_facts": memory_facts()}
+           "wall_s": time.monotonic() - t0, "memory_facts": memory_facts(),
+           **({"podman_image_import_s": args.image_import_s} if args.image is not None else {})}
     _drop_prefix()
     plot(res)
     _table(console, res)
     emit("e2e", res)
     return 0
+
+
+def _run_modes(args, wl, criu, console, modes: dict) -> None:
+    from rich.progress import Progress
+
+    with Progress(console=console) as progress:
+        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+            if mode == "criu" and (criu is None or not criu.usable):
+                modes[mode] = {"available": False,
+                               "reason": "no CRIU found" if criu is None else criu.reason}
+                continue
+            if mode in _podman.MODES:
+                why = _podman_image(args, wl, mode)
+                if why is not None:
+                    modes[mode] = {"available": False, "reason": why}
+                    console.print(f"[red]{mode}: {why}")
+                    continue
+            try:
+                modes[mode] = run_mode(mode, wl, args, progress)
+            except Exception as e:  # noqa: BLE001 - a mode that cannot run is a finding, not a crash
+                modes[mode] = {"available": False, "reason": f"{type(e).__name__}: {e}"}
+                console.print(f"[red]{mode}: {e}")
+
+
+def _podman_image(args, wl, mode: str) -> str | None:
+    """Why podman ``mode`` cannot run, or None with ``args.image`` made (once for both modes, as
+    the Bunshin modes' root is resolved once)."""
+    if args.rootfs != "image":
+        return "podman runs an image: this run is on the host view (--rootfs host)"
+    why = _podman.why_not(args.criu_path, mode)
+    if why is None and args.image is None:
+        t = time.monotonic()
+        try:
+            args.image = _podman.Image(_podman.Podman(), Path(wl.task.rootfs), _podman.image_tag())
+        except _podman.PodmanError as e:
+            return f"podman import failed: {e}"
+        args.image_import_s = time.monotonic() - t
+    return why
 
 
 def _drop_prefix() -> None:
