@@ -16,7 +16,10 @@ from test_rootfs import TarBuilder, blob, busybox_root
 
 import bunshin
 from bunshin.runtime.rootfs.image_config import ImageConfig, UnknownUser, User, resolve_user
+from bunshin.criu_locate import find_criu
 from bunshin.runtime.workspace_config import WorkspaceConfig
+
+_CRIU = find_criu()  # in the real cache directory, before a test points it elsewhere
 
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\ndev:x:1000:1000:dev:/home/dev:/bin/sh\n"
 GROUP = b"root:x:0:\ndev:x:1000:\ntools:x:2000:dev\nother:x:3000:root\n"
@@ -207,3 +210,31 @@ def test_config_round_trips():
     ws_cfg = WorkspaceConfig(env={"A": "1"}, workdir="/w", max_output=10, user=User(1, 2, (3,), "/h"),
                              image_cmd=cfg.command)
     assert WorkspaceConfig.from_dict(json.loads(json.dumps(ws_cfg.to_dict()))) == ws_cfg
+
+
+def test_criu_restore_keeps_the_image_config(no_leaks, image, tmp_path, monkeypatch):
+    if _CRIU is None or not _CRIU.usable:
+        pytest.skip("no usable CRIU >= 4; `python3 -m bunshin criu provision` installs one")
+    monkeypatch.setenv("BUNSHIN_CRIU", _CRIU.path)  # the cache dir is this test's own
+    from bunshin import criu
+
+    with bunshin.Workspace.create(rootfs=image) as ws:
+        ws.spawn(["sh", "-c", LOOP])
+        assert _live(ws) == AS_DEV
+        criu.dump_workspace(ws, tmp_path / "img")
+    with criu.restore_workspace(tmp_path / "img") as back:
+        assert back.config.user == User(1000, 1000, (2000,), "/home/dev")
+        assert back.run(REPORT).stdout == AS_DEV
+        assert _live(back) == AS_DEV
+
+
+def test_rootfs_show_prints_the_image_config(image):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "bunshin", "rootfs", "show", str(image)], capture_output=True,
+                         text=True, check=True).stdout
+    d = json.loads(out)
+    assert d["kind"] == "oci" and len(d["lowers"]) == 2
+    assert d["image"]["user"] == "dev" and d["image"]["workdir"] == "/work"
+    assert d["image"]["entrypoint"] + d["image"]["cmd"] == ["/bin/sh", "-c", CONFIG["Cmd"][0]]
