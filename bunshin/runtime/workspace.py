@@ -321,7 +321,7 @@ class Workspace:
             if isolation == "sandbox":
                 _userns.shift_tree(body.dir.upper)
             self._start_init(ready_timeout)
-            self._take_user(user if user is not None else image.user, env,
+            self._take_user(user if user is not None else image.user,
                             "user=" if user is not None else f"the User of image {rfs.source!r}",
                             home_set="HOME" in env or any(k == "HOME" for k, _ in image.env))
         except BaseException:
@@ -386,7 +386,7 @@ class Workspace:
         self._config = replace(self._config,
                                run_shell="/bin/bash" if self._exists("/bin/bash") else "/bin/sh")
 
-    def _take_user(self, spec: str | None, env: Mapping[str, str], source: str, home_set: bool) -> None:
+    def _take_user(self, spec: str | None, source: str, home_set: bool) -> None:
         """Tool calls run as ``spec``, resolved in this workspace's own /etc/passwd and /etc/group."""
         if spec is None:
             return
