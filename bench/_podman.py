@@ -13,7 +13,8 @@ The image is the same root filesystem the Bunshin modes run on, imported with ``
 container's cgroup and its ``conmon`` (each page counted once); the ``podman`` CLI processes on
 the host are not counted, as the trainer is not counted for Bunshin. Containers run with
 ``--network none`` (the workloads use loopback only) and the ulimits this machine's hard limits
-allow; containers and the image are removed when the mode ends.
+allow; a restored container's loopback, which podman 4.3.1 leaves down, is brought up (counted in
+the restore); containers and the image are removed when the mode ends.
 """
 
 from __future__ import annotations
@@ -170,6 +171,14 @@ class Containers:
         self.names.add(name)
         await self.pod.acheck("container", "restore", "--import", archive, "--name", name)
         await self.track(name)
+        # podman 4.3.1 restores a --network none container into a new network namespace with
+        # its loopback down: the set-up servers' listening sockets would refuse every connection
+        pid = (await self.pod.acheck("inspect", "--format", "{{.State.Pid}}", name)).strip()
+        proc = await asyncio.create_subprocess_exec("nsenter", "-t", pid, "-n", "ip", "link", "set", "lo", "up",
+                                                    stderr=subprocess.PIPE)
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise PodmanError(f"container {name}: cannot bring its loopback up: {err.decode(errors='replace')}")
 
     def forget(self, name: str) -> None:
         with self._lock:

@@ -27,17 +27,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 # from where the checkpoint left it, in a fresh container it starts again
 COUNTER = ("setsid bash -c 'n=0; while :; do n=$((n+1)); echo \"$n $(cat /srv/app/state)\" > /tmp/count.part; "
            "mv /tmp/count.part /tmp/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 & echo started")
+# a server on loopback, started by the setup: it must answer in every rollout, restored ones too
+SERVER = ("setsid perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => \"127.0.0.1:7777\", "
+          "Listen => 5, ReuseAddr => 1) or die; while ($c = $s->accept) { print $c \"served\\n\"; close $c }' "
+          "</dev/null >/dev/null 2>&1 & echo started")
+ASK = "exec 3<>/dev/tcp/127.0.0.1/7777 && head -1 <&3"
 TASK = Task(id="podman-baseline", prompt="", workdir="/srv/app", max_steps=6,
             setup=(ToolCall("write_file", {"path": "/srv/app/state", "content": "set-up"}),
-                   ToolCall("bash", {"command": COUNTER})),
-            ready="test -s /tmp/count")
+                   ToolCall("bash", {"command": COUNTER}), ToolCall("bash", {"command": SERVER})),
+            ready=f"test -s /tmp/count && {ASK}")
 
 
 def _trace(i: int) -> list[ToolCall]:
     return [ToolCall("bash", {"command": "pwd; cat state"}),
             ToolCall("write_file", {"path": f"/srv/app/member-{i}", "content": f"member {i}\n"}),
             ToolCall("read_file", {"path": f"/srv/app/member-{i}"}),
-            ToolCall("bash", {"command": "ls /srv/app | tr '\\n' ' '; echo; sleep 0.3; cat /tmp/count"})]
+            ToolCall("bash", {"command": "ls /srv/app | tr '\\n' ' '; echo; sleep 0.3; cat /tmp/count"}),
+            ToolCall("bash", {"command": ASK})]
 
 
 def _podman_names(kind: str) -> str:
@@ -76,7 +82,8 @@ def test_group_in_real_containers(image, mode):
     for t in g.trajectories:
         i = t.index
         obs = [turn.observation for turn in t.turns]
-        assert [turn.exit_code for turn in t.turns] == [0, 0, 0, 0]
+        assert [turn.exit_code for turn in t.turns] == [0, 0, 0, 0, 0]
+        assert obs[4] == "served\n"  # the set-up server answers on loopback
         assert obs[0] == "/srv/app\nset-up"
         assert obs[2] == f"member {i}\n"
         listing, count = obs[3].split("\n", 1)[0], obs[3].split("\n", 1)[1]
