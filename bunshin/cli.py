@@ -57,12 +57,22 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 
 def _rootfs_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="rootfs_cmd", metavar="{debian}", required=True)
+    sub = parser.add_subparsers(dest="rootfs_cmd", metavar="{debian,show}", required=True)
     deb = sub.add_parser("debian", help="debootstrap a Debian root into the cache")
     deb.add_argument("--suite", default=None, help="Debian suite (default: the builder's)")
+    show = sub.add_parser("show", help="what a rootfs resolves to: its layers and, for an image, the "
+                          "Env, WorkingDir, User and command its workspaces get (JSON)")
+    show.add_argument("rootfs", help="a directory, tar archive, OCI layout or 'debian:SUITE'")
 
 
 def _rootfs(args: argparse.Namespace) -> int:
+    if args.rootfs_cmd == "show":
+        import json
+
+        rfs = _resolve("bunshin.runtime.rootfs:resolve")(args.rootfs)
+        print(json.dumps({"kind": rfs.kind, "source": rfs.source, "lowers": [str(p) for p in rfs.lowers],
+                          "image": rfs.image.to_dict() if rfs.image is not None else None}, indent=2))
+        return 0
     build = _resolve("bunshin.runtime.rootfs:build_debian")
     result = build(**({"suite": args.suite} if args.suite else {}))
     if result is not None:

@@ -13,6 +13,7 @@ APT_PKGS=(
   redis-server redis-tools                # a real server forked in tests
   python3-pip curl git                    # bench/workloads run inside workspaces (tests/test_workloads.py)
   xvfb x11-apps xdotool libx11-dev libxext-dev  # an X display (and a MIT-SHM client) forked in tests
+  podman runc                             # real containers: bench/e2e.py's baseline (tests/test_podman_baseline.py)
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -20,21 +20,27 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._core import PROTO
 from ..errors import ProtocolError, SpawnError, WorkspaceDied
 from ..fork.perprocess import PerProcess
 
+if TYPE_CHECKING:
+    from .rootfs.image_config import User
+
 log = logging.getLogger("bunshin.channel")
 
 _HDR = struct.Struct("=IIQII")
 _SPAWN = struct.Struct("=IIII")
+_USER = struct.Struct("=IIII")
 _SPAWNED = struct.Struct("=iiii")
 _KILL = struct.Struct("=iiii")
 _EXITED = struct.Struct("=ii")
 _READY = struct.Struct("=Ii")
 _ACK = struct.Struct("=i")
 assert _HDR.size == PROTO["SIZEOF_MSG"] and _SPAWN.size == PROTO["SIZEOF_SPAWN"]
+assert _USER.size == PROTO["SIZEOF_USER"]
 
 # How long a send may wait for room in the init's receive queue: one that does not read (frozen,
 # stopped, or behind on requests whose answers were given up on) would keep it waiting for ever.
@@ -46,6 +52,7 @@ _STEPS = {
     PROTO["STEP_EXEC"]: "exec",
     PROTO["STEP_FDS"]: "set up descriptors for",
     PROTO["STEP_CTTY"]: "attach the terminal of",
+    PROTO["STEP_USER"]: "take the workspace user's ids for",
 }
 
 
@@ -121,12 +128,17 @@ def _complete(fut: asyncio.Future, value: object) -> None:
 
 
 def _spawn_request(argv: Sequence[str], env: Sequence[str], cwd: str, setsid: bool, ctty: bool,
-                   track: bool, umask: int) -> tuple[int, bytes]:
+                   track: bool, umask: int, user: User | None) -> tuple[int, bytes]:
     flags = PROTO["SPAWN_TRACK"] if track else 0
     flags |= PROTO["SPAWN_SETSID"] if setsid else 0
     flags |= PROTO["SPAWN_CTTY"] if ctty else 0
+    ids = b""
+    if user is not None:
+        flags |= PROTO["SPAWN_USER"]
+        ids = (_USER.pack(user.uid, user.gid, len(user.groups), 0)
+               + struct.pack(f"={len(user.groups)}I", *user.groups))
     strings = b"".join(os.fsencode(s) + b"\0" for s in [cwd, *argv, *env])
-    return flags, _SPAWN.pack(len(argv), len(env), umask, 0) + strings
+    return flags, _SPAWN.pack(len(argv), len(env), umask, 0) + ids + strings
 
 
 class Channel:
@@ -323,15 +335,18 @@ class Channel:
         return rid
 
     def spawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int], *,
-              setsid: bool = True, ctty: bool = False, track: bool = True, umask: int = 0o022) -> int:
-        """Start ``argv`` inside the workspace; returns its pid in the workspace."""
-        flags, payload = _spawn_request(argv, env, cwd, setsid, ctty, track, umask)
+              setsid: bool = True, ctty: bool = False, track: bool = True, umask: int = 0o022,
+              user: User | None = None) -> int:
+        """Start ``argv`` inside the workspace (as ``user``; None: root); returns its pid in the
+        workspace."""
+        flags, payload = _spawn_request(argv, env, cwd, setsid, ctty, track, umask, user)
         typ, rep = self.request(PROTO["REQ_SPAWN"], payload, fds, flags)
         return self._spawned(argv, cwd, typ, rep)
 
-    async def aspawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int]) -> int:
+    async def aspawn(self, argv: Sequence[str], env: Sequence[str], cwd: str, fds: Sequence[int], *,
+                     user: User | None = None) -> int:
         """:meth:`spawn` (a tracked process in a session of its own) for a coroutine."""
-        flags, payload = _spawn_request(argv, env, cwd, True, False, True, 0o022)
+        flags, payload = _spawn_request(argv, env, cwd, True, False, True, 0o022, user)
         answer = asyncio.ensure_future(self._answer(*self._asend(PROTO["REQ_SPAWN"], payload, fds, flags),
                                                     PROTO["REQ_SPAWN"], 30.0))
         try:

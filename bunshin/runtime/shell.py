@@ -70,7 +70,7 @@ class Shell:
                 envl = ws.tool_env(envd)
                 argv = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
                 pid = ws.live_channel().spawn(argv, envl, cwd or ws.config.workdir, [slave, slave, slave],
-                                            setsid=True, ctty=True)
+                                            setsid=True, ctty=True, user=ws.config.user)
             finally:
                 os.close(slave)
             sh = cls.__new__(cls)

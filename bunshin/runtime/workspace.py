@@ -50,6 +50,7 @@ from .capture import DEFAULT_MAX_OUTPUT, Capture, pump
 from .cgroup.limits import Limits
 from .channel import Channel
 from .result import Result, exit_code_from_status
+from .rootfs.image_config import ImageConfig, resolve_user
 from .shell import Shell
 from . import aio, headroom, template, trainer
 from . import quota as _quota
@@ -257,7 +258,8 @@ class Workspace:
         memory_limit: int | str | None = None,
         pids_limit: int | None = None,
         env: Mapping[str, str] | None = None,
-        workdir: str = "/",
+        workdir: str | None = None,
+        user: str | None = None,
         hostname: str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         ready_timeout: float = 30.0,
@@ -270,7 +272,12 @@ class Workspace:
         with private, empty /tmp, /root, /home, /run), a directory, a tar archive, an OCI
         image (layout directory, OCI archive or ``docker save`` archive), or ``"debian:SUITE"``.
         ``memory_limit`` (bytes or "512M"/"2G") and ``pids_limit`` bound the whole workspace.
-        ``env`` and ``workdir`` are the defaults for every tool call.
+        ``env``, ``workdir`` and ``user`` are the defaults for every tool call, over an image's
+        own ``Env``, ``WorkingDir`` and ``User`` (:mod:`~bunshin.runtime.rootfs.image_config`;
+        otherwise ``/`` and root). ``user`` is ``name``, ``uid``, ``name:group`` or ``uid:gid``,
+        looked up in the workspace's own /etc/passwd and /etc/group (``UnknownUser`` if it is not
+        there); its home is ``HOME`` unless ``env`` or the image sets it. An image's
+        ``Entrypoint`` + ``Cmd`` is not started: it is :attr:`image_cmd`.
         ``isolation``: ``"sandbox"`` runs it in a user namespace of its own, whose root has no
         power over the host (docs/design.md, "Isolation"), with container-runtime defaults
         (seccomp filter, capability bounding set, masked and read-only /proc and /sys:
@@ -284,7 +291,10 @@ class Workspace:
         if os.geteuid() != 0:
             raise PermissionDenied("bunshin needs root (namespaces, mounts, cgroups); run as root")
         env = _check_env(env, "env")
-        workdir = _check_abs(workdir, "workdir")
+        if workdir is not None:
+            workdir = _check_abs(workdir, "workdir")
+        if user is not None and not isinstance(user, str):
+            raise BunshinError(f"user must be a str ('name', 'uid', 'name:group', 'uid:gid'), got {user!r}")
         if hostname is not None and (not isinstance(hostname, str) or not _HOSTNAME.match(hostname)):
             raise BunshinError(f"hostname must be a valid host name (letters, digits, '-'; ≤ 63), got {hostname!r}")
         max_output = _check_max_output(max_output)
@@ -300,15 +310,20 @@ class Workspace:
         a = allocate(limits, rootfs=rfs.source, lowers=[str(p) for p in rfs.lowers],
                      disk_limit=disk_limit)
         body = Body(a.dir, a.cgroup, a.meta, rfs)
-        config = WorkspaceConfig(env={**DEFAULT_ENV, **env}, workdir=workdir, max_output=max_output,
+        image = rfs.image or ImageConfig()
+        config = WorkspaceConfig(env={**DEFAULT_ENV, **dict(image.env), **env},
+                                 workdir=workdir or image.workdir or "/", max_output=max_output,
                                  limits=limits, hostname=hostname or f"bunshin-{body.id[:6]}",
-                                 isolation=isolation, disk_limit=disk_limit)
+                                 isolation=isolation, disk_limit=disk_limit, image_cmd=image.command)
         self = cls.from_body(config, body)
         try:
             rfs.prepare_upper(body.dir.upper)
             if isolation == "sandbox":
                 _userns.shift_tree(body.dir.upper)
             self._start_init(ready_timeout)
+            self._take_user(user if user is not None else image.user,
+                            "user=" if user is not None else f"the User of image {rfs.source!r}",
+                            home_set="HOME" in env or any(k == "HOME" for k, _ in image.env))
         except BaseException:
             self._closed = True
             _live.discard(self)
@@ -371,6 +386,23 @@ class Workspace:
         self._config = replace(self._config,
                                run_shell="/bin/bash" if self._exists("/bin/bash") else "/bin/sh")
 
+    def _take_user(self, spec: str | None, source: str, home_set: bool) -> None:
+        """Tool calls run as ``spec``, resolved in this workspace's own /etc/passwd and /etc/group."""
+        if spec is None:
+            return
+        files: list[bytes | None] = []
+        for path in ("/etc/passwd", "/etc/group"):
+            try:
+                files.append(self.read_file(path, max_bytes=16 << 20))
+            except ToolCallError:
+                files.append(None)
+        who = resolve_user(spec, files[0], files[1], source)
+        env_ = dict(self._config.env)
+        if who.home and not home_set:
+            env_["HOME"] = who.home
+        self._config = replace(self._config, user=None if (who.uid, who.gid, who.groups) == (0, 0, ()) else who,
+                               env=env_)
+
     def _sandbox_env(self) -> tuple[str, ...]:
         return sandbox.init_env() if self._config.isolation == "sandbox" else ()
 
@@ -423,6 +455,13 @@ class Workspace:
     def rootfs(self) -> Rootfs:
         """The root file system the workspace runs (for a fork: its template's layers)."""
         return self._body.rootfs
+
+    @property
+    def image_cmd(self) -> tuple[str, ...]:
+        """The image's ``Entrypoint`` + ``Cmd`` (empty for a root that is not an image, or an
+        image that names none): what ``docker run IMAGE`` would start, e.g. as
+        ``ws.spawn(ws.image_cmd)``."""
+        return self._config.image_cmd
 
     @property
     def config(self) -> WorkspaceConfig:
@@ -552,7 +591,8 @@ class Workspace:
         call = self._call(argv, timeout, env, cwd, stdin, max_output)
         try:
             try:
-                pid = call.spawn(call.chan.spawn(call.argv, call.env, call.cwd, call.child_fds()))
+                pid = call.spawn(call.chan.spawn(call.argv, call.env, call.cwd, call.child_fds(),
+                                                 user=self._config.user))
             except SpawnError as e:
                 return call.not_found(e)
             deadline = call.start + call.timeout if call.timeout is not None else float("inf")
@@ -614,7 +654,8 @@ class Workspace:
         call = self._call(argv, timeout, env, cwd, stdin, max_output)
         try:
             try:
-                pid = call.spawn(await call.chan.aspawn(call.argv, call.env, call.cwd, call.child_fds()))
+                pid = call.spawn(await call.chan.aspawn(call.argv, call.env, call.cwd, call.child_fds(),
+                                                        user=self._config.user))
             except SpawnError as e:
                 return call.not_found(e)
             try:
@@ -680,7 +721,7 @@ class Workspace:
             out = self.open_path(_check_abs(log_path, "log_path"),
                                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            return chan.spawn(list(argv), envl, cwd, [null, out, out])
+            return chan.spawn(list(argv), envl, cwd, [null, out, out], user=self._config.user)
         finally:
             os.close(null)
             if out != null:
@@ -903,9 +944,21 @@ class Workspace:
         if self._body.userns is not None and os.fstat(fd).st_uid == 0:
             _userns.give(fd)
 
+    def _owner(self) -> tuple[int, int]:
+        """Host ids of what the workspace's user owns: what the trainer makes for it."""
+        u = self._config.user
+        uid, gid = (u.uid, u.gid) if u is not None else (0, 0)
+        if self._body.userns is not None:
+            return uid + _userns.BASE, gid + _userns.BASE
+        return uid, gid
+
+    def _own(self, fd: int) -> None:
+        os.fchown(fd, *self._owner())
+
     def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644, parents: bool = True) -> None:
         """Write ``data`` to ``path`` inside the workspace (replacing it), creating parent
         directories when ``parents``. Symlinks resolve inside the workspace, never outside.
+        What it creates belongs to the workspace's user, as if that user had written it.
 
         Not atomic: the file exists (empty) before its bytes are written, so a program in the
         workspace that polls for it can read it short. For such a reader, write another name
@@ -917,8 +970,11 @@ class Workspace:
             raise ToolCallError(f"data must be bytes or str, got {type(data).__name__}")
         if parents:
             self._makedirs(str(PurePosixPath(path).parent))
+        new = self._config.user is not None and not self._exists(path)
         fd = self.open_path(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
+            if new:
+                self._own(fd)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -952,8 +1008,9 @@ class Workspace:
             dfd = self.open_path(parent, _O_PATH | os.O_DIRECTORY)
             try:
                 os.mkdir(part, 0o755, dir_fd=dfd)
-                if self._body.userns is not None:
-                    os.chown(part, _userns.BASE, _userns.BASE, dir_fd=dfd, follow_symlinks=False)
+                uid, gid = self._owner()
+                if (uid, gid) != (0, 0):
+                    os.chown(part, uid, gid, dir_fd=dfd, follow_symlinks=False)
             except FileExistsError:
                 pass
             except OSError as e:

@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 from .cgroup.limits import Limits
 from .quota import parse_disk
+from .rootfs.image_config import User
 
 __all__ = ["WorkspaceConfig"]
 
@@ -28,16 +29,23 @@ class WorkspaceConfig:
     isolation: str = "trusted"
     #: bytes its upper layer may hold written (runtime/quota.py); None: no bound
     disk_limit: int | None = None
+    #: the ids its tool calls, shells and spawned processes run with; None: root
+    user: User | None = None
+    #: the image's Entrypoint + Cmd (not started; ``ws.image_cmd``)
+    image_cmd: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "image_cmd", tuple(self.image_cmd))
 
     def to_dict(self) -> dict:
         """As an image's metadata holds it (:mod:`bunshin.criu`)."""
         return {"env": dict(self.env), "workdir": self.workdir, "max_output": self.max_output,
                 "limits": self.limits.to_dict(), "hostname": self.hostname,
                 "run_shell": self.run_shell, "isolation": self.isolation,
-                "disk_limit": self.disk_limit}
+                "disk_limit": self.disk_limit,
+                "user": self.user.to_dict() if self.user is not None else None,
+                "image_cmd": list(self.image_cmd)}
 
     @classmethod
     def from_dict(cls, d: dict) -> WorkspaceConfig:
@@ -45,4 +53,6 @@ class WorkspaceConfig:
                    limits=Limits.from_dict(d["limits"]), hostname=d["hostname"],
                    run_shell=d["run_shell"], isolation=d.get("isolation", "trusted"),
                    # an image made before disk limits: the default's
-                   disk_limit=d["disk_limit"] if "disk_limit" in d else parse_disk(None))
+                   disk_limit=d["disk_limit"] if "disk_limit" in d else parse_disk(None),
+                   user=User.from_dict(d["user"]) if d.get("user") else None,
+                   image_cmd=tuple(d.get("image_cmd") or ()))

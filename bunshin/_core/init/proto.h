@@ -47,12 +47,23 @@ struct bx_msg {
 #define BX_SPAWN_SETSID 0x10 /* new session: the call's process group is its own */
 #define BX_SPAWN_CTTY   0x20 /* make stdin (a pty slave) the controlling terminal */
 #define BX_SPAWN_TRACK  0x40 /* report BX_REP_EXITED when this process is reaped */
+#define BX_SPAWN_USER   0x80 /* a struct bx_user and its groups precede the strings */
+#define BX_MAX_GROUPS   64   /* supplementary groups a struct bx_user may carry */
 
 /* followed by: cwd\0 argv[0]\0 ... argv[argc-1]\0 env[0]\0 ... env[envc-1]\0 */
 struct bx_spawn {
 	uint32_t argc;
 	uint32_t envc;
 	uint32_t umask;
+	uint32_t reserved;
+};
+
+/* BX_SPAWN_USER: the process runs with these ids (an image's User), followed by
+ * uint32_t groups[ngroups], its supplementary groups */
+struct bx_user {
+	uint32_t uid;
+	uint32_t gid;
+	uint32_t ngroups;
 	uint32_t reserved;
 };
 
@@ -63,7 +74,8 @@ struct bx_spawned {
 	int32_t reserved;
 };
 
-enum bx_step { BX_STEP_NONE = 0, BX_STEP_FORK = 1, BX_STEP_CHDIR = 2, BX_STEP_EXEC = 3, BX_STEP_FDS = 4, BX_STEP_CTTY = 5 };
+enum bx_step { BX_STEP_NONE = 0, BX_STEP_FORK = 1, BX_STEP_CHDIR = 2, BX_STEP_EXEC = 3, BX_STEP_FDS = 4, BX_STEP_CTTY = 5,
+	       BX_STEP_USER = 6 };
 
 /* BX_REQ_KILL */
 #define BX_KILL_PID  0 /* kill(pid, sig) */

@@ -17,7 +17,40 @@ struct spawn_args {
 	const char *cwd;
 	char **argv;
 	char **envp;
+	int as_user; /* 0: the init's own ids (root) */
+	struct bx_user user;
+	gid_t groups[BX_MAX_GROUPS];
 };
+
+/* The struct bx_user at the start of `buf` and its groups; returns the bytes they take, or -1. */
+static ssize_t parse_user(const char *buf, size_t len, struct spawn_args *a)
+{
+	struct bx_user u;
+	if (len < sizeof(u))
+		return -1;
+	memcpy(&u, buf, sizeof(u));
+	size_t need = sizeof(u) + (size_t)u.ngroups * sizeof(uint32_t);
+	if (u.ngroups > BX_MAX_GROUPS || len < need)
+		return -1;
+	for (uint32_t i = 0; i < u.ngroups; i++) {
+		uint32_t g;
+		memcpy(&g, buf + sizeof(u) + i * sizeof(g), sizeof(g));
+		a->groups[i] = g;
+	}
+	a->user = u;
+	a->as_user = 1;
+	return need;
+}
+
+/* Groups first, then gid, then uid: each later step needs the power the earlier ones drop. */
+static int become_user(const struct spawn_args *a)
+{
+	const struct bx_user *u = &a->user;
+	if (syscall(SYS_setgroups, u->ngroups, a->groups) || syscall(SYS_setresgid, u->gid, u->gid, u->gid) ||
+	    syscall(SYS_setresuid, u->uid, u->uid, u->uid))
+		return -1;
+	return 0;
+}
 
 /* Splits "cwd\0argv...\0env...\0" into pointers inside `buf` (which must stay alive). */
 static int parse_strings(const struct bx_spawn *h, char *buf, size_t len, struct spawn_args *a)
@@ -104,8 +137,13 @@ static void child(const struct bx_msg *m, const struct bx_spawn *h, const struct
 		goto fail;
 	}
 	umask(h->umask & 0777);
+	/* as root, so a working directory only its owner may enter is still entered (runc's order) */
 	if (a->cwd[0] && chdir(a->cwd)) {
 		report[0] = BX_STEP_CHDIR;
+		goto fail;
+	}
+	if (a->as_user && become_user(a)) {
+		report[0] = BX_STEP_USER;
 		goto fail;
 	}
 	syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
@@ -138,7 +176,12 @@ void spawn_request(const struct bx_msg *m, const char *payload, size_t plen, int
 	}
 	memcpy(buf, payload + sizeof(h), plen - sizeof(h));
 	buf[plen - sizeof(h)] = 0;
-	if (parse_strings(&h, buf, plen - sizeof(h), &a)) {
+	ssize_t skip = 0;
+	if ((m->flags & BX_SPAWN_USER) && (skip = parse_user(buf, plen - sizeof(h), &a)) < 0) {
+		out->err = EINVAL;
+		goto done;
+	}
+	if (parse_strings(&h, buf + skip, plen - sizeof(h) - skip, &a)) {
 		out->err = EINVAL;
 		goto done;
 	}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import RootfsError
+from .image_config import ImageConfig
 
 __all__ = ["KINDS", "Rootfs"]
 
@@ -42,6 +43,7 @@ class Rootfs:
     overlay ``lowerdir=`` option. ``hide`` lists in-root paths that the workspace must not
     see (an overlay whiteout in the upper); ``mask`` lists in-root directories shown empty
     (an opaque directory in the upper, private to the workspace and writable).
+    ``image``: the environment, working directory, user and command the image's config names.
     """
 
     lowers: tuple[Path, ...]
@@ -49,6 +51,8 @@ class Rootfs:
     source: str
     hide: tuple[str, ...] = ()
     mask: tuple[str, ...] = ()
+    #: an image's own settings (OCI/docker config); None for a root that is not an image
+    image: ImageConfig | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

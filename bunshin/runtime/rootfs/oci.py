@@ -14,7 +14,8 @@ from typing import Any
 from ...errors import RootfsError
 from .layers import check_hex, sha256_file
 
-__all__ = ["PLATFORM", "docker_layers", "is_docker_tree", "is_oci_layout", "oci_layers"]
+__all__ = ["PLATFORM", "docker_config", "docker_layers", "is_docker_tree", "is_oci_layout", "oci_config",
+           "oci_layers"]
 
 PLATFORM = ("linux", "amd64")
 
@@ -123,18 +124,37 @@ def _pick(found: list[tuple[dict, Any]], source: str) -> Any:
     )
 
 
-def oci_layers(root: Path, source: str) -> list[tuple[Path, str]]:
-    """Layer blobs of the linux/amd64 image in an OCI layout, bottom-first."""
+def _oci_manifest(root: Path, source: str) -> Any:
     layout = _load_json(root / "oci-layout", source, "layout marker")
     if not isinstance(layout, dict) or "imageLayoutVersion" not in layout:
         raise RootfsError(
             f"{source}: 'oci-layout' has no imageLayoutVersion; this is not an OCI image layout"
         )
-    manifest = _pick(_manifests(root, _load_json(root / "index.json", source, "index"), source, 0), source)
+    return _pick(_manifests(root, _load_json(root / "index.json", source, "index"), source, 0), source)
+
+
+def oci_config(root: Path, source: str) -> Any:
+    """The image config document of the linux/amd64 image in an OCI layout ({} if none)."""
+    desc = _oci_manifest(root, source).get("config")
+    return _verified_json(root, desc, source) if isinstance(desc, dict) else {}
+
+
+def oci_layers(root: Path, source: str) -> list[tuple[Path, str]]:
+    """Layer blobs of the linux/amd64 image in an OCI layout, bottom-first."""
+    manifest = _oci_manifest(root, source)
     layers = manifest.get("layers") if isinstance(manifest, dict) else None
     if not isinstance(layers, list):
         raise RootfsError(f"{source}: the image manifest has no 'layers' list; export the image again")
     return [_blob(root, d.get("digest") if isinstance(d, dict) else None, source) for d in layers]
+
+
+def docker_config(root: Path, source: str) -> Any:
+    """The image config document of the one image in a ``docker save`` tree ({} if none)."""
+    manifest = _load_json(root / "manifest.json", source, "manifest")
+    entry = manifest[0] if isinstance(manifest, list) and manifest else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("Config"), str):
+        return {}
+    return _load_json(_inside(root, entry["Config"], source), source, "image config")
 
 
 def docker_layers(root: Path, source: str) -> list[tuple[Path, str]]:

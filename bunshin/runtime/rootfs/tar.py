@@ -24,8 +24,9 @@ from ... import config
 from ...errors import RootfsError
 from . import layers as L
 from .directory import check_looks_like_root
+from .image_config import ImageConfig
 from .model import Rootfs
-from .oci import docker_layers, oci_layers
+from .oci import docker_config, docker_layers, oci_config, oci_layers
 
 __all__ = ["archive_rootfs"]
 
@@ -48,8 +49,11 @@ def _from_index(index: Path, source: str) -> Rootfs | None:
     try:
         entry = json.loads(index.read_bytes())
         lowers = tuple(L.layers_dir() / name for name in entry["layers"])
+        image = ImageConfig.from_dict(entry["image"]) if entry.get("image") is not None else None
+        if entry["kind"] != "tar" and image is None:
+            return None  # remembered before image configs were: resolve it again for its config
         if all(p.is_dir() for p in lowers):
-            return Rootfs(lowers=lowers, kind=entry["kind"], source=source)
+            return Rootfs(lowers=lowers, kind=entry["kind"], source=source, image=image)
     except (OSError, ValueError, KeyError, TypeError, RootfsError):
         pass
     return None
@@ -60,7 +64,8 @@ def _write_index(index: Path, rootfs: Rootfs) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=index.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"kind": rootfs.kind, "layers": [p.name for p in rootfs.lowers]}, f)
+            json.dump({"kind": rootfs.kind, "layers": [p.name for p in rootfs.lowers],
+                       "image": rootfs.image.to_dict() if rootfs.image is not None else None}, f)
         os.replace(tmp, index)
     except BaseException:
         os.unlink(tmp)
@@ -109,11 +114,13 @@ def _dedup_topmost(lowers: list[Path]) -> tuple[Path, ...]:
 
 def image_rootfs(root: Path, kind: str, source: str) -> Rootfs:
     """Extract the layers of an unpacked image (OCI layout or docker save tree)."""
-    blobs = docker_layers(root, source) if kind == "docker-archive" else oci_layers(root, source)
+    docker = kind == "docker-archive"
+    blobs = docker_layers(root, source) if docker else oci_layers(root, source)
+    image = ImageConfig.of_image(docker_config(root, source) if docker else oci_config(root, source))
     extracted = [L.ensure_layer(blob, hexdigest, f"layer of {source!r}")[0] for blob, hexdigest in blobs]
     if not extracted:
         raise RootfsError(f"{source}: the image has no layers; export a non-empty image")
-    return Rootfs(lowers=_dedup_topmost(extracted[::-1]), kind=kind, source=source)
+    return Rootfs(lowers=_dedup_topmost(extracted[::-1]), kind=kind, source=source, image=image)
 
 
 def archive_rootfs(path: Path, source: str) -> Rootfs:
