@@ -40,19 +40,20 @@ def _why(kd: KernDat, *probes: str) -> str:
     return "; ".join(kd.why[p] for p in probes if p in kd.why)
 
 
-def _criu_check(kd: KernDat) -> Check:
+def _criu_checks(kd: KernDat) -> list[Check]:
     c = kd.criu
     if c is None:
         err = kd.why.get("criu")
-        return Check("CRIU ≥ 4", False, False, err or "not found",
-                     "no CRIU → templates cannot spill to disk and the CRIU baseline is "
-                     "unavailable; run `bunshin criu provision`")
+        return [Check("CRIU ≥ 4", False, False, err or "not found",
+                      "no CRIU → templates cannot spill to disk and the CRIU baseline is "
+                      "unavailable; run `bunshin criu provision`")]
     version = ".".join(map(str, c.version))
-    detail = f"{version} at {c.path} ({c.source})"
-    if c.pycriu:
-        detail += "; pycriu available"
     cost = "" if c.usable else f"CRIU {version} found and refused: {c.reason}"
-    return Check("CRIU ≥ 4", c.usable, False, detail, cost)
+    return [Check("CRIU ≥ 4", c.usable, False, f"{version} at {c.path} ({c.source})", cost),
+            Check("CRIU driver", bool(c.pycriu_version), False, c.describe_driver(),
+                  "no pycriu → CRIU cannot be driven: `bunshin criu provision` and "
+                  "pip install 'bunshin[criu]' (protobuf)"),
+            Check("CRIU build", True, False, c.describe_build(), "")]
 
 
 _USER_COST = {
@@ -202,7 +203,7 @@ def checks(kd: KernDat) -> list[Check]:
                      "forks faster and parent links exact"))
     out.extend(backend_checks())
     out.extend(quota_checks())
-    out.append(_criu_check(kd))
+    out.extend(_criu_checks(kd))
     return out
 
 

@@ -106,18 +106,23 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                 dst.mkdir()
                 images.copy_layer(layer, dst)
             logfile = out / "criu" / "dump.log"
-            argv = [info.path, "dump", "-t", str(init_pid), "-D", str(out / "criu"),
-                    "-o", "dump.log", "-v4", "--leave-running", "--network-lock", "skip",
-                    "--tcp-established", "--file-locks",
-                    "--external", f"unix[{prep.stand_in_ino}]"]
+            opts = runner.options(info, pid=init_pid, log_file=logfile.name,
+                                  leave_running=True, tcp_established=True, file_locks=True,
+                                  network_lock=runner.rpc(info).SKIP)
+            opts.external.append(f"unix[{prep.stand_in_ino}]")
+            opts.external.extend(e.key for e in exts)
             frz = _freezer_dir(body)
             if frz:
-                argv += ["--freeze-cgroup", frz]
-            for e in exts:
-                argv += ["--external", e.key]
-            argv += sandbox.dump_binds(binds)
-            runner.run(argv, what=f"CRIU dump of workspace {body.id}", logfile=logfile,
-                       env=runner.environ())
+                opts.freeze_cgroup = frz
+            for point, host in sandbox.dump_binds(binds):
+                opts.ext_mnt.add(key=point, val=host)
+            images_fd = os.open(out / "criu", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                opts.images_dir_fd = images_fd  # CRIU opens it as /proc/<our pid>/fd/N
+                runner.call(info, "dump", opts, what=f"CRIU dump of workspace {body.id}",
+                            logfile=logfile, env=runner.environ())
+            finally:
+                os.close(images_fd)
         finally:
             cg.thaw()
     finally:
