@@ -13,7 +13,7 @@ from .. import config
 from ..compel import in_group_stop
 from ..errors import CheckpointError
 from ..fork.plan import proc_status
-from . import externals, images, initfds, runner, sandbox
+from . import externals, handover, images, initfds, runner, sandbox
 
 if TYPE_CHECKING:
     from ..runtime.body import Body
@@ -109,8 +109,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
             opts = runner.options(info, pid=init_pid, log_file=logfile.name,
                                   leave_running=True, tcp_established=True, file_locks=True,
                                   network_lock=runner.rpc(info).SKIP)
-            opts.external.append(f"unix[{prep.stand_in_ino}]")
-            opts.external.extend(e.key for e in exts)
+            handover.current().dump(opts, prep.stand_in_ino, exts)
             frz = _freezer_dir(body)
             if frz:
                 opts.freeze_cgroup = frz

@@ -11,8 +11,9 @@ restored tasks are charged to the workspace from their first page. The worker is
 child and ``rst_sibling`` makes the restored init its sibling: the trainer's child, as a
 created workspace's is. The control socket is a new socketpair handed in with ``inherit_fd``;
 host files the workspace used (``/dev/null``, the init binary, its log) are handed in the same
-way (see :mod:`bunshin.criu.externals`). A sandbox's image is restored in a user namespace with
-its maps, on rootfs layers idmapped alike (see :mod:`bunshin.criu.sandbox`).
+way (see :mod:`bunshin.criu.externals`, :mod:`bunshin.criu.handover`). A sandbox's image is
+restored in a user namespace with its maps, on rootfs layers idmapped alike (see
+:mod:`bunshin.criu.sandbox`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.userns import UserNs
 from ..runtime.workspace_config import WorkspaceConfig
-from . import externals, images, initfds, runner
+from . import handover, images, initfds, runner
 from . import sandbox as _sandbox
 
 log = logging.getLogger("bunshin.criu")
@@ -100,11 +101,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         opts = runner.options(info, log_file="restore.log", root=str(d.root), rst_sibling=True,
                               shell_job=True, network_lock=rpc.SKIP, tcp_established=True,
                               file_locks=True)
-        opts.inherit_fd.add(key=f"socket:[{meta['ctl_socket_ino']}]", fd=theirs.fileno())
-        for ext in meta["externals"]:
-            fd = externals.reopen(ext, d.log_file)
-            fds.append(fd)
-            opts.inherit_fd.add(key=ext["key"], fd=fd)
+        fds += handover.current().restore(opts, meta, theirs.fileno(), d.log_file)
         env = runner.environ()
         setup = None
         if views is None:
