@@ -22,6 +22,7 @@ import pytest
 from bunshin import criu_locate, doctor, kerndat
 from bunshin.cli import CommandUnavailable, _resolve
 from bunshin.errors import UnsupportedKernel
+from fake_criu import fake_criu
 
 ROOT = Path(__file__).resolve().parent.parent
 KVER = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
@@ -48,10 +49,7 @@ def _bunshin(*argv: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def _fake_criu(path: Path, version: str, check_rc: int = 0) -> Path:
-    path.write_text(f"#!/bin/sh\nif [ \"$1\" = check ]; then echo 'Error: no vdso'; "
-                    f"exit {check_rc}; fi\necho 'Version: {version}'\n")
-    path.chmod(0o755)
-    return path
+    return fake_criu(path, version, check_ok=check_rc == 0)
 
 
 def _unshare_works(flag: str) -> bool:

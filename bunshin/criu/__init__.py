@@ -7,10 +7,11 @@
 
 ``dump.py`` writes images (``dump``: a body; ``dump_workspace``, ``save``), ``restore.py`` reads
 them back into a body (``restore``), ``workspaces.py`` makes Workspaces and Templates of them
-(``restore_workspace``, ``load``, ``restore_many``), ``images.py`` is the directory layout and its checks,
-``initfds.py`` what is done to the init around a dump, ``externals.py`` host files,
-``plugin.py`` Bunshin's CRIU plugin (the control socket), and ``runner.py`` runs the CRIU
-binary found by :mod:`bunshin.criu_locate`.
+(``restore_workspace``, ``load``, ``restore_many``), ``images.py`` is the directory layout and
+its checks, ``initfds.py`` what is done to the init around a dump, ``externals.py`` host files,
+``plugin.py`` Bunshin's CRIU plugin (the control socket), ``handover.py`` how those reach
+CRIU's options, and ``runner.py`` sends CRIU (found by :mod:`bunshin.criu_locate`) its requests
+through pycriu's RPC (:mod:`bunshin.criu_rpc`).
 """
 
 from __future__ import annotations
