@@ -49,6 +49,20 @@ def _freezer_dir(body: Body) -> str | None:
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
 
 
+def _own_hierarchies(init_pid: int) -> list[str]:
+    """The cgroup hierarchies (named as in /proc/PID/cgroup) where the workspace has a group of
+    its own, the only ones CRIU is to record. In the others it sits in the trainer's group,
+    often the hierarchy's root, under which CRIU records every group, the host's passing ones
+    too (podman's, probes): a restore that moves the tasks into existing groups (a sandbox's
+    ``CG_NONE``) then fails for each one gone since."""
+    def groups(pid: int | str) -> dict[str, str]:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return dict(ln.rstrip("\n").split(":", 2)[1:] for ln in f)
+
+    trainer = groups("self")
+    return [h for h, path in groups(init_pid).items() if path != trainer.get(h)]
+
+
 def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
     """Write ``ws``'s current state into ``path`` (new or empty directory); ``ws`` continues.
 
@@ -114,6 +128,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
             frz = _freezer_dir(body)
             if frz:
                 opts.freeze_cgroup = frz
+            opts.cgroup_dump_controller.extend(_own_hierarchies(init_pid))
             for point, host in sandbox.dump_binds(binds):
                 opts.ext_mnt.add(key=point, val=host)
             images_fd = os.open(out / "criu", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
