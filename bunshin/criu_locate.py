@@ -83,10 +83,9 @@ class CriuInfo:
     def describe_build(self) -> str:
         """Which Bunshin plugins and patches this CRIU carries; plainly a stock one otherwise."""
         if not (self.plugins or self.patches):
-            return ("stock CRIU: no Bunshin plugin (the control socket goes through inherit_fd), "
-                    "no patches (restore_many shares memory by forking one restore)")
+            return "stock CRIU: no Bunshin plugin, no patches (it works without them)"
         return (f"plugins: {', '.join(self.plugins) or 'none'}; "
-                f"patches: {', '.join(self.patches) or 'none (restore_many shares memory by forking one restore)'}")
+                f"patches: {', '.join(self.patches) or 'none'}")
 
 
 def private_prefix() -> Path:

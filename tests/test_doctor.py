@@ -43,7 +43,9 @@ def kd():
 
 
 def _bunshin(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # the caller's PYTHONPATH stays behind ours: a git worktree's sitecustomize loads its sources
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    full = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "bunshin", *argv], capture_output=True,
                           text=True, env=full, timeout=60)
 
