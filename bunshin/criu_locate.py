@@ -171,14 +171,16 @@ def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuIn
 
 
 def plugin_key() -> str:
-    """What :func:`inspect_criu` reads of Bunshin's CRIU plugin changes with: its file."""
-    from .criu.plugin import FILE_NAME, libdir
-
+    """What :func:`inspect_criu` reads of Bunshin's CRIU plugin changes with: its file (the
+    one :func:`bunshin.criu.plugin.libdir` names, found without importing :mod:`bunshin.criu`,
+    which takes ~0.2 s)."""
     try:
-        path = (libdir() / FILE_NAME).resolve()
+        from ._core import _syscalls
+
+        path = Path(_syscalls.__file__).with_name("criu-plugins") / "bunshin.so"
         return f"{path}:{path.stat().st_mtime_ns}"
-    except OSError as e:
-        return f"none: {e.strerror}"
+    except (ImportError, OSError) as e:
+        return f"none: {e}"
 
 
 def _kernel() -> tuple[int, int]:
