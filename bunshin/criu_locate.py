@@ -6,7 +6,8 @@ dump on kernels >= 6.13 because of the vdso layout; CRIU 4.0-4.1 works but canno
 sockets on kernels >= 6.16 (checkpoint-restore/criu#2705, fixed in 4.2): such a CRIU is used, and
 its ``reason`` says so. :func:`provision_criu` installs Debian testing's (forky) CRIU 4.2 (with its
 own loader and libraries, so the host's glibc does not matter) into a private prefix without
-touching apt's system configuration.
+touching apt's system configuration. CRIU is asked everything through pycriu's RPC
+(:mod:`bunshin.criu_rpc`): its version, its ``CHECK``, and later its dumps and restores.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import config
+from . import config, criu_rpc
 from .errors import CriuError, UnsupportedKernel
 
 __all__ = ["CriuInfo", "find_criu", "require_criu", "provision_criu", "MIN_VERSION",
@@ -35,7 +36,6 @@ _REFUSED_3X = (
     "CRIU 3.x fails on kernels ≥ 6.13 (vdso layout); "
     "provision a private CRIU 4: `bunshin criu provision`"
 )
-_VERSION_RE = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 _DEBIAN_MIRROR = "http://deb.debian.org/debian"
 _KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 _LIBDIRS = ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
@@ -45,9 +45,13 @@ _LIBDIRS = ("usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu")
 class CriuInfo:
     """A CRIU binary found on this machine and whether Bunshin may use it.
 
-    ``check_ok`` is the verdict of ``criu check`` (None when it was not run, e.g. the binary was
-    refused); ``check_output`` is its last lines. ``pycriu`` is the directory to put on
-    ``sys.path`` for ``import pycriu`` (it also needs ``protobuf`` from PyPI), or None.
+    Bunshin drives CRIU through pycriu's RPC (:mod:`bunshin.criu_rpc`), and asks it so here too:
+    its version (``VERSION``) and ``check_ok``, the verdict of its ``CHECK`` (None when it was
+    not run, e.g. the binary was refused); ``check_output`` is its last lines. ``pycriu`` is
+    the directory pycriu was imported from, ``pycriu_version`` its version ("" when none could
+    be). ``plugins`` names the Bunshin CRIU plugins its requests load (``libdir``, see
+    :mod:`bunshin.criu.plugin`), ``patches`` the Bunshin patches that CRIU was built with;
+    both empty: a stock CRIU, used as it is.
     """
 
     path: str
@@ -58,11 +62,30 @@ class CriuInfo:
     check_ok: bool | None = None
     check_output: str = ""
     pycriu: str | None = None
+    pycriu_version: str = ""
+    plugins: tuple[str, ...] = ()
+    patches: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict) -> CriuInfo:
-        """Rebuild from :func:`dataclasses.asdict` output (as stored in JSON)."""
-        return cls(**{**d, "version": tuple(d["version"])})
+        """Rebuild from :func:`dataclasses.asdict` output (as stored in JSON); ``KeyError`` for
+        one stored before CRIU was driven by RPC (kerndat then asks again)."""
+        d["pycriu_version"]  # noqa: B018 - absent from the older form
+        return cls(**{**d, "version": tuple(d["version"]), "plugins": tuple(d["plugins"]),
+                      "patches": tuple(d["patches"])})
+
+    def describe_driver(self) -> str:
+        """How Bunshin speaks to this CRIU, for ``bunshin doctor`` and ``bunshin criu which``."""
+        if not self.pycriu_version:
+            return f"RPC (criu swrk) through pycriu: none usable{f' at {self.pycriu}' if self.pycriu else ''}"
+        return f"RPC (criu swrk) through pycriu {self.pycriu_version} ({self.pycriu})"
+
+    def describe_build(self) -> str:
+        """Which Bunshin plugins and patches this CRIU carries; plainly a stock one otherwise."""
+        if not (self.plugins or self.patches):
+            return "stock CRIU: no Bunshin plugin, no patches (it works without them)"
+        return (f"plugins: {', '.join(self.plugins) or 'none'}; "
+                f"patches: {', '.join(self.patches) or 'none'}")
 
 
 def private_prefix() -> Path:
@@ -91,45 +114,73 @@ def candidate() -> tuple[Path, str] | None:
     return (Path(found), "PATH") if found else None
 
 
-def _pycriu_dir(criu: Path) -> str | None:
-    # A private install keeps pycriu in its sysroot next to bin/.
-    d = criu.parent.parent / "sysroot" / "usr" / "lib" / "python3" / "dist-packages"
-    if (d / "pycriu").is_dir():
-        return str(d)
-    system = Path("/usr/lib/python3/dist-packages")
-    return str(system) if (system / "pycriu").is_dir() else None
-
-
-def _run(argv: list[str], timeout: float) -> tuple[int, str]:
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return -1, str(e)
-    return p.returncode, (p.stdout + p.stderr).strip()
+def _swrk_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the trainer's, not CRIU's
+    return env
 
 
 def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuInfo:
-    """Ask the CRIU at ``path`` for its version; if new enough and ``check``, run ``criu check``."""
-    rc, out = _run([str(path), "--version"], timeout=10)
-    m = _VERSION_RE.search(out)
-    pycriu = _pycriu_dir(path)
-    if rc != 0 or not m:
-        reason = f"`{path} --version` did not report a version (exit {rc}): {out[-200:]!r}"
-        return CriuInfo(str(path), (0, 0, 0), False, reason, source, pycriu=pycriu)
-    version = (int(m[1]), int(m[2]), int(m[3] or 0))
-    if version < MIN_VERSION:
-        return CriuInfo(str(path), version, False, _REFUSED_3X, source, pycriu=pycriu)
-    if not check:
-        return CriuInfo(str(path), version, True, "version ok; `criu check` not run", source,
-                        pycriu=pycriu)
-    rc, out = _run([str(path), "check"], timeout=30)
-    tail = "\n".join(out.splitlines()[-5:])
-    ok = rc == 0
-    reason = "criu check: looks good" if ok else f"criu check failed (exit {rc}): {tail}"
+    """Ask the CRIU at ``path`` (RPC, ``criu swrk``) for its version; if new enough and
+    ``check``, for its ``CHECK`` verdict."""
+    dirs = criu_rpc.pycriu_dirs(path, private_prefix())
+    if not dirs:
+        return CriuInfo(str(path), (0, 0, 0), False,
+                        "no pycriu found (Bunshin drives CRIU through it): `bunshin criu "
+                        "provision` installs CRIU with its pycriu", source)
+    try:
+        mod = criu_rpc.pycriu(dirs[0])
+    except CriuError as e:
+        return CriuInfo(str(path), (0, 0, 0), False, str(e), source, pycriu=str(dirs[0]))
+    from .criu.plugin import plugin_info
+
+    p = plugin_info()
+    here = CriuInfo(str(path), (0, 0, 0), False, "", source,
+                    pycriu=str(Path(str(mod.__file__)).parent.parent),
+                    pycriu_version=str(getattr(mod, "__version__", "?")),
+                    plugins=(p.describe(),) if p.present else ())
+    rpc = mod.rpc
+    with criu_rpc.Swrk(str(path), mod, env=_swrk_env(), timeout=30) as w:
+        try:
+            resp = w.ask(rpc.criu_req(type=rpc.VERSION, keep_open=True))
+        except (OSError, EOFError) as e:
+            return dataclasses.replace(here, reason=f"`{path} swrk` did not answer a VERSION "
+                                                    f"request ({e}): {w.output(200)!r}")
+        if not resp.success:
+            return dataclasses.replace(here, reason=f"`{path} swrk` refused a VERSION request: "
+                                                    f"{resp.cr_errmsg!r}")
+        v = resp.version
+        version = (v.major_number, v.minor_number, v.sublevel if v.HasField("sublevel") else 0)
+        if version < MIN_VERSION:
+            return dataclasses.replace(here, version=version, reason=_REFUSED_3X)
+        if not check:
+            return dataclasses.replace(here, version=version, usable=True,
+                                       reason="version ok; CHECK not run")
+        try:
+            w.client().check()
+            ok, why = True, ""
+        except mod.CRIUException as e:
+            ok, why = False, str(e)
+        tail = "\n".join(w.output().splitlines()[-5:])
+    reason = "CHECK: looks good" if ok else f"CHECK failed ({why}): {tail}"
     if ok and version < INET_FIXED and _kernel() >= (6, 16):
         reason += ("; but CRIU < 4.2 cannot dump TCP/UDP sockets on Linux >= 6.16 (criu#2705): "
                    "`bunshin criu provision` installs 4.2")
-    return CriuInfo(str(path), version, ok, reason, source, ok, tail, pycriu)
+    return dataclasses.replace(here, version=version, usable=ok, reason=reason, check_ok=ok,
+                               check_output=tail)
+
+
+def plugin_key() -> str:
+    """What :func:`inspect_criu` reads of Bunshin's CRIU plugin changes with: its file (the
+    one :func:`bunshin.criu.plugin.libdir` names, found without importing :mod:`bunshin.criu`,
+    which takes ~0.2 s)."""
+    try:
+        from ._core import _syscalls
+
+        path = Path(_syscalls.__file__).with_name("criu-plugins") / "bunshin.so"
+        return f"{path}:{path.stat().st_mtime_ns}"
+    except (ImportError, OSError) as e:
+        return f"none: {e}"
 
 
 def _kernel() -> tuple[int, int]:
@@ -258,12 +309,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _describe(info: CriuInfo) -> str:
-    lines = [f"path:    {info.path} ({info.source})",
-             f"version: {'.'.join(map(str, info.version))}",
-             f"usable:  {'yes' if info.usable else 'no'} — {info.reason}"]
-    if info.pycriu:
-        lines.append(f"pycriu:  {info.pycriu}")
-    return "\n".join(lines)
+    return "\n".join([f"path:    {info.path} ({info.source})",
+                      f"version: {'.'.join(map(str, info.version))}",
+                      f"driver:  {info.describe_driver()}",
+                      f"build:   {info.describe_build()}",
+                      f"usable:  {'yes' if info.usable else 'no'} — {info.reason}"])
 
 
 def main(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import json
 import sys
 
 from . import kerndat
+from .criu_locate import CriuInfo
 from .kerndat import KernDat
 
 __all__ = ["Check", "add_arguments", "backend_checks", "checks", "main", "missing_needs",
@@ -40,19 +41,29 @@ def _why(kd: KernDat, *probes: str) -> str:
     return "; ".join(kd.why[p] for p in probes if p in kd.why)
 
 
-def _criu_check(kd: KernDat) -> Check:
+def _criu_checks(kd: KernDat) -> list[Check]:
     c = kd.criu
     if c is None:
         err = kd.why.get("criu")
-        return Check("CRIU ≥ 4", False, False, err or "not found",
-                     "no CRIU → templates cannot spill to disk and the CRIU baseline is "
-                     "unavailable; run `bunshin criu provision`")
+        return [Check("CRIU ≥ 4", False, False, err or "not found",
+                      "no CRIU → templates cannot spill to disk and the CRIU baseline is "
+                      "unavailable; run `bunshin criu provision`")]
     version = ".".join(map(str, c.version))
-    detail = f"{version} at {c.path} ({c.source})"
-    if c.pycriu:
-        detail += "; pycriu available"
     cost = "" if c.usable else f"CRIU {version} found and refused: {c.reason}"
-    return Check("CRIU ≥ 4", c.usable, False, detail, cost)
+    return [Check("CRIU ≥ 4", c.usable, False, f"{version} at {c.path} ({c.source})", cost),
+            Check("CRIU driver", bool(c.pycriu_version), False, c.describe_driver(),
+                  "no pycriu → CRIU cannot be driven: `bunshin criu provision` and "
+                  "pip install 'bunshin[criu]' (protobuf)"),
+            Check("CRIU build", True, False, c.describe_build() + _plugin_missing(c), "")]
+
+
+def _plugin_missing(c: CriuInfo) -> str:
+    """Why a CRIU runs without Bunshin's plugin; "" when it has it."""
+    if c.plugins:
+        return ""
+    from .criu.plugin import plugin_info
+
+    return f"; Bunshin's CRIU plugin is not in use: {plugin_info().reason}"
 
 
 _USER_COST = {
@@ -202,7 +213,7 @@ def checks(kd: KernDat) -> list[Check]:
                      "forks faster and parent links exact"))
     out.extend(backend_checks())
     out.extend(quota_checks())
-    out.append(_criu_check(kd))
+    out.extend(_criu_checks(kd))
     return out
 
 

@@ -398,7 +398,8 @@ def _key() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - a bad BUNSHIN_CRIU is part of the state we cache
         criu = f"invalid: {e}"
     boot_id = (_read("/proc/sys/kernel/random/boot_id") or "").strip()
-    return {"schema": _SCHEMA, "release": os.uname().release, "boot_id": boot_id, "criu": criu}
+    return {"schema": _SCHEMA, "release": os.uname().release, "boot_id": boot_id, "criu": criu,
+            "criu_plugin": criu_locate.plugin_key()}
 
 
 def probe() -> KernDat:

@@ -25,8 +25,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 PY=${PY:-python3}
+# protobuf: pycriu, through which Bunshin drives CRIU, needs it (the `criu` extra) already for
+# the check below
 "$PY" -m pip install -q --disable-pip-version-check \
-  "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" 2>&1 | grep -v "^WARNING: Running pip as" || true
+  "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" "protobuf>=4" 2>&1 | grep -v "^WARNING: Running pip as" || true
 # A CRIU >= 4 for bunshin.criu and its tests (Debian 12's 3.17 fails on kernels >= 6.13): unless
 # one is usable already, a private copy from Debian 13's packages into ~/.cache/bunshin/criu
 # (`bunshin criu provision`; apt's configuration is left alone).

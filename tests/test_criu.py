@@ -23,6 +23,7 @@ except CriuError as e:  # no CRIU >= 4 here: say why, run nothing
                 allow_module_level=True)
 
 from conftest import wait_for_bytes
+from fake_criu import fake_criu
 
 from bunshin import criu
 
@@ -277,9 +278,7 @@ def test_dump_refuses_a_non_empty_directory(ws, tmp_path):
 
 
 def test_too_old_criu_is_refused(ws, image, tmp_path, monkeypatch):
-    fake = tmp_path / "criu"
-    fake.write_text("#!/bin/sh\necho 'Version: 3.17'\n")
-    fake.chmod(0o755)
+    fake = fake_criu(tmp_path / "criu", "3.17")
     monkeypatch.setenv("BUNSHIN_CRIU", str(fake))
     before = _tree_digest(image)
     with pytest.raises(CriuError, match=r"3\.17\.0 .* refused: CRIU 3\.x"):

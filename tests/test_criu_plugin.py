@@ -4,6 +4,8 @@ clones share memory (bunshin.criu.restore_many), on real workspaces."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,14 @@ def test_the_built_plugin_is_one_criu_4_2_loads():
     assert info.name == "bunshin" and info.version == plugin.ABI_VERSION
     assert info.hooks == ("DUMP_UNIX_SK", "RESTORE_UNIX_SK")
     assert Path(info.path).parent == plugin.libdir()
+
+
+def test_criu_which_says_the_plugin_is_in_use():
+    out = subprocess.run([sys.executable, "-m", "bunshin", "criu", "which"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    build = dict(ln.split(":", 1) for ln in out.stdout.splitlines())["build"].strip()
+    assert build.startswith("plugins: bunshin ") and plugin.plugin_info().path in build, build
 
 
 def _shell_workspace():

@@ -22,6 +22,7 @@ import pytest
 from bunshin import criu_locate, doctor, kerndat
 from bunshin.cli import CommandUnavailable, _resolve
 from bunshin.errors import UnsupportedKernel
+from fake_criu import fake_criu
 
 ROOT = Path(__file__).resolve().parent.parent
 KVER = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
@@ -42,16 +43,15 @@ def kd():
 
 
 def _bunshin(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # the caller's PYTHONPATH stays behind ours: a git worktree's sitecustomize loads its sources
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    full = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "bunshin", *argv], capture_output=True,
                           text=True, env=full, timeout=60)
 
 
 def _fake_criu(path: Path, version: str, check_rc: int = 0) -> Path:
-    path.write_text(f"#!/bin/sh\nif [ \"$1\" = check ]; then echo 'Error: no vdso'; "
-                    f"exit {check_rc}; fi\necho 'Version: {version}'\n")
-    path.chmod(0o755)
-    return path
+    return fake_criu(path, version, check_ok=check_rc == 0)
 
 
 def _unshare_works(flag: str) -> bool:

@@ -13,7 +13,7 @@ from .. import config
 from ..compel import in_group_stop
 from ..errors import CheckpointError
 from ..fork.plan import proc_status
-from . import bases, externals, images, initfds, layerstore, plugin, runner, sandbox
+from . import bases, externals, handover, images, initfds, layerstore, runner, sandbox
 
 if TYPE_CHECKING:
     from ..runtime.body import Body
@@ -48,6 +48,20 @@ def _freezer_dir(body: Body) -> str | None:
         if "/freezer/" in d:
             return d
     return dirs[0] if len(dirs) == 1 else None  # v2: the one directory
+
+
+def _own_hierarchies(init_pid: int) -> list[str]:
+    """The cgroup hierarchies (named as in /proc/PID/cgroup) where the workspace has a group of
+    its own, the only ones CRIU is to record. In the others it sits in the trainer's group,
+    often the hierarchy's root, under which CRIU records every group, the host's passing ones
+    too (podman's, probes): a restore that moves the tasks into existing groups (a sandbox's
+    ``CG_NONE``) then fails for each one gone since."""
+    def groups(pid: int | str) -> dict[str, str]:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return dict(ln.rstrip("\n").split(":", 2)[1:] for ln in f)
+
+    trainer = groups("self")
+    return [h for h, path in groups(init_pid).items() if path != trainer.get(h)]
 
 
 def dump_workspace(ws: Workspace, path: str | os.PathLike) -> dict:
@@ -91,10 +105,6 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
     masters = {ident[0]: master for ident, master in terminals}
     own, rootfs_lowers = _layers(body)
     init_pid = body.init_pid
-    by_plugin = plugin.available()
-    if not by_plugin:
-        log.warning("Bunshin's CRIU plugin: %s; the control socket is dumped as --external",
-                    plugin.plugin_info().reason)
     assert body.channel is not None
     prep = initfds.prepare(init_pid, body.channel.sock, masters)
     cg = body.cgroup
@@ -111,23 +121,24 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                 dst.mkdir()
                 images.copy_layer(layer, dst)
             logfile = out / "criu" / "dump.log"
-            argv = [info.path, "dump", "-t", str(init_pid), "-D", str(out / "criu"),
-                    "-o", "dump.log", "-v4", "--leave-running", "--network-lock", "skip",
-                    "--tcp-established", "--file-locks"]
+            opts = runner.options(info, pid=init_pid, log_file=logfile.name,
+                                  leave_running=True, tcp_established=True, file_locks=True,
+                                  network_lock=runner.rpc(info).SKIP)
             env = runner.environ()
-            if by_plugin:
-                opts = plugin.dump_options(prep.stand_in_ino)
-                argv += opts.argv()
-                env.update(opts.env)
-            else:
-                argv += ["--external", f"unix[{prep.stand_in_ino}]"]
+            ctl_socket_by = handover.current().dump(opts, env, prep.stand_in_ino, exts)
             frz = _freezer_dir(body)
             if frz:
-                argv += ["--freeze-cgroup", frz]
-            for e in exts:
-                argv += ["--external", e.key]
-            argv += sandbox.dump_binds(binds)
-            runner.run(argv, what=f"CRIU dump of workspace {body.id}", logfile=logfile, env=env)
+                opts.freeze_cgroup = frz
+            opts.cgroup_dump_controller.extend(_own_hierarchies(init_pid))
+            for point, host in sandbox.dump_binds(binds):
+                opts.ext_mnt.add(key=point, val=host)
+            images_fd = os.open(out / "criu", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                opts.images_dir_fd = images_fd  # CRIU opens it as /proc/<our pid>/fd/N
+                runner.call(info, "dump", opts, what=f"CRIU dump of workspace {body.id}",
+                            logfile=logfile, env=env)
+            finally:
+                os.close(images_fd)
         finally:
             cg.thaw()
     finally:
@@ -141,7 +152,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         "config": cfg.to_dict(),
         "shells": [[idx, pid, nonce, prep.master_fds[idx]] for idx, pid, nonce in idents],
         "ctl_socket_ino": prep.stand_in_ino,
-        "ctl_socket_by": "plugin" if by_plugin else "inherit-fd",
+        "ctl_socket_by": ctl_socket_by,
         "externals": [e.to_dict() for e in exts],
         "device_binds": sorted({host for _point, host in binds}),
         "layers": len(own),

@@ -3,8 +3,8 @@
 The init was exec'd from the host (its binary and libraries are host files) and its stdio are
 the host's ``/dev/null`` and the workspace's ``init.log``; ``ws.spawn`` gives processes the
 host's ``/dev/null``. CRIU cannot resolve such files inside the workspace, so each is dumped as
-``--external file[mnt_id:inode]`` and recorded here with what to hand back on restore
-(``--inherit-fd``): the same host path (checked unchanged for mapped files), or the restored
+an ``external`` ``file[mnt_id:inode]`` and recorded here with what to hand back on restore
+(``inherit_fd``): the same host path (checked unchanged for mapped files), or the restored
 workspace's own ``init.log``. A file mapped from one of the workspace's own overlay layers
 (a program of its rootfs, or one it built) is such a file too: overlayfs maps the layer's
 file, on a mount outside the workspace (the layer's, or its idmapped view in a sandbox). It is

@@ -9,9 +9,9 @@ CRIU needs three things the init does not give it as it runs:
   trainer, in the host's netns, where CRIU (sock_diag per netns) cannot see it. For the length
   of the dump fd 3 is swapped for one end of a socketpair made in the workspace's netns, whose
   other end the trainer keeps (claimed by Bunshin's CRIU plugin, :mod:`bunshin.criu.plugin`;
-  without it ``--external unix[ino]``); the real control socket waits in the trainer
+  without it an ``external`` ``unix[ino]``); the real control socket waits in the trainer
   (``pidfd_getfd``) and is put back afterwards. On restore the plugin puts a fresh control
-  socket in its place (an image dumped without it: ``--inherit-fd``).
+  socket in its place (an image dumped without it: ``inherit_fd``).
 - **The masters of the shells' terminals.** They live in the trainer, so CRIU would find pty
   slaves without masters. Copies are handed to the init for the dump and closed afterwards; a
   restored init holds them at the same fds, the trainer takes them (``pidfd_getfd``) and closes

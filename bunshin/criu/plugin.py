@@ -1,6 +1,6 @@
 """Bunshin's CRIU plugin (``criu/bunshin_plugin.c``, installed as
 ``bunshin/_core/criu-plugins/bunshin.so``): the workspace's control socket is dumped and
-restored by CRIU's unix-socket hooks instead of ``--external unix[ino]`` / ``--inherit-fd``.
+restored by CRIU's unix-socket hooks instead of ``external`` ``unix[ino]`` / ``inherit_fd``.
 
 At a dump the plugin claims the socket whose inode is in ``BUNSHIN_CRIU_CTL_INO``; at a
 restore it connects to the unix socket named in ``BUNSHIN_CRIU_FDS``, where :class:`FdServer`
@@ -8,12 +8,12 @@ hands it the new control socket (``SCM_RIGHTS``), and gives that to CRIU for the
 
 The rest of a workspace's externals stays in Python, as CRIU 4.2 has no hook for them: a
 regular file or device on a mount outside the workspace (the init's binary, its log, the host's
-``/dev/null``) is looked up by ``file[mnt:ino]`` in ``--external``/``--inherit-fd`` only
+``/dev/null``) is looked up by ``file[mnt:ino]`` in ``external``/``inherit_fd`` only
 (files-reg.c; the EXT_FILE hooks see only fds of types CRIU cannot dump at all), and ttys have
 no hook (tty.c), so the shells' pty masters are handed into the init for the dump
-(``initfds.py``). What the invocation needs is an :class:`Options` (``libdir`` and ``env``),
-which maps onto the command line (``--libdir``) as onto RPC (``opts.libdir``, the env of
-``criu swrk``).
+(``initfds.py``). What a request needs is an :class:`Options`: the environment of its ``criu
+swrk`` worker (:meth:`Options.worker_env`), where CRIU finds the plugin's directory and the
+plugin its variables; see :class:`bunshin.criu.handover.PluginSocket`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from ..errors import CheckpointError, CriuError
 FILE_NAME = "bunshin.so"
 ENV_CTL_INO = "BUNSHIN_CRIU_CTL_INO"
 ENV_FDS = "BUNSHIN_CRIU_FDS"
+#: where CRIU looks for plugins when it was given no directory (criu/plugin.c): RPC has no
+#: option for it, so a request's worker has it in its environment
+ENV_LIBDIR = "CRIU_LIBS_DIR"
 _MAGIC = "bunshin-criu-fds 1"
 #: the most CRIU 4.2.1 accepts: its CRIU_PLUGIN_VERSION (0.2.0) and CR_PLUGIN_HOOK__MAX (the
 #: plugin names 2, its own, so that a CRIU of fewer hooks loads it too)
@@ -44,7 +47,7 @@ _HOOK_NAMES = ("DUMP_UNIX_SK", "RESTORE_UNIX_SK", "DUMP_EXT_FILE", "RESTORE_EXT_
 
 
 def libdir() -> Path:
-    """The directory CRIU loads plugins from (``--libdir``): the package's own, which holds
+    """The directory CRIU loads plugins from (:data:`ENV_LIBDIR`): the package's own, which holds
     this plugin alone (CRIU loads every ``*.so`` there)."""
     from .._core import _syscalls
 
@@ -108,13 +111,14 @@ def _read_info(path: Path) -> PluginInfo:
 
 @dataclass
 class Options:
-    """What a CRIU invocation needs for the plugin: its directory and environment."""
+    """What a CRIU request needs for the plugin: its directory and its worker's environment."""
 
     libdir: str
     env: dict[str, str] = field(default_factory=dict)
 
-    def argv(self) -> list[str]:
-        return ["--libdir", self.libdir]
+    def worker_env(self) -> dict[str, str]:
+        """What to add to the ``criu swrk`` worker's environment."""
+        return {**self.env, ENV_LIBDIR: self.libdir}
 
 
 def require() -> PluginInfo:
@@ -139,7 +143,7 @@ class FdServer:
     """Serves the fds of a restore to the plugin: a unix stream socket in a private (0700)
     directory, named to the plugin by :meth:`options`; one connection, one message.
 
-    ``with FdServer({ino: fd}) as srv: run CRIU with srv.options()``; :attr:`served` says
+    ``with FdServer({ino: fd}) as srv: ask CRIU with srv.options()``; :attr:`served` says
     whether the plugin took them (:meth:`explain` words a failure when it did not).
     """
 
@@ -220,5 +224,5 @@ class FdServer:
         return e
 
 
-__all__ = ["ABI_VERSION", "FdServer", "Options", "PluginInfo", "available", "dump_options",
+__all__ = ["ABI_VERSION", "ENV_LIBDIR", "FdServer", "Options", "PluginInfo", "available", "dump_options",
            "libdir", "plugin_info", "require"]

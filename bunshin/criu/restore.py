@@ -4,19 +4,21 @@ settings and shell sessions (bunshin/criu/workspaces.py makes a Workspace or Tem
 Each restore gets its own state directory, cgroup and overlay (copies of the image's layers,
 in the state file system, as read-only lowers under a fresh upper: overlayfs refuses a lower
 nested in another, and the host's root is one), so the images are only read and one directory
-serves any number of restores, concurrently too. CRIU runs in a private mount namespace (``unshare -m``) holding
-that overlay, moved into the new cgroup before it execs, so the restored tasks are charged to
-the workspace from their first page; ``--restore-sibling`` makes the restored init a child of
-the trainer, as a created workspace's is. The control socket is a new socketpair handed to
-Bunshin's CRIU plugin (:mod:`bunshin.criu.plugin`; an image dumped without it: ``--inherit-fd``);
-host files the workspace used (``/dev/null``, the init binary, its log) are handed in with
-``--inherit-fd`` (see :mod:`bunshin.criu.externals`). A sandbox's image is restored in a
-user namespace with its maps, on rootfs layers idmapped alike (see :mod:`bunshin.criu.sandbox`).
+serves any number of restores, concurrently too. CRIU is asked through pycriu's RPC
+(``RESTORE``), by a ``criu swrk`` worker that runs in a private mount namespace
+(``unshare -m``) holding that overlay, moved into the new cgroup before it execs, so the
+restored tasks are charged to the workspace from their first page. The worker is the trainer's
+child and ``rst_sibling`` makes the restored init its sibling: the trainer's child, as a
+created workspace's is. The control socket is a new socketpair handed to Bunshin's CRIU plugin
+(:mod:`bunshin.criu.plugin`; an image dumped without it: ``inherit_fd``); host files the
+workspace used (``/dev/null``, the init binary, its log) are handed in with ``inherit_fd``
+(see :mod:`bunshin.criu.externals`, :mod:`bunshin.criu.handover`). A sandbox's image is
+restored in a user namespace with its maps, on rootfs layers idmapped alike (see
+:mod:`bunshin.criu.sandbox`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shlex
@@ -33,18 +35,19 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.userns import UserNs
 from ..runtime.workspace_config import WorkspaceConfig
-from . import externals, images, initfds, plugin, runner
+from . import handover, images, initfds, runner
 from . import sandbox as _sandbox
 
 log = logging.getLogger("bunshin.criu")
 
-# With BX_CGROUP_ROOTS, each group it is in (but a hierarchy's root) becomes CRIU's root of
-# that hierarchy (--cgroup-root), where CRIU makes the image's groups of it again
+# The restore's worker joins the new cgroups and mounts the overlay in its own mount namespace,
+# says which groups it is in (a sandbox's restore names them to CRIU as each hierarchy's root,
+# where CRIU makes the image's groups of it again), then becomes `criu swrk` with its stdout
+# joined to its stderr (only that first output is the handshake)
 _SCRIPT = ('for f in $BX_CGROUPS; do echo $$ > "$f" || exit 71; done; '
            'mount -t overlay overlay -o "$BX_OVERLAY" "$BX_ROOT" || exit 72; '
-           'if [ -n "$BX_CGROUP_ROOTS" ]; then while IFS=: read -r _ c p; do case "$c:$p" in '
-           '*:/) ;; :*) set -- "$@" --cgroup-root "$p" ;; *) set -- "$@" --cgroup-root "$c:$p" ;; '
-           'esac; done < /proc/self/cgroup; fi; exec "$@"')
+           'cat /proc/self/cgroup || exit 73; exec "$@" >&2')
+_PREFIX = ("unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _SCRIPT, "sh")
 _KSM_RUN = Path("/sys/kernel/mm/ksm/run")
 
 
@@ -75,7 +78,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
     cfg = WorkspaceConfig.from_dict(meta["config"])
     alloc = allocate(cfg.limits, rootfs=f"image:{src}", disk_limit=cfg.disk_limit)
     d, cg = alloc.dir, alloc.cgroup
-    fds: list[int] = []
+    dirs: list[int] = []
     ours = theirs = views = userns = None
     pidfd = -1
     try:
@@ -94,44 +97,30 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         work = d.path / "criu"
         work.mkdir()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        by_plugin = meta.get("ctl_socket_by") == "plugin"  # older images: --inherit-fd
-        inherit = [] if by_plugin else [f"fd[{theirs.fileno()}]:socket:[{meta['ctl_socket_ino']}]"]
-        for ext in meta["externals"]:
-            fd = externals.reopen(ext, d.log_file, lowers)
-            fds.append(fd)
-            inherit.append(f"fd[{fd}]:{ext['key']}")
-        argv = ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", _SCRIPT, "sh",
-                info.path, "restore", "-D", str(images.criu_dir(src)), "-W", str(work),
-                "-o", "restore.log", "-v4", "--root", str(d.root), "--restore-detached",
-                "--restore-sibling", "--shell-job", "--pidfile", str(work / "pid"),
-                "--network-lock", "skip", "--tcp-established",
-                "--file-locks"]
-        for spec in inherit:
-            argv += ["--inherit-fd", spec]
+        rpc = runner.rpc(info)
+        opts = runner.options(info, log_file="restore.log", root=str(d.root), rst_sibling=True,
+                              shell_job=True, network_lock=rpc.SKIP, tcp_established=True,
+                              file_locks=True)
         env = runner.environ()
+        setup = None
         if views is None:
-            argv.append("--manage-cgroups=ignore")
+            opts.manage_cgroups_mode = rpc.IGNORE
         else:
-            argv += _sandbox.restore_options(meta)
-            env["BX_CGROUP_ROOTS"] = "1"
+            _sandbox.restore_options(meta, opts, rpc)
+            setup = _cgroup_roots
         env["BX_CGROUPS"] = " ".join(shlex.quote(f) for f in cg.procs_files())
         env["BX_OVERLAY"] = f"lowerdir={':'.join(mounted)},upperdir={d.upper},workdir={d.work}"
         env["BX_ROOT"] = str(d.root)
         view_fds = views.view_fds() if views is not None else []
-        srv = plugin.FdServer({int(meta["ctl_socket_ino"]): theirs.fileno()}) if by_plugin else None
-        with srv or contextlib.nullcontext():
-            if srv is not None:
-                opts = srv.options()
-                argv += opts.argv()
-                env.update(opts.env)
-            try:
-                runner.run(argv, what=f"CRIU restore of {src}", logfile=work / "restore.log",
-                           pass_fds=[theirs.fileno(), *fds, *view_fds], env=env)
-            except CheckpointError as e:
-                if srv is not None:
-                    srv.explain(e)
-                raise
-        init_pid = int((work / "pid").read_text())
+        # CRIU opens both as /proc/<our pid>/fd/N: ours, not handed to the worker
+        for where in (images.criu_dir(src), work):
+            dirs.append(os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        opts.images_dir_fd, opts.work_dir_fd = dirs
+        with handover.current().restore(opts, env, meta, theirs.fileno(), d.log_file, lowers) as fds:
+            init_pid = runner.call(info, "restore", opts, what=f"CRIU restore of {src}",
+                                   logfile=work / "restore.log", prefix=_PREFIX,
+                                   pass_fds=(theirs.fileno(), *fds, *view_fds), env=env,
+                                   setup=setup).pid
         pidfd = os.pidfd_open(init_pid)
         userns = (_sandbox.restored_userns(init_pid, meta["rootfs_lowers"]) if views is not None
                   else None)
@@ -153,7 +142,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         alloc.destroy()
         raise
     finally:
-        for fd in fds:
+        for fd in dirs:
             os.close(fd)
         if theirs is not None:
             theirs.close()
@@ -174,6 +163,19 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         raise
     log.info("restored workspace %s from %s in %.1f ms", body.id, src, (time.perf_counter() - start) * 1e3)
     return Restored(cfg, body, sessions)
+
+
+def _cgroup_roots(cgroups: str, opts) -> None:
+    """Each group the restore's worker is in (``cgroups``: its /proc/self/cgroup) but a
+    hierarchy's root, as CRIU's root of that hierarchy (``cg_root``)."""
+    for line in cgroups.splitlines():
+        _id, ctrls, path = line.split(":", 2)
+        if path == "/":
+            continue
+        if ctrls:
+            opts.cg_root.add(ctrl=ctrls, path=path)
+        else:
+            opts.cg_root.add(path=path)
 
 
 def _body(src: Path, d, cg, init_pid: int, pidfd: int, ctl: socket.socket,

@@ -1,14 +1,17 @@
-"""Running the CRIU binary: which one (``bunshin.criu_locate``, judged once per process) and
-how its failures become :class:`CheckpointError` with the log's error lines."""
+"""Driving CRIU: which one (``bunshin.criu_locate``, judged once per binary), its requests sent
+through pycriu's RPC to a ``criu swrk`` worker (:mod:`bunshin.criu_rpc`), and how their failures
+become :class:`CheckpointError` with the log's error lines."""
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from .. import criu_rpc
 from ..criu_locate import CriuInfo, find_criu
 from ..errors import CheckpointError, CriuError
 
@@ -58,27 +61,56 @@ def errors_in(logfile: Path, n: int = 6) -> str:
     return "\n  ".join((errs or lines)[-n:])
 
 
-def run(argv: list[str], *, what: str, logfile: Path, pass_fds=(), timeout: float = 300,
-        env: dict | None = None) -> None:
-    """Run a CRIU command line; :class:`CheckpointError` naming ``what`` failed and why."""
-    log.debug("%s: %s", what, " ".join(argv))
-    try:
-        p = subprocess.run(argv, pass_fds=tuple(pass_fds), capture_output=True, text=True,
-                           timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise CheckpointError(f"{what}: CRIU did not finish within {timeout} s (log: {logfile})",
-                              log=str(logfile)) from None
-    except OSError as e:
-        raise CheckpointError(f"{what}: cannot run CRIU: {e}") from None
-    if p.returncode != 0:
-        extra = (p.stderr or "").strip()[-300:]
-        if "Can't get 1:16 opt" in errors_in(logfile):
-            extra += ("\n  CRIU < 4.2 cannot dump TCP/UDP sockets on Linux >= 6.16 "
-                      "(checkpoint-restore/criu#2705): `bunshin criu provision` installs 4.2 "
-                      "(Debian forky), or close the workspace's inet sockets first")
-        raise CheckpointError(f"{what} failed (CRIU exit {p.returncode}); log {logfile}:\n  "
-                              f"{errors_in(logfile)}" + (f"\n  {extra}" if extra else ""),
-                              log=str(logfile))
+def options(info: CriuInfo, **fields: Any) -> Any:
+    """pycriu's ``criu_opts`` for a request to ``info``'s CRIU: ``fields`` set, logs verbose."""
+    opts = criu_rpc.pycriu(_pycriu_dir(info)).rpc.criu_opts(images_dir_fd=-1, log_level=4)
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def rpc(info: CriuInfo) -> Any:
+    """pycriu's message module (``rpc_pb2``): the enums and repeated entries of ``criu_opts``."""
+    return criu_rpc.pycriu(_pycriu_dir(info)).rpc
+
+
+def _pycriu_dir(info: CriuInfo) -> str:
+    if not info.pycriu:
+        raise CriuError(f"no pycriu for the CRIU at {info.path}: run `bunshin criu provision`")
+    return info.pycriu
+
+
+def call(info: CriuInfo, request: str, opts: Any, *, what: str, logfile: Path,
+         prefix: tuple[str, ...] = (), pass_fds: tuple[int, ...] = (), env: dict | None = None,
+         timeout: float = 300, setup: Callable[[str, Any], None] | None = None) -> Any:
+    """Send one request (pycriu's ``dump`` or ``restore``) with ``opts`` to a new ``criu
+    swrk`` worker, started behind ``prefix`` (see :class:`bunshin.criu_rpc.Swrk`), and give its
+    answer; ``setup(prefix's stdout, opts)`` runs first. :class:`CheckpointError` naming
+    ``what`` failed and why (the log's error lines), also when the worker took longer than
+    ``timeout`` seconds and was killed."""
+    mod = criu_rpc.pycriu(_pycriu_dir(info))
+    log.debug("%s: RPC %s to %s swrk: %s", what, request.upper(), info.path, opts)
+    with criu_rpc.Swrk(info.path, mod, prefix=prefix, pass_fds=pass_fds, env=env,
+                       timeout=timeout) as w:
+        try:
+            if setup is not None:
+                setup(w.setup_output(), opts)
+            return getattr(w.client(opts), request)()
+        except mod.CRIUException as e:
+            failed = str(e)
+        status = w.close()
+        said = w.output(300)
+    if w.expired:
+        raise CheckpointError(f"{what}: CRIU did not finish within {timeout} s and was killed "
+                              f"(log: {logfile})", log=str(logfile))
+    extra = said
+    if "Can't get 1:16 opt" in errors_in(logfile):
+        extra += ("\n  CRIU < 4.2 cannot dump TCP/UDP sockets on Linux >= 6.16 "
+                  "(checkpoint-restore/criu#2705): `bunshin criu provision` installs 4.2 "
+                  "(Debian forky), or close the workspace's inet sockets first")
+    raise CheckpointError(f"{what} failed ({failed}; CRIU worker exit {status}); log {logfile}:\n  "
+                          f"{errors_in(logfile)}" + (f"\n  {extra}" if extra else ""),
+                          log=str(logfile))
 
 
 def keep_log(e: CheckpointError, prefix: str) -> None:

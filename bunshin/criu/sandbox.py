@@ -11,7 +11,7 @@ made again as they were. Three parts CRIU cannot make by itself:
   CRIU cannot find in the workspace. Each is dumped as an external mount named by the host path
   it binds (:func:`device_binds`) and bound again from that path on restore.
 - **The root**: overlayfs on the rootfs's layers idmapped with U, mounted by the trainer. The
-  root is never dumped (``--root``, as for any workspace); the restore mounts it again on views
+  root is never dumped (``root``, as for any workspace); the restore mounts it again on views
   of the rootfs's layers idmapped with a user namespace of the same maps (an idmapped mount
   takes the maps, not the namespace), before CRIU makes the new U.
 - **The cgroup namespace** the init made in U, rooted at the workspace's group: see
@@ -32,29 +32,28 @@ from ..runtime.cgroup._fs import cgroup_mounts, mounts
 #: The init's cgroup namespace (rooted at the workspace's group, owned by U) comes back only
 #: where CRIU moves the restored tasks into their groups itself: it enters the group the image
 #: names as the namespace's root, then unshares one in U. ``none``: into groups that exist
-#: (the restored workspace's, given as the root of each hierarchy with ``--cgroup-root``),
+#: (the restored workspace's, given as the root of each hierarchy with ``cg_root``),
 #: their limits left as Bunshin set them. Threads need it too: CRIU 4.2.1 records a thread of
 #: a process other than the init in a set of its own (the namespace's prefix is copied into a
 #: set only after it is compared), and moves it there, which with ``ignore`` fails (no
-#: cgroup yard: EBADF).
-CGROUPS = ("--manage-cgroups=none",)
+#: cgroup yard: EBADF). The name of pycriu's ``criu_cg_mode`` value.
+CGROUPS = "CG_NONE"
 _CGROUP_TOP = "/sys/fs/cgroup"
 
 
-def cgroup_yard() -> list[str]:
-    """``--cgroup-yard /sys/fs/cgroup`` where every hierarchy is mounted there, at its root, by
-    the name CRIU gives it (its controllers, ``name=`` left out; ``unified`` for v2): CRIU then
-    mounts none in a yard of its own (mounting the v2 hierarchy again costs ~9 ms here).
-    Nothing otherwise, as CRIU would make a missing one's directory in the host's
-    /sys/fs/cgroup."""
+def cgroup_yard() -> str:
+    """``/sys/fs/cgroup`` where every hierarchy is mounted there, at its root, by the name CRIU
+    gives it (its controllers, ``name=`` left out; ``unified`` for v2): CRIU then mounts none
+    in a yard of its own (mounting the v2 hierarchy again costs ~9 ms here). "" otherwise, as
+    CRIU would make a missing one's directory in the host's /sys/fs/cgroup."""
     roots = {m.point for m in cgroup_mounts() if m.root == "/"}
     with open("/proc/self/cgroup") as f:
         for line in f:
             ctrls = line.rstrip("\n").split(":", 2)[1]
             name = ",".join("unified" if not c else c.removeprefix("name=") for c in ctrls.split(","))
             if f"{_CGROUP_TOP}/{name}" not in roots:
-                return []
-    return ["--cgroup-yard", _CGROUP_TOP]
+                return ""
+    return _CGROUP_TOP
 
 
 def device_binds(init_pid: int) -> list[tuple[str, str]]:
@@ -66,22 +65,28 @@ def device_binds(init_pid: int) -> list[tuple[str, str]]:
             if m.device in devs and m.root != "/"]
 
 
-def dump_binds(binds: list[tuple[str, str]]) -> list[str]:
-    """CRIU's dump options for ``binds`` (:func:`device_binds`): each an external mount whose
-    key is the host path."""
-    return [a for point, host in binds for a in ("--external", f"mnt[{point}]:{host}")]
+def dump_binds(binds: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """CRIU's external mounts (``ext_mnt``: key, value) dumping ``binds``
+    (:func:`device_binds`): each keyed by its mount point, named by the host path."""
+    return [(point, host) for point, host in binds]
 
 
-def restore_options(meta: dict) -> list[str]:
-    """CRIU's restore options for a sandbox's image: its device binds (the host paths the dump
-    named them by) bound again, and its groups and cgroup namespace made (:data:`CGROUPS`,
-    :func:`cgroup_yard`; the restore's shell adds each hierarchy's ``--cgroup-root``)."""
+def restore_options(meta: dict, opts, rpc) -> None:
+    """Set in ``opts`` (pycriu's ``criu_opts``; ``rpc`` its message module) what restoring a
+    sandbox's image takes: its device binds (the host paths the dump named them by) bound
+    again, and its groups and cgroup namespace made (:data:`CGROUPS`, :func:`cgroup_yard`; the
+    restore adds each hierarchy's ``cg_root`` as its worker finds itself placed)."""
     hosts = meta.get("device_binds", [])
     for h in hosts:
         if not os.path.exists(h):
             raise ImageError(f"the image binds the host's {h} into the workspace, and this host "
                              "has none")
-    return [*(a for h in hosts for a in ("--external", f"mnt[{h}]:{h}")), *CGROUPS, *cgroup_yard()]
+    for h in hosts:
+        opts.ext_mnt.add(key=h, val=h)
+    opts.manage_cgroups_mode = getattr(rpc, CGROUPS)
+    yard = cgroup_yard()
+    if yard:
+        opts.cgroup_yard = yard
 
 
 def idmap_views(rootfs_lowers: list[str]) -> _userns.UserNs:
