@@ -9,10 +9,12 @@ behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,21 @@ def node_env(node: str) -> dict[str, str]:
     if criu is not None:
         env["BUNSHIN_CRIU"] = criu.path
     return env
+
+
+@contextlib.contextmanager
+def node_dirs(d: Path) -> Iterator[None]:
+    """This process works in node directory ``d``'s state and cache directories meanwhile."""
+    saved = {k: os.environ.get(k) for k in ("BUNSHIN_STATE_DIR", "BUNSHIN_CACHE_DIR")}
+    os.environ.update(BUNSHIN_STATE_DIR=str(d / "state"), BUNSHIN_CACHE_DIR=str(d / "cache"))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def start(**kw):
@@ -110,26 +127,21 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
-    # a host whose node was removed may outlive the other hosts' last pass over what dead
-    # trainers left (its worker ends when it sees its raylet gone): the pass a new host of
-    # this machine would make
     from bunshin.runtime import statefs
 
-    for d in sorted(NODE_ROOT.iterdir()) if NODE_ROOT.exists() else []:
-        saved = {k: os.environ.get(k) for k in ("BUNSHIN_STATE_DIR", "BUNSHIN_CACHE_DIR")}
-        os.environ.update(BUNSHIN_STATE_DIR=str(d / "state"), BUNSHIN_CACHE_DIR=str(d / "cache"))
-        try:
+    # a host whose node was removed may outlive the other hosts' last pass over what dead
+    # trainers left (its worker ends when it sees its raylet gone): the pass a new host of
+    # that node would make, in each node's directories
+    nodes = sorted(NODE_ROOT.iterdir()) if NODE_ROOT.exists() else []
+    for d in nodes:  # every node's first: the cgroup prefix, which the check reads, is the machine's
+        with node_dirs(d):
             collect_dead_owners(passes=5)
+    for d in nodes:
+        with node_dirs(d):
             found = wait_no_leaks(30)
             assert not found, f"the cluster left on node {d.name}: {found}"
             statefs.release()
             assert not os.path.ismount(d / "state"), f"node {d.name}'s state file system is still mounted"
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     collect_dead_owners(passes=5)
     found = wait_no_leaks(30)
     assert not found, f"the cluster left: {found}"
