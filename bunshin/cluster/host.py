@@ -47,6 +47,9 @@ DEFAULT_RESOURCE = "bunshin"
 """The custom resource a node offers to get a host (``ray start --resources '{"bunshin": 1}'``)."""
 HOST_NAMESPACE = "bunshin"
 """The Ray namespace of the hosts' actor names, so any job of the cluster finds them."""
+STREAM_AHEAD = 8
+"""Chunks (≤ 1 MiB each) a host sends of an image or a layer before the receiver has taken
+them (Ray's generator backpressure): what a transfer holds in flight, whatever its size."""
 COLLECT_EVERY_S = 5.0
 """Seconds between a host's passes over what dead trainers of its machine left."""
 RESOURCE_SHARE = 0.001
@@ -457,14 +460,18 @@ class WorkspaceHost:
             t0 = time.monotonic()
             src = await source.info.remote()
             where = f"the host of node {src['node_id']}"
+            loop = asyncio.get_running_loop()
             d = Path(tempfile.mkdtemp(prefix="import-", dir=self._dir))
             try:
-                got = _Received(source.export_task.remote(task.id), asyncio.get_running_loop())
+                t = time.monotonic()
+                got = _Received(source.export_task.options(_generator_backpressure_num_objects=STREAM_AHEAD)
+                                .remote(task.id), loop)
                 await self._call(unpack, got, d / "image")
-                moved["image_bytes"], moved["image_s"] = got.bytes, time.monotonic() - t0
+                moved["image_bytes"], moved["image_s"] = got.bytes, time.monotonic() - t
                 t = time.monotonic()
                 for digest in await self._call(missing_layers, d / "image"):
-                    got = _Received(source.export_layer.remote(digest), asyncio.get_running_loop())
+                    got = _Received(source.export_layer.options(_generator_backpressure_num_objects=STREAM_AHEAD)
+                                    .remote(digest), loop)
                     await self._call(receive_layer, digest, got, where)
                     moved["layers"][digest] = got.bytes
                 moved["layer_bytes"], moved["layer_s"] = sum(moved["layers"].values()), time.monotonic() - t
