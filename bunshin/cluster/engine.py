@@ -188,9 +188,9 @@ class ClusterEngine:
                 return min(ready, key=load), "template"
             if not free:
                 return None
-            setup = self._setup_cost(g, nodes, holders)
-            # a template still being set up cannot be sent yet
-            pull = self._pull_cost() if any(nodes[n].tasks[g.task.id] >= 0 for n in holders) else float("inf")
+            # a template can be pulled only from a holder that has finished setting it up
+            set_up = [n for n in holders if nodes[n].tasks[g.task.id] >= 0]
+            setup, pull = self._setup_cost(g, nodes, holders), self._pull_cost() if set_up else float("inf")
             if min(setup, pull) < self._wait_cost(g, nodes, holders):
                 return min(free, key=load), "pulled" if pull < setup else "setup"
             if not g.waited:
