@@ -1,14 +1,21 @@
 """Bunshin on a real 3-node Ray cluster on this machine (ray.cluster_utils.Cluster, one raylet
-per node, each offering the ``bunshin`` resource): groups land where their task's template is,
-every rollout comes back once, results stream, a host killed mid-group loses and duplicates
-nothing, proxies work from other processes, a dead owner's workspaces are reclaimed, a failing
-setup fails only its group, and nothing is left behind."""
+per node, each offering the ``bunshin`` resource, each host with a state and cache directory of
+its own, so nodes share no rootfs layer): groups land where their task's template is, every
+rollout comes back once, results stream, templates travel with the layers the other node lacks,
+a host killed mid-group loses and duplicates nothing, proxies work from other processes, a dead
+owner's workspaces are reclaimed, a failing setup fails only its group, and nothing is left
+behind."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +38,45 @@ pytestmark = pytest.mark.slow
 
 LEASE_S = 1.5
 NODES = 3
+NODE_ROOT = Path(tempfile.gettempdir()) / "nodes"
+"""Each node's state and cache directories (under /tmp, which a host-rootfs workspace's view
+hides, so host-rootfs templates load on every node)."""
+
+
+def node_env(node: str) -> dict[str, str]:
+    """The node's own Bunshin directories: no layer store or layer cache shared with another node."""
+    from bunshin.criu_locate import find_criu
+
+    d = NODE_ROOT / node[:12]
+    env = {"BUNSHIN_STATE_DIR": str(d / "state"), "BUNSHIN_CACHE_DIR": str(d / "cache")}
+    criu = find_criu(check=False)  # the private CRIU lives in the default cache directory
+    if criu is not None:
+        env["BUNSHIN_CRIU"] = criu.path
+    return env
+
+
+@contextlib.contextmanager
+def node_dirs(d: Path) -> Iterator[None]:
+    """This process works in node directory ``d``'s state and cache directories meanwhile."""
+    saved = {k: os.environ.get(k) for k in ("BUNSHIN_STATE_DIR", "BUNSHIN_CACHE_DIR")}
+    os.environ.update(BUNSHIN_STATE_DIR=str(d / "state"), BUNSHIN_CACHE_DIR=str(d / "cache"))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def start(**kw):
+    return start_hosts(lease_s=LEASE_S, env=node_env, **kw)
+
+
+def store_of(node: str) -> Path:
+    """The node's layer store."""
+    return Path(node_env(node)["BUNSHIN_STATE_DIR"]) / "layers"
 
 
 def task(name: str, **kw) -> Task:
@@ -77,15 +123,27 @@ def cluster():
     try:
         c.wait_for_nodes()
         yield c
-        for h in answering(start_hosts(lease_s=LEASE_S)):
+        for h in answering(start()):
             ray.get(h.shutdown.remote())
             ray.kill(h)
     finally:
         ray.shutdown()
         c.shutdown()
+    from bunshin.runtime import statefs
+
     # a host whose node was removed may outlive the other hosts' last pass over what dead
     # trainers left (its worker ends when it sees its raylet gone): the pass a new host of
-    # this machine would make
+    # that node would make, in each node's directories
+    nodes = sorted(NODE_ROOT.iterdir()) if NODE_ROOT.exists() else []
+    for d in nodes:  # every node's first: the cgroup prefix, which the check reads, is the machine's
+        with node_dirs(d):
+            collect_dead_owners(passes=5)
+    for d in nodes:
+        with node_dirs(d):
+            found = wait_no_leaks(30)
+            assert not found, f"the cluster left on node {d.name}: {found}"
+            statefs.release()
+            assert not os.path.ismount(d / "state"), f"node {d.name}'s state file system is still mounted"
     collect_dead_owners(passes=5)
     found = wait_no_leaks(30)
     assert not found, f"the cluster left: {found}"
@@ -93,7 +151,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def hosts(cluster):
-    hs = start_hosts(lease_s=LEASE_S)
+    hs = start()
     assert len(hs) == NODES
     return hs
 
@@ -102,8 +160,8 @@ def hosts(cluster):
 def idle(hosts):
     """The hosts (one made again where an earlier test killed one); after the test, no host
     holds a workspace or template of a user, or runs a rollout."""
-    yield start_hosts(lease_s=LEASE_S)
-    live = start_hosts(lease_s=LEASE_S)
+    yield start()
+    live = start()
     deadline = time.monotonic() + 15
     while True:
         infos = list(answering(live).values())
@@ -184,30 +242,96 @@ def test_a_failing_setup_fails_its_group_only(idle):
     assert res.metrics["failed_groups"] == 1
 
 
-def test_a_busy_holder_sends_its_template_rather_than_a_setup_again(idle):
+def need_criu() -> None:
     from bunshin.criu_locate import find_criu
 
     if not (find_criu() and find_criu().usable):
         pytest.skip("no CRIU ≥ 4 on this machine: `bunshin criu provision`")
-    slow = Task("travel", "leave your number in /repo/mine", workdir="/repo",
-                setup=("echo travel > /repo/base", "export STAGE=set-up", "sleep 3"))
-    pol = ReplayPolicy([[f"sleep 4; cat base; echo $STAGE; echo {i} > mine; cat mine"] for i in range(2)])
+
+
+def busybox_tar(path: Path) -> Path:
+    """A small rootfs archive (a layer of the cache once a host unpacks it) with a mark of its
+    own: busybox's, and the host's bash with its libraries (a rollout's shell is bash)."""
+    import re
+    import shutil
+    import subprocess
+
+    from test_rootfs import busybox_root
+
+    tb = busybox_root()
+    for applet in ("mkdir", "sleep"):
+        tb.symlink(f"bin/{applet}", "busybox")
+    bash = shutil.which("bash")
+    assert bash is not None
+    libs = re.findall(r"(/\S+) \(0x", subprocess.run(["ldd", bash], capture_output=True, text=True).stdout)
+    for f in ["/bin/bash", *libs]:
+        tb.file(f, Path(os.path.realpath(f if f != "/bin/bash" else bash)).read_bytes(), mode=0o755)
+    tb.file("etc/layer-mark", b"from the layer\n")
+    return tb.write(path / "root.tar.gz", "gz")
+
+
+def test_a_busy_holder_sends_its_template_and_the_layers_the_other_node_lacks(idle, tmp_path):
+    need_criu()
+    slow = Task("travel", "leave your number in /repo/mine", workdir="/repo", rootfs=str(busybox_tar(tmp_path)),
+                setup=("echo travel > /repo/base", "export STAGE=set-up", "sleep 2"))
+    pol = ReplayPolicy([[f"sleep 2; cat base; echo $STAGE; cat /etc/layer-mark; echo {i} > mine; cat mine"]
+                        for i in range(2)])
     first = ClusterEngine(pol, [slow], 2, per_node=2, hosts=idle).run()
+    assert not first.errors, first.errors
     holder = first.trajectories[0].node
-    # the holder is full with group 0; group 1 would wait a rollout (~4 s) for it, or set the
-    # task up again (~3 s): a pull (~1.5 s) is cheaper
+    others = [n for n in idle if n != holder]
+    for n in others:  # the rootfs layer is on the holder's node only
+        assert not store_of(n).exists() or not any(store_of(n).iterdir()), n
+    # the holder is full with group 0; group 1 would wait a rollout (~2 s) for it, or set the
+    # task up again (~2 s): a pull (~1.5 s) is cheaper
     eng = ClusterEngine(pol, [slow], 2, groups=2, per_node=2, hosts=idle)
     res = eng.run()
-    assert not res.errors
+    assert not res.errors, res.errors
     m = eng.metrics
     assert [(p["group"], p["why"]) for p in m["placements"]] == [(0, "template"), (1, "pulled")]
     (pull,) = m["pulls"]
-    assert pull["from"] == holder and pull["to"] != holder and m["transfers"] == 1
+    assert pull["from"] == holder and pull["to"] in others and m["transfers"] == 1
+    # the image, then the one layer the other node lacked, fetched from the holder and checked
+    [(digest, size)] = pull["layers"].items()
+    assert size > 100_000 and pull["image_bytes"] > 0  # the layer holds busybox's binary
+    assert m["transfer_bytes"] == pull["image_bytes"] + size
+    assert 0 < pull["image_s"] + pull["layer_s"] + pull["load_s"] <= pull["seconds"]
+    got = store_of(pull["to"]) / digest
+    assert got.is_dir() and not got.is_symlink()  # received, not the holder's cache
     assert res.groups[("travel", 1)].nodes == [pull["to"]]
     for t in res.trajectories:
-        assert t.turns[0].observation == f"travel\nset-up\n{t.index}\n"
+        assert t.turns[0].observation == f"travel\nset-up\nfrom the layer\n{t.index}\n"
     info = ray.get(idle[pull["to"]].info.remote())
     assert info["tasks"]["travel"]["pulled_from"] == holder and info["imports"] == 1
+
+
+def test_a_host_rootfs_template_travels(idle):
+    need_criu()
+    t = task("travel-host")
+    a, b = list(idle)[:2]
+    ClusterEngine(numbered(1), [t], 1, hosts={a: idle[a]}).run()
+    moved = ray.get(idle[b].import_task.remote(t, idle[a]))
+    assert moved["layers"] == {} and moved["image_bytes"] > 0  # the host's system is not copied
+    res = ClusterEngine(numbered(2), [t], 2, hosts={b: idle[b]}).run()
+    assert res.metrics["hits"]["template"] == 1
+    for traj in res.trajectories:
+        assert traj.node == b
+        check(traj, "travel-host")
+    assert ray.get(idle[b].import_task.remote(t, idle[a]))["seconds"] == 0.0  # held already
+
+
+class ByGroup(ReplayPolicy):
+    """Answers with the group its history says (a policy seeded by group)."""
+
+    async def act(self, history):
+        return await ReplayPolicy([[f"echo group {history.group}"]]).act(history)
+
+
+def test_the_policy_sees_the_group(idle):
+    res = ClusterEngine(ByGroup([["true"]]), [task("groups")], 2, groups=2, hosts=idle).run()
+    assert not res.errors
+    for t in res.trajectories:
+        assert t.group == t.key[1] and t.turns[0].observation == f"group {t.group}\n"
 
 
 @ray.remote(num_cpus=0)

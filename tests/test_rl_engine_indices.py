@@ -1,6 +1,7 @@
 """RolloutEngine's hooks for running part of a group elsewhere: ``indices`` (a rerun keeps each
-rollout's index, which a seeded policy answers by), ``on_rollout`` (each trajectory as it ends)
-and ``workspaces`` (a provider of the caller's, here forks of a template it keeps)."""
+rollout's index, which a seeded policy answers by), ``on_rollout`` (each trajectory as it ends),
+``workspaces`` (a provider of the caller's, here forks of a template it keeps) and ``group``
+(which group of a batch the policy sees)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,23 @@ def test_a_kept_template_serves_groups_without_a_setup(no_leaks):
 def test_indices_outside_the_group_are_refused(bad):
     with pytest.raises(RolloutError, match="indices"):
         RolloutEngine(policy(4), TASK, 4, mode="fork", indices=bad)
+
+
+class ByGroup(ReplayPolicy):
+    """Answers with the group its history says (a policy seeded by group)."""
+
+    async def act(self, history):
+        return await ReplayPolicy([[f"echo group {history.group}"]]).act(history)
+
+
+def test_the_policy_sees_the_group_it_runs_for(no_leaks):
+    with RolloutEngine(ByGroup([["true"]]), TASK, 2, mode="fork", group=3, indices=[1]) as eng:
+        g = eng.run()
+    [t] = g.trajectories
+    assert (t.index, t.group, t.turns[0].observation) == (1, 3, "group 3\n")
+
+
+@pytest.mark.parametrize("bad", [-1, True, "0"])
+def test_a_bad_group_is_refused(bad):
+    with pytest.raises(RolloutError, match="group"):
+        RolloutEngine(policy(4), TASK, 4, mode="fork", group=bad)

@@ -12,12 +12,14 @@ state lives, nothing lost when a node dies.
 
 API (names are stable):
 
-* ``start_hosts(*, resource="bunshin", detached=False, **host_kw) -> {node_id: ActorHandle}``:
+* ``start_hosts(*, resource="bunshin", detached=False, env=None, **host_kw) -> {node_id: ActorHandle}``:
   a :class:`WorkspaceHost` actor on every alive node offering the custom resource (``ray start
   --resources '{"bunshin": 1}'``; ``resource=None``: every node), named ``host_name(node_id)``
   in Ray namespace ``"bunshin"``, pinned with ``NodeAffinitySchedulingStrategy(soft=False)``,
   ``num_cpus=0``, 0.001 of the resource, an asyncio actor (``max_concurrency=1000``).
-  ``host_kw``: ``lease_s=30``, ``cache_budget=4 GiB``, ``snapshot_after=0.05``, ``threads=64``.
+  ``env``: the hosts' environment variables ({name: value}, or a callable node id -> {name:
+  value}; e.g. a ``BUNSHIN_STATE_DIR``/``BUNSHIN_CACHE_DIR`` per node). ``host_kw``:
+  ``lease_s=30``, ``cache_budget=4 GiB``, ``snapshot_after=0.05``, ``threads=64``.
 * ``WorkspaceHost`` methods (all ``.remote``): ``create(owner, rootfs=None, **kw) -> id``,
   ``run(id, cmd, **kw) -> Result``, ``exec(id, argv, **kw)``, ``read_file(id, path)``,
   ``write_file(id, path, data)``, ``shell(id, env=, cwd=) -> shell id``, ``shell_run(shell id,
@@ -31,9 +33,12 @@ API (names are stable):
   indices=None, mode="bunshin", group=0, engine=None)`` (a Ray streaming generator of
   :class:`GroupTrajectory`; fork/bunshin modes fork the host's template of the task, kept across
   groups; bunshin mode shares the node's ``PrefixCache``), ``export_task(task_id)`` (a streaming
-  generator of the task template's saved images, tar chunks of 1 MiB), ``import_task(task,
-  source_host) -> seconds`` (load another host's template of the task instead of a setup),
-  ``shutdown()``.
+  generator of the task template's saved image, a ``bunshin.criu.pack`` stream without its
+  rootfs layers, chunks of ≤ 1 MiB), ``export_layer(digest)`` (a streaming generator of a rootfs
+  layer of the node's store, ``bunshin.criu.layer_chunks``), ``import_task(task, source_host)
+  -> {seconds, image_bytes, image_s, layers: {digest: bytes}, layer_bytes, layer_s, load_s}``
+  (load another host's template of the task instead of a setup: the image, then the layers
+  this node lacks, digest-checked), ``shutdown()``.
 * ``RemoteWorkspace.create(rootfs=None, *, host=None, node=None, **kw)``; ``.run``, ``.exec``,
   ``.shell() -> RemoteShell`` (``.run``, ``.close``), ``.read_file``, ``.write_file``,
   ``.fork(n) -> [RemoteWorkspace]``, ``.snapshot() -> RemoteTemplate`` (``.fork(n)``,
@@ -48,7 +53,8 @@ API (names are stable):
   ``.metrics``: ``placements`` [{task, group, node, why, indices}], ``hits`` {template, prefix,
   load, pulled, setup}, ``decisions`` {waited, pulled, setup} (a busy holder: wait, set the task
   up elsewhere, or pull its template, whichever costs least), ``pulls`` [{task, group, from, to,
-  seconds}], ``transfers``, ``transfer_s``, ``pull_failures``, ``hosts_lost``, ``reruns``,
+  seconds, image_bytes, image_s, layers, layer_bytes, layer_s, load_s}], ``transfers`` (pulls
+  made), ``transfer_s``, ``transfer_bytes``, ``pull_failures``, ``hosts_lost``, ``reruns``,
   ``duplicates``, ``completed``, ``lost``, ``failed_groups``, ``per_node`` {node: rollouts},
   ``seconds``.
 * Errors: ``ClusterError`` ⊃ ``TaskSetupError`` (also a ``RolloutError``), ``HostLost``,

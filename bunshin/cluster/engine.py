@@ -5,10 +5,10 @@ template (forks stay on their node, so memory sharing holds there), else on the 
 longest cached prefix of the task, else on the least loaded host (fewest rollouts running, most
 free memory). Each host runs at most ``per_node`` rollouts at a time: a group is sent in
 *chunks* of rollout indices, as slots free up. When the template's holder is full and another
-host has slots, a chunk waits for the holder unless setting the task up again elsewhere is
-cheaper than the expected wait (the holder's setup seconds against the task's mean rollout
-seconds so far); template travel (load a saved template on the other host) is a third choice
-to slot in here (:meth:`ClusterEngine._move_cost`).
+host has slots, a chunk waits for the holder unless setting the task up again elsewhere (the
+holder's setup seconds) or pulling the template there (its saved image and the rootfs layers
+that host lacks, streamed from the holder's host and loaded; the mean pull so far) is cheaper
+than the expected wait (the task's mean rollout seconds so far).
 
 A host lost mid-chunk (``ActorDiedError``, ``ActorUnavailableError``, ``NodeDiedError``)
 sends the chunk's rollouts that had not come back to another host, with the same indices (a
@@ -247,7 +247,7 @@ class ClusterEngine:
     async def _drive(self, groups: list[_Group]) -> AsyncIterator[GroupTrajectory]:
         self.metrics = {"placements": [], "hits": {"template": 0, "prefix": 0, "load": 0, "pulled": 0, "setup": 0},
                         "decisions": {"waited": 0, "pulled": 0, "setup": 0}, "pulls": [], "transfers": 0,
-                        "transfer_s": 0.0, "pull_failures": 0, "hosts_lost": [], "reruns": 0,
+                        "transfer_s": 0.0, "transfer_bytes": 0, "pull_failures": 0, "hosts_lost": [], "reruns": 0,
                         "duplicates": 0, "completed": 0, "failed_groups": 0, "per_node": {}}
         self._latency: dict[str, tuple[float, int]] = {}
         nodes = await self._nodes()
@@ -363,10 +363,11 @@ class ClusterEngine:
                                        if g.out.error is None)
 
     async def _pull(self, g: _Group, nodes: dict[str, _Node], src: str, dst: str) -> None:
-        """Bring ``g``'s task template from node ``src`` to ``dst``; if that fails, ``dst``
+        """Bring ``g``'s task template from node ``src`` to ``dst`` (its image, then the rootfs
+        layers ``dst`` lacks, see :meth:`WorkspaceHost.import_task`); if that fails, ``dst``
         sets the task up itself (run_group does), and the failure is counted."""
         try:
-            secs = await nodes[dst].host.import_task.remote(g.task, nodes[src].host)
+            moved = await nodes[dst].host.import_task.remote(g.task, nodes[src].host)
         except Exception as e:  # noqa: BLE001 - a failed pull costs a setup, not the group
             import ray
 
@@ -376,11 +377,12 @@ class ClusterEngine:
                         g.task.id, src, dst, _cause(e))
             self.metrics["pull_failures"] += 1
             return
+        secs = moved["seconds"]
         self._pulls = (self._pulls[0] + secs, self._pulls[1] + 1)
-        self.metrics["pulls"].append({"task": g.task.id, "group": g.number, "from": src, "to": dst,
-                                      "seconds": secs})
+        self.metrics["pulls"].append({"task": g.task.id, "group": g.number, "from": src, "to": dst, **moved})
         self.metrics["transfers"] += 1
         self.metrics["transfer_s"] += secs
+        self.metrics["transfer_bytes"] += moved["image_bytes"] + moved["layer_bytes"]
         if dst in nodes:
             nodes[dst].tasks[g.task.id] = nodes[src].tasks.get(g.task.id, -1.0)
 

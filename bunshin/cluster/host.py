@@ -20,11 +20,10 @@ import dataclasses
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +47,9 @@ DEFAULT_RESOURCE = "bunshin"
 """The custom resource a node offers to get a host (``ray start --resources '{"bunshin": 1}'``)."""
 HOST_NAMESPACE = "bunshin"
 """The Ray namespace of the hosts' actor names, so any job of the cluster finds them."""
-TRAVEL_CHUNK = 1 << 20
-"""Bytes per chunk of a template sent to another node (Ray objects of bounded size)."""
+STREAM_AHEAD = 8
+"""Chunks (≤ 1 MiB each) a host sends of an image or a layer before the receiver has taken
+them (Ray's generator backpressure): what a transfer holds in flight, whatever its size."""
 COLLECT_EVERY_S = 5.0
 """Seconds between a host's passes over what dead trainers of its machine left."""
 RESOURCE_SHARE = 0.001
@@ -368,7 +368,8 @@ class WorkspaceHost:
             if mode == "bunshin":
                 kw.setdefault("cache", self.cache)
         done: asyncio.Queue[Trajectory] = asyncio.Queue()
-        eng = RolloutEngine(policy, task, group_size, mode, indices=indices, on_rollout=done.put_nowait, **kw)
+        eng = RolloutEngine(policy, task, group_size, mode, indices=indices, on_rollout=done.put_nowait,
+                            group=group, **kw)
         left = len(eng.indices)
         self._counts["groups"] += 1
         self._running += left
@@ -403,58 +404,88 @@ class WorkspaceHost:
 
     # -- templates that travel -------------------------------------------------------------
     async def export_task(self, task_id: str) -> AsyncIterator[bytes]:
-        """This host's template of task ``task_id`` as a tar stream of its saved images (a Ray
-        streaming generator of chunks of at most ``TRAVEL_CHUNK`` bytes), for
-        :meth:`import_task` on another node."""
+        """This host's template of task ``task_id`` as a :func:`bunshin.criu.pack` stream of its
+        saved image, without its rootfs layers (a Ray streaming generator of chunks of at most
+        1 MiB), for :meth:`import_task` on another node, which asks :meth:`export_layer` for the
+        layers it lacks."""
+        from ..criu.transfer import pack
+
         st = self._tasks.get(task_id)
         if st is None:
             raise ClusterError(f"the host of node {self.node_id} holds no template of task {task_id!r}")
         d = Path(tempfile.mkdtemp(prefix="export-", dir=self._dir))
         try:
             await self._call(st.template.save, d / "image")
-            tar: subprocess.Popen[bytes] = await self._call(
-                subprocess.Popen, ["tar", "-C", str(d), "-cf", "-", "image"], stdout=subprocess.PIPE)
-            assert tar.stdout is not None
-            while chunk := await self._call(tar.stdout.read, TRAVEL_CHUNK):
+            async for chunk in self._drain(pack(d / "image")):
                 yield chunk
-            if await self._call(tar.wait) != 0:
-                raise ClusterError(f"node {self.node_id}: tar of task {task_id!r}'s images failed")
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
-    async def import_task(self, task: Task, source: Any) -> float:
+    async def export_layer(self, digest: str) -> AsyncIterator[bytes]:
+        """The rootfs layer ``digest`` of this node's store as a tar stream
+        (:func:`bunshin.criu.layer_chunks`; a Ray streaming generator of chunks of at most 1 MiB)."""
+        from ..criu.transfer import layer_chunks
+
+        async for chunk in self._drain(await self._call(layer_chunks, digest)):
+            yield chunk
+
+    async def _drain(self, chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+        """``chunks``, each read on the pool (tar and CRIU block)."""
+        end = object()
+        try:
+            while (b := await self._call(next, chunks, end)) is not end:
+                yield b
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                await self._call(close)
+
+    async def import_task(self, task: Task, source: Any) -> dict[str, Any]:
         """Make ``task``'s template here from the one ``source`` (another host's actor handle)
-        holds: its saved images streamed over, then loaded (``Template.load``), instead of
-        running the setup. Returns the seconds it took (0 if this host holds it already)."""
+        holds, instead of running the setup: its image streamed over (:meth:`export_task`,
+        unpacked with :func:`bunshin.criu.unpack`), the rootfs layers this node's store lacks
+        fetched from ``source`` (:meth:`export_layer`, digest-checked by
+        :func:`bunshin.criu.receive_layer`), then ``Template.load``. Returns what it moved:
+        ``seconds`` (all of it), ``image_bytes``/``image_s``, ``layers`` {digest: bytes},
+        ``layer_bytes``/``layer_s``, ``load_s`` (all 0 if this host holds the template already)."""
+        from ..criu.transfer import missing_layers, receive_layer, unpack
         from ..runtime.template import Template
 
         lock = self._task_locks.setdefault(task.id, asyncio.Lock())
         async with lock:
+            moved: dict[str, Any] = {"seconds": 0.0, "image_bytes": 0, "image_s": 0.0, "layers": {},
+                                     "layer_bytes": 0, "layer_s": 0.0, "load_s": 0.0}
             if task.id in self._tasks:
-                return 0.0
-            t = time.monotonic()
+                return moved
+            t0 = time.monotonic()
+            src = await source.info.remote()
+            where = f"the host of node {src['node_id']}"
+            loop = asyncio.get_running_loop()
             d = Path(tempfile.mkdtemp(prefix="import-", dir=self._dir))
             try:
-                tar: subprocess.Popen[bytes] = await self._call(
-                    subprocess.Popen, ["tar", "-C", str(d), "-xf", "-"], stdin=subprocess.PIPE)
-                assert tar.stdin is not None
-                try:
-                    async for ref in source.export_task.remote(task.id):
-                        await self._call(tar.stdin.write, await ref)
-                finally:
-                    tar.stdin.close()
-                    code = await self._call(tar.wait)
-                if code != 0:
-                    raise ClusterError(f"node {self.node_id}: unpacking task {task.id!r}'s images failed")
+                t = time.monotonic()
+                got = _Received(source.export_task.options(_generator_backpressure_num_objects=STREAM_AHEAD)
+                                .remote(task.id), loop)
+                await self._call(unpack, got, d / "image")
+                moved["image_bytes"], moved["image_s"] = got.bytes, time.monotonic() - t
+                t = time.monotonic()
+                for digest in await self._call(missing_layers, d / "image"):
+                    got = _Received(source.export_layer.options(_generator_backpressure_num_objects=STREAM_AHEAD)
+                                    .remote(digest), loop)
+                    await self._call(receive_layer, digest, got, where)
+                    moved["layers"][digest] = got.bytes
+                moved["layer_bytes"], moved["layer_s"] = sum(moved["layers"].values()), time.monotonic() - t
+                t = time.monotonic()
                 tpl = await self._call(Template.load, d / "image")
-                src = await source.info.remote()
+                moved["load_s"] = time.monotonic() - t
             finally:
                 shutil.rmtree(d, ignore_errors=True)
             with self._lock:
                 self._tasks[task.id] = _TaskState(task, tpl, src["tasks"][task.id]["setup_s"],
                                                   pulled_from=src["node_id"])
             self._counts["imports"] += 1
-            return time.monotonic() - t
+            moved["seconds"] = time.monotonic() - t0
+            return moved
 
     # -- end ----------------------------------------------------------------------------
     async def shutdown(self) -> None:
@@ -485,6 +516,27 @@ class WorkspaceHost:
             st.template.close()
         shutil.rmtree(self._dir, ignore_errors=True)
         collect_dead_owners(passes=5)
+
+
+class _Received:
+    """A Ray streaming generator of byte chunks read from a pool thread (what ``unpack`` and
+    ``receive_layer`` take), counting the bytes; the actor's event loop awaits each chunk."""
+
+    def __init__(self, gen: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._gen, self._loop = gen, loop
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        async def next_chunk() -> bytes | None:
+            try:
+                ref = await self._gen.__anext__()
+            except StopAsyncIteration:
+                return None
+            return await ref
+
+        while (b := asyncio.run_coroutine_threadsafe(next_chunk(), self._loop).result()) is not None:
+            self.bytes += len(b)
+            yield b
 
 
 def collect_dead_owners(passes: int = 1) -> list[str]:
@@ -524,11 +576,16 @@ def _setup_error(e: BaseException | None, node: str) -> BaseException:
 
 
 def start_hosts(*, resource: str | None = DEFAULT_RESOURCE, detached: bool = False,
+                env: Mapping[str, str] | Callable[[str], Mapping[str, str]] | None = None,
                 **host_kw: Any) -> dict[str, Any]:
     """A :class:`WorkspaceHost` actor on every alive node that offers ``resource`` (None: every
     alive node), made once per node and found again by name after; ``{node id: actor handle}``.
     ``detached``: the hosts outlive the job that made them (else they end with it, and with them
-    their workspaces). ``host_kw``: :class:`WorkspaceHost` options (used when one is made)."""
+    their workspaces). ``env``: environment variables of the hosts (Ray ``runtime_env``
+    ``env_vars``), or a callable giving each node's from its node id, e.g. a
+    ``BUNSHIN_STATE_DIR`` and ``BUNSHIN_CACHE_DIR`` per node, so that nodes sharing a machine
+    share no rootfs layers. ``host_kw``: :class:`WorkspaceHost` options. Both are used when a
+    host is made, not when an existing one is found: give the same every time."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -540,11 +597,13 @@ def start_hosts(*, resource: str | None = DEFAULT_RESOURCE, detached: bool = Fal
         if not n.get("Alive") or (resource is not None and n.get("Resources", {}).get(resource, 0) <= 0):
             continue
         node = n["NodeID"]
+        node_env = env(node) if callable(env) else env
         out[node] = actor.options(
             name=host_name(node), namespace=HOST_NAMESPACE, get_if_exists=True, num_cpus=0,
             resources={resource: RESOURCE_SHARE} if resource is not None else {},
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), max_concurrency=1000,
             lifetime="detached" if detached else None,
+            runtime_env={"env_vars": dict(node_env)} if node_env else None,
         ).remote(**host_kw)
     if not out:
         raise ClusterError(f"no alive Ray node offers the resource {resource!r}; start nodes with "

@@ -159,7 +159,9 @@ class RolloutEngine:
     seeded policies answer by). ``on_rollout(trajectory)`` is called as each rollout ends
     (streaming). ``workspaces``: where rollouts' workspaces come from (an object with
     ``prepare``/``acquire(i)``/``close`` and ``setup_s``, see :mod:`bunshin.rl.workspaces`;
-    default: the mode's provider), e.g. forks of a template kept across groups.
+    default: the mode's provider), e.g. forks of a template kept across groups. ``group``:
+    which group of a batch this is (the policy sees it in ``History.group``; a policy seeded by
+    group acts the same wherever the group runs).
     """
 
     def __init__(self, policy: Policy, task: Task, group_size: int, mode: str = "bunshin", *,
@@ -171,7 +173,7 @@ class RolloutEngine:
                  on_turn: Callable[[int, Turn], None] | None = None,
                  indices: Sequence[int] | None = None,
                  on_rollout: Callable[[Trajectory], None] | None = None,
-                 workspaces: Any = None) -> None:
+                 workspaces: Any = None, group: int = 0) -> None:
         from ..cache.prefix import PrefixCache
 
         if not callable(getattr(policy, "act", None)):
@@ -202,8 +204,11 @@ class RolloutEngine:
         if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < group_size for i in self.indices) \
                 or len(set(self.indices)) != len(self.indices):
             raise RolloutError(f"indices must be distinct ints in [0, {group_size}), got {indices!r}")
+        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+            raise RolloutError(f"group must be an int ≥ 0, got {group!r}")
         self.on_rollout = on_rollout
         self.workspaces = workspaces
+        self.group = group
         self.policy, self.task, self.group_size, self.mode = policy, task, group_size, mode
         self.concurrency = concurrency
         self.ksm = ksm
@@ -266,7 +271,7 @@ class RolloutEngine:
 
             async def one(i: int) -> Trajectory:
                 async with sem:
-                    t = await self._rollout(i, prov, ex, pool)
+                    t = await self._rollout(i, prov, ex, pool, self.group)
                 if self.on_rollout is not None:
                     self.on_rollout(t)
                 return t
