@@ -144,6 +144,11 @@ def test_a_verifier_on_a_fork_leaves_the_workspace_as_it_was(ws):
     v = verify(Verifier(lambda w, t: (3.5, t is None), on_fork=True), ws)
     assert (v.reward, v.passed) == (3.5, True)
 
+    async def from_a_loop():  # a framework calling a sync step from its event loop's thread
+        return verify(Verifier("cat /n"), ws)
+
+    assert asyncio.run(from_a_loop()).reward == 7.0
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])

@@ -25,10 +25,11 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import cast
+from typing import IO, cast
 
 from .. import config
 from ..errors import ImageError, LayerCorrupt, LayerMissing
@@ -181,7 +182,7 @@ def fetch(digest: str, srcs: Sequence[Source]) -> Path:
         if callable(src):
             try:
                 chunks = src(digest)
-            except LookupError:
+            except (LookupError, LayerMissing):  # layer_chunks itself is a source: LayerMissing
                 chunks = None
             if chunks is not None:
                 return receive_layer(digest, chunks, _describe(src))
@@ -206,6 +207,8 @@ def _copy(src: Path, dst: Path) -> None:
 
 def _install_verified(digest: str, fill: Callable[[Path], None], where: str) -> Path:
     final = store_dir() / digest
+    if final.is_symlink() and not final.exists():
+        final.unlink()  # the local layer it named was removed: the fetched copy takes its place
 
     def build(tmp: Path) -> None:
         fill(tmp)
@@ -221,9 +224,12 @@ def _install_verified(digest: str, fill: Callable[[Path], None], where: str) -> 
 def untar(chunks: Iterable[bytes], dest: Path) -> tuple[int, str]:
     """Extract the tar stream ``chunks`` into ``dest`` with GNU tar; (its exit code, the tail of
     what it said)."""
+    # tar's complaints go to a file: a pipe read only at the end fills (64 KiB of warnings,
+    # one per socket in a layer) and stops tar, and us with it
+    errf = tempfile.TemporaryFile()
     p = subprocess.Popen([*_TAR, "-x", "-p", "-f", "-", "-C", str(dest)], stdin=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    assert p.stdin is not None and p.stderr is not None
+                         stderr=errf)
+    assert p.stdin is not None
     try:
         for c in chunks:
             p.stdin.write(c)  # buffered: all of it, even where one write(2) takes less
@@ -234,9 +240,15 @@ def untar(chunks: Iterable[bytes], dest: Path) -> tuple[int, str]:
             p.stdin.close()  # also when the stream broke off: tar sees its end and stops
         except BrokenPipeError:
             pass
-        err = p.stderr.read()
         p.wait()
-    return p.returncode, err.decode(errors="replace").strip()[-300:]
+    return p.returncode, _tail(errf)
+
+
+def _tail(f: IO[bytes], n: int = 300) -> str:
+    """The last ``n`` characters of what a subprocess wrote to ``f``; closes it."""
+    with f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * n))
+        return f.read().decode(errors="replace").strip()[-n:]
 
 
 def receive_layer(digest: str, chunks: Iterable[bytes], where: str = "a stream") -> Path:
@@ -263,9 +275,10 @@ def layer_chunks(digest: str, chunk: int = _CHUNK) -> Iterator[bytes]:
 
 def tar_chunks(directory: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
     """``directory`` as a GNU tar stream, ``chunk`` bytes at a time."""
+    errf = tempfile.TemporaryFile()  # as in untar: never a pipe read only at the end
     p = subprocess.Popen([*_TAR, "-c", "-f", "-", "-C", str(directory), "."], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    assert p.stdout is not None and p.stderr is not None
+                         stderr=errf)
+    assert p.stdout is not None
     read_all = False
     try:
         while b := p.stdout.read(chunk):
@@ -273,10 +286,9 @@ def tar_chunks(directory: Path, chunk: int = _CHUNK) -> Iterator[bytes]:
         read_all = True
     finally:
         p.stdout.close()  # a reader that stopped early: tar ends on the broken pipe
-        err = p.stderr.read()
         p.wait()
     if read_all and p.returncode != 0:
-        raise ImageError(f"reading {directory} failed: {err.decode(errors='replace').strip()[-300:]}")
+        raise ImageError(f"reading {directory} failed: {_tail(errf)}")
 
 
 def publish(digest: str, store: str | os.PathLike) -> Path:

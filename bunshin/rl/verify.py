@@ -135,6 +135,17 @@ async def averify(verifier: Verifier, ws: Workspace | None, traj: Trajectory | N
 
 
 def verify(verifier: Verifier, ws: Workspace, traj: Trajectory | None = None, workdir: str = "/") -> Verdict:
-    """:func:`averify` for code without an event loop (an environment's step that scores the
-    workspace mid-episode: use ``on_fork`` so the episode goes on untouched)."""
-    return asyncio.run(averify(verifier, ws, traj, workdir))
+    """:func:`averify` for synchronous code (an environment's step that scores the workspace
+    mid-episode: use ``on_fork`` so the episode goes on untouched). Called on a thread that runs
+    an event loop (a framework calling a sync ``step`` from its loop), the check runs on a
+    thread and loop of its own: ``asyncio.run`` cannot nest."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(averify(verifier, ws, traj, workdir))
+    box: list[Verdict] = []
+    th = threading.Thread(target=lambda: box.append(asyncio.run(averify(verifier, ws, traj, workdir))),
+                          name="bunshin-verify", daemon=True)
+    th.start()
+    th.join()  # bounded: averify's check is bounded by verifier.timeout and returns, never raises
+    return box[0] if box else Verdict(verifier.failure_reward, False, error="the verifier's thread died")
