@@ -272,3 +272,25 @@ def test_a_version_1_image_with_lowers_by_path_still_loads(family, cache, tmp_pa
         loaded.close()
     assert _answer(kid, "old") == "42 old"
     assert kid.read_file("/etc/travel") == b"travelled\n"
+
+
+def test_a_fetch_passes_over_a_dead_link_and_a_source_without_the_layer(no_leaks, cache, tmp_path):
+    """A store link whose local layer was removed (a cache entry gone) is replaced by the fetched
+    copy; a callable source that lacks the layer (``layer_chunks`` raises LayerMissing) lets the
+    next source try."""
+    import shutil
+
+    layer = tmp_path / "layer"
+    (layer / "etc").mkdir(parents=True)
+    (layer / "etc" / "mark").write_text(f"{tmp_path.name}\n")  # unique: no other test's digest
+    digest = layerstore.tree_digest(layer)
+    gone = tmp_path / "gone"
+    shutil.copytree(layer, gone)
+    layerstore.register(gone, digest)
+    shutil.rmtree(gone)
+    assert layerstore.local(digest) is None
+    shared = tmp_path / "shared"
+    shutil.copytree(layer, shared / digest)
+    got = layerstore.fetch(digest, [layerstore.layer_chunks, shared])
+    assert (got / "etc" / "mark").read_text() == f"{tmp_path.name}\n"
+    assert layerstore.local(digest) == got
