@@ -191,7 +191,7 @@ def _kernel() -> tuple[int, int]:
 def find_criu(check: bool = True) -> CriuInfo | None:
     """Locate CRIU (``$BUNSHIN_CRIU``, private install, ``PATH``) and judge it; None if none exists.
 
-    A found but refused CRIU (3.x, or ``criu check`` fails) comes back with ``usable=False`` and
+    A found but refused CRIU (3.x, or its ``CHECK`` request fails) comes back with ``usable=False`` and
     the reason. Raises :class:`UnsupportedKernel` when ``$BUNSHIN_CRIU`` is set but not executable.
     """
     cand = candidate()

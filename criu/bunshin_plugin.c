@@ -1,6 +1,6 @@
 /*
  * Bunshin's CRIU plugin: the workspace's control socket, dumped and restored by CRIU's
- * unix-socket hooks instead of --external unix[ino] / --inherit-fd.
+ * unix-socket hooks instead of an `external` unix[ino] and an `inherit_fd` in the RPC request.
  *
  * Dump: the init's end of the control socket is a socketpair whose other end Bunshin holds
  * (outside the dumped tree). CRIU asks the plugins about such a socket (DUMP_UNIX_SK); the one
