@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from test_rootfs import TarBuilder, blob, busybox_root
@@ -53,10 +56,10 @@ def _top_layer() -> bytes:
     return TarBuilder().dir("etc").file("etc/passwd", PASSWD).bytes()
 
 
-def make_oci_image(layout, config: dict) -> None:
+def make_oci_image(layout, config: dict, extra_layers: tuple[bytes, ...] = ()) -> None:
     layout.mkdir(parents=True)
     (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
-    layers = [image_layer(), _top_layer()]
+    layers = [image_layer(), _top_layer(), *extra_layers]
     cfg = {"architecture": "amd64", "os": "linux", "config": config,
            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(d).hexdigest()}" for d in layers]}}
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -238,3 +241,40 @@ def test_rootfs_show_prints_the_image_config(image):
     assert d["kind"] == "oci" and len(d["lowers"]) == 2
     assert d["image"]["user"] == "dev" and d["image"]["workdir"] == "/work"
     assert d["image"]["entrypoint"] + d["image"]["cmd"] == ["/bin/sh", "-c", CONFIG["Cmd"][0]]
+
+
+def _image_with_bash(tmp_path) -> Path:
+    """The test image plus the host's bash (and the libraries it loads) in a layer of its own:
+    bunshin.rl's rollouts run their tool calls in a bash session."""
+    libs = re.findall(r"(/\S+) \(0x", subprocess.run(["ldd", "/bin/bash"], capture_output=True, text=True,
+                                                     check=True).stdout)
+    tb = TarBuilder().dir("usr").dir("usr/bin").file("usr/bin/bash", Path("/bin/bash").read_bytes(), mode=0o755)
+    made = {"usr", "usr/bin"}
+    for lib in libs:
+        parts = Path(lib).relative_to("/").parts
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i])
+            if d not in made:
+                tb.dir(d)
+                made.add(d)
+        tb.file("/".join(parts), Path(lib).read_bytes(), mode=0o755)
+    for applet in ("mkdir", "test"):
+        tb.symlink(f"usr/bin/{applet}", "/bin/busybox")
+    make_oci_image(tmp_path / "oci-bash", CONFIG, extra_layers=(tb.bytes(),))
+    return tmp_path / "oci-bash"
+
+
+@pytest.mark.parametrize("mode", ["fresh", "fork"])
+def test_a_rollout_of_an_image_task_runs_with_the_image_config(no_leaks, tmp_path, cache, mode):
+    """bunshin.rl: a task on an image (no workdir of its own) sets up and rolls out in the
+    image's WorkingDir, as its User, with its Env; its verifier runs there too."""
+    from bunshin.rl import ReplayPolicy, RolloutEngine, Task, Verifier
+
+    task = Task("img", "report", rootfs=_image_with_bash(tmp_path), setup=["echo set-up > /tmp/here"],
+                verifier=Verifier('test "$PWD" = /work && cat /tmp/here'))
+    with RolloutEngine(ReplayPolicy([[REPORT]]), task, 2, mode=mode, sample_interval=None) as eng:
+        g = eng.run()
+    assert g.errors == []
+    for t in g.trajectories:
+        assert t.turns[0].observation.encode() == AS_DEV
+        assert (t.verdict.passed, t.verdict.output) == (True, "set-up\n")

@@ -94,7 +94,8 @@ class Task:
     ``setup`` runs once per workspace built from scratch (every rollout in ``fresh`` mode, once
     per group in the others); ``ready`` is a bash command polled after setup until it exits 0
     (a server listening, a REPL loaded). ``rootfs`` is anything ``Workspace.create`` accepts
-    (None: the default host view). ``tools`` names the tools the agent may call. ``verifier``
+    (None: the default host view). ``workdir``: where tool calls run (None: the rootfs image's
+    WorkingDir, else /). ``tools`` names the tools the agent may call. ``verifier``
     scores each finished rollout: a :class:`Verifier`, or its ``check`` alone (a bash command or
     a callable) with the default options.
     """
@@ -104,7 +105,7 @@ class Task:
     setup: tuple[ToolCall, ...] = ()
     ready: str | None = None
     rootfs: str | os.PathLike | None = None
-    workdir: str = "/"
+    workdir: str | None = None
     max_steps: int = 30
     tools: tuple[str, ...] = ("bash", "read_file", "write_file", "python")
     memory_limit: int | None = None

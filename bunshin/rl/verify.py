@@ -90,7 +90,7 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
     return await fut
 
 
-async def _check(verifier: Verifier, ws: Workspace, traj: Trajectory | None, workdir: str) -> Verdict:
+async def _check(verifier: Verifier, ws: Workspace, traj: Trajectory | None, workdir: str | None) -> Verdict:
     t = time.monotonic()
     check = verifier.check
     if isinstance(check, str):
@@ -110,7 +110,7 @@ async def _check(verifier: Verifier, ws: Workspace, traj: Trajectory | None, wor
 
 
 async def averify(verifier: Verifier, ws: Workspace | None, traj: Trajectory | None,
-                  workdir: str = "/") -> Verdict:
+                  workdir: str | None = None) -> Verdict:
     """``verifier``'s verdict on rollout ``traj`` in workspace ``ws`` (None: the rollout never got
     one, which is a failed verdict). With ``verifier.on_fork`` the check runs on a fork of ``ws``,
     closed afterwards. Never raises (but for cancellation)."""
@@ -134,7 +134,8 @@ async def averify(verifier: Verifier, ws: Workspace | None, traj: Trajectory | N
                        error=f"{type(e).__name__}: {e}")
 
 
-def verify(verifier: Verifier, ws: Workspace, traj: Trajectory | None = None, workdir: str = "/") -> Verdict:
+def verify(verifier: Verifier, ws: Workspace, traj: Trajectory | None = None,
+           workdir: str | None = None) -> Verdict:
     """:func:`averify` for synchronous code (an environment's step that scores the workspace
     mid-episode: use ``on_fork`` so the episode goes on untouched). Called on a thread that runs
     an event loop (a framework calling a sync ``step`` from its loop), the check runs on a

@@ -41,8 +41,9 @@ def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
     ws = Workspace.create(task.rootfs, memory_limit=task.memory_limit, workdir=task.workdir,
                           hostname=hostname)
     try:
-        ws.exec(["mkdir", "-p", task.workdir], cwd="/")  # the setup may be what fills it
-        sh = ws.shell(cwd=task.workdir)
+        # the task's, else the rootfs image's WorkingDir, else /; the setup may be what fills it
+        ws.exec(["mkdir", "-p", ws.config.workdir], cwd="/")
+        sh = ws.shell()
         ctx = ToolContext(ws, lambda: sh)
         for n, call in enumerate(task.setup):
             r = run_tool(BUILTIN_TOOLS, ctx, call)
@@ -51,7 +52,7 @@ def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
                                    f"with exit code {r.exit_code}: {r.output[-800:]!r}; fix the task's setup")
         if task.ready is not None:
             deadline = time.monotonic() + READY_TIMEOUT
-            while not ws.run(task.ready, cwd=task.workdir).ok:
+            while not ws.run(task.ready).ok:
                 if time.monotonic() > deadline:
                     raise RolloutError(f"task {task.id!r}: ready check {task.ready!r} still fails after "
                                        f"{READY_TIMEOUT:.0f} s of waiting; check the setup's server/REPL")
@@ -62,8 +63,9 @@ def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
         raise
 
 
-def rollout_shell(ws: Workspace, cwd: str) -> Shell:
-    """The workspace's session shell carried over from the setup, else a new one in ``cwd``."""
+def rollout_shell(ws: Workspace, cwd: str | None) -> Shell:
+    """The workspace's session shell carried over from the setup, else a new one in ``cwd``
+    (None: the workspace's working directory)."""
     live = [s for s in ws.shells if s.alive]
     return live[0] if live else ws.shell(cwd=cwd)
 
