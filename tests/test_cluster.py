@@ -231,6 +231,20 @@ def test_leaving_the_stream_early_stops_the_rollouts(idle):
     stream.close()  # the idle fixture checks that no host still runs a rollout
 
 
+def test_a_task_with_a_python_verifier_sets_up_once_on_its_host(idle):
+    from bunshin.rl import Verifier
+
+    # Ray pickles the lambda by value for each call: every group brings a new, unequal verifier
+    t = task("lambda-verifier", verifier=Verifier(lambda ws, traj: True))
+    res = ClusterEngine(numbered(2), [t], 2, groups=2, hosts=idle).run()
+    assert not res.errors, res.errors
+    assert len({p["node"] for p in res.metrics["placements"]}) == 1, res.metrics["placements"]
+    for traj in res.trajectories:
+        check(traj, "lambda-verifier")
+        assert traj.reward == 1.0, traj.verdict
+    assert ray.get(idle[res.trajectories[0].node].info.remote())["setups"] >= 1
+
+
 def test_a_failing_setup_fails_its_group_only(idle):
     bad = Task("bad-setup", "never runs", setup=("echo half-way", "(exit 3)"))
     res = ClusterEngine(numbered(2), [bad, task("good")], 2, hosts=idle).run()

@@ -317,13 +317,13 @@ class WorkspaceHost:
     # -- group rollouts ---------------------------------------------------------------------
     async def _task_state(self, task: Task) -> _TaskState:
         """The task's set-up template on this host, built on first use (setup once per host)."""
-        from ..rl.workspaces import build
+        from ..rl.workspaces import build, setup_key
 
         lock = self._task_locks.setdefault(task.id, asyncio.Lock())
         async with lock:
             st = self._tasks.get(task.id)
             if st is not None:
-                if st.task != task:
+                if setup_key(st.task) != setup_key(task):
                     raise ClusterError(f"task id {task.id!r} was set up on the host of node {self.node_id} "
                                        "from another definition; give each task definition its own id")
                 self._counts["template_hits"] += 1
