@@ -383,8 +383,8 @@ class ClusterEngine:
         self.metrics["transfers"] += 1
         self.metrics["transfer_s"] += secs
         self.metrics["transfer_bytes"] += moved["image_bytes"] + moved["layer_bytes"]
-        if dst in nodes:
-            nodes[dst].tasks[g.task.id] = nodes[src].tasks.get(g.task.id, -1.0)
+        if dst in nodes:  # either node may have left while the template travelled
+            nodes[dst].tasks[g.task.id] = nodes[src].tasks.get(g.task.id, -1.0) if src in nodes else -1.0
 
     @staticmethod
     async def _setup_s(node: _Node, task_id: str) -> float:
