@@ -193,7 +193,7 @@ class WorkspaceHost:
             self._leases.pop(owner, None)
             mine = sorted(((k, h) for k, h in self._held.items() if h.owner == owner), key=lambda kh: -kh[1].made)
             for k, _h in mine:
-                del self._held[k]
+                self._forget(k)
             if lapsed:  # counted as they leave the table, which info() reads
                 self._counts["reclaimed"] += len(mine)
         for _k, h in mine:  # newest first: forks before their sources
@@ -273,11 +273,15 @@ class WorkspaceHost:
     async def close(self, oid: str) -> None:
         """Close a workspace or template (nothing if it is already gone)."""
         with self._lock:
-            h = self._held.pop(oid, None)
-            for sid in [s for s in self._shells if s.startswith(oid + "/")]:
-                del self._shells[sid]
+            h = self._forget(oid)
         if h is not None:
             await self._call(h.obj.close)
+
+    def _forget(self, oid: str) -> _Held | None:
+        """Drop object ``oid`` and its shells from the tables (the caller holds the lock)."""
+        for sid in [s for s in self._shells if s.startswith(oid + "/")]:
+            del self._shells[sid]
+        return self._held.pop(oid, None)
 
     # -- what placement needs --------------------------------------------------------------
     async def info(self) -> dict[str, Any]:
