@@ -16,6 +16,8 @@ died) the host closes what it owned within ``lease_s`` (+ one reaper period). Wo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -52,6 +54,9 @@ STREAM_AHEAD = 8
 them (Ray's generator backpressure): what a transfer holds in flight, whatever its size."""
 COLLECT_EVERY_S = 5.0
 """Seconds between a host's passes over what dead trainers of its machine left."""
+CHUNK_WAIT_S = 120.0
+"""Seconds an import waits for the sender's next chunk before it gives up (the sender is then
+told to stop, so it lets go of its export)."""
 RESOURCE_SHARE = 0.001
 """What a host asks of its node's custom resource: a sliver, so tasks asking a part of it still fit."""
 
@@ -466,6 +471,7 @@ class WorkspaceHost:
             where = f"the host of node {src['node_id']}"
             loop = asyncio.get_running_loop()
             d = Path(tempfile.mkdtemp(prefix="import-", dir=self._dir))
+            got: _Received | None = None
             try:
                 t = time.monotonic()
                 got = _Received(source.export_task.options(_generator_backpressure_num_objects=STREAM_AHEAD)
@@ -482,6 +488,10 @@ class WorkspaceHost:
                 t = time.monotonic()
                 tpl = await self._call(Template.load, d / "image")
                 moved["load_s"] = time.monotonic() - t
+            except BaseException:
+                if got is not None:  # else the sender stays suspended mid-stream, holding its export
+                    got.cancel()
+                raise
             finally:
                 shutil.rmtree(d, ignore_errors=True)
             with self._lock:
@@ -538,9 +548,24 @@ class _Received:
                 return None
             return await ref
 
-        while (b := asyncio.run_coroutine_threadsafe(next_chunk(), self._loop).result()) is not None:
+        while True:
+            fut = asyncio.run_coroutine_threadsafe(next_chunk(), self._loop)
+            try:
+                b = fut.result(timeout=CHUNK_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                raise ClusterError(f"no chunk from the sender in {CHUNK_WAIT_S:g} s") from None
+            if b is None:
+                return
             self.bytes += len(b)
             yield b
+
+    def cancel(self) -> None:
+        """Stop the sender's generator (it may be past its last chunk already)."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.cancel(self._gen)
 
 
 def collect_dead_owners(passes: int = 1) -> list[str]:
