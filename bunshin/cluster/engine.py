@@ -35,10 +35,13 @@ from .types import ClusterGroup, ClusterResult, GroupTrajectory
 
 log = logging.getLogger("bunshin.cluster")
 
-__all__ = ["PULL_PRIOR_S", "STOP_WAIT_S", "ClusterEngine"]
+__all__ = ["PULL_PRIOR_S", "PULL_WAIT_S", "STOP_WAIT_S", "ClusterEngine"]
 
 STOP_WAIT_S = 10.0
 """Seconds ``stream()`` waits, when left early, for the hosts to be told to stop."""
+PULL_WAIT_S = 600.0
+"""Seconds a template pull may take before the destination is told to stop it and sets the
+task up itself."""
 PULL_PRIOR_S = 1.5
 """What a template pull is assumed to cost before one is measured: a small workspace's save
 (~0.7 s), stream and load (~0.4-0.8 s) measured here."""
@@ -366,11 +369,15 @@ class ClusterEngine:
         """Bring ``g``'s task template from node ``src`` to ``dst`` (its image, then the rootfs
         layers ``dst`` lacks, see :meth:`WorkspaceHost.import_task`); if that fails, ``dst``
         sets the task up itself (run_group does), and the failure is counted."""
-        try:
-            moved = await nodes[dst].host.import_task.remote(g.task, nodes[src].host)
-        except Exception as e:  # noqa: BLE001 - a failed pull costs a setup, not the group
-            import ray
+        import ray
 
+        ref = nodes[dst].host.import_task.remote(g.task, nodes[src].host)
+        try:
+            moved = await asyncio.wait_for(ref, PULL_WAIT_S)
+        except Exception as e:  # noqa: BLE001 - a failed pull costs a setup, not the group
+            if isinstance(e, asyncio.TimeoutError):  # the import, not only this wait, must end
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
             if _lost(e) and not isinstance(e, ray.exceptions.RayTaskError):
                 raise  # the destination is gone: the chunk goes elsewhere
             log.warning("pulling %s's template from %s to %s failed (%s); setting it up there",
