@@ -254,6 +254,8 @@ def test_a_failing_setup_fails_its_group_only(idle):
     assert res.groups[("good", 0)].complete
     assert issubclass(TaskSetupError, RolloutError)
     assert res.metrics["failed_groups"] == 1
+    [err] = res.metrics["group_errors"]  # what a stream's consumer, who gets no result, reads
+    assert (err["task"], err["group"], err["error"]) == ("bad-setup", 0, res.errors[("bad-setup", 0)])
 
 
 def need_criu() -> None:

@@ -251,7 +251,7 @@ class ClusterEngine:
         self.metrics = {"placements": [], "hits": {"template": 0, "prefix": 0, "load": 0, "pulled": 0, "setup": 0},
                         "decisions": {"waited": 0, "pulled": 0, "setup": 0}, "pulls": [], "transfers": 0,
                         "transfer_s": 0.0, "transfer_bytes": 0, "pull_failures": 0, "hosts_lost": [], "reruns": 0,
-                        "duplicates": 0, "completed": 0, "failed_groups": 0, "per_node": {}}
+                        "duplicates": 0, "completed": 0, "failed_groups": 0, "group_errors": [], "per_node": {}}
         self._latency: dict[str, tuple[float, int]] = {}
         nodes = await self._nodes()
         seen: set[tuple[str, int, int]] = set()
@@ -310,6 +310,8 @@ class ClusterEngine:
                     if g.out.error is None:
                         g.out.error = f"{type(cause).__name__}: {cause}"
                         self.metrics["failed_groups"] += 1
+                        self.metrics["group_errors"].append({"task": g.task.id, "group": g.number, "node": nid,
+                                                             "error": g.out.error})
                     g.todo.clear()
             finally:
                 node.running -= len([i for i in idx if i not in got])
