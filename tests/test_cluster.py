@@ -414,6 +414,16 @@ def test_a_dead_owners_workspaces_are_reclaimed(idle):
         tpl.fork(1)
 
 
+def test_a_released_owners_shells_go_with_its_workspaces(idle):
+    host = next(iter(idle.values()))
+    ws = ray.get(host.create.remote("released-owner"))
+    sid = ray.get(host.shell.remote(ws))
+    assert ray.get(host.shell_run.remote(sid, "echo open")).output == "open\n"
+    assert ray.get(host.release.remote("released-owner")) == 1
+    with pytest.raises(UnknownWorkspace):
+        ray.get(host.shell_run.remote(sid, "echo still-here"))
+
+
 def test_a_host_killed_mid_group_loses_and_duplicates_nothing(idle):
     t = task("kill")
     n = 6
