@@ -394,6 +394,21 @@ class Owner:
     def template(self, ws: RemoteWorkspace):
         return ws.snapshot()
 
+    def renew_also_on(self, hosts: list) -> None:
+        from bunshin.cluster.lease import hold
+
+        for h in hosts:
+            hold(h, LEASE_S)
+
+
+@ray.remote(num_cpus=0)
+class Silent:
+    """A host that never answers a lease renewal (its node hangs)."""
+
+    async def renew(self, owner: str) -> float:
+        await asyncio.sleep(3600)
+        return LEASE_S
+
 
 def test_a_dead_owners_workspaces_are_reclaimed(idle):
     host = next(iter(idle.values()))
@@ -422,6 +437,23 @@ def test_a_released_owners_shells_go_with_its_workspaces(idle):
     assert ray.get(host.release.remote("released-owner")) == 1
     with pytest.raises(UnknownWorkspace):
         ray.get(host.shell_run.remote(sid, "echo still-here"))
+
+
+def test_hosts_that_do_not_answer_do_not_let_the_others_leases_lapse(idle):
+    host = next(iter(idle.values()))
+    before = ray.get(host.info.remote())["reclaimed"]
+    owner = Owner.remote()
+    silent = [Silent.remote() for _ in range(4)]
+    try:
+        made = ray.get(owner.make.remote(host))
+        ray.get(owner.renew_also_on.remote(silent))
+        time.sleep(4 * LEASE_S)
+        assert ray.get(host.info.remote())["reclaimed"] == before
+        assert made[0].run("echo alive").output == "alive\n"
+    finally:
+        ray.kill(owner)  # the idle fixture sees its workspaces reclaimed
+        for s in silent:
+            ray.kill(s)
 
 
 def test_a_host_killed_mid_group_loses_and_duplicates_nothing(idle):
