@@ -246,8 +246,6 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     samplers = Samplers(hosts)
     seen: dict[tuple, int] = {}
     errors: list[str] = []
-    failures = GroupFailures()
-    logging.getLogger("bunshin.cluster").addHandler(failures)
     unexpected: list[dict] = []
     times: list[float] = []
     killed: dict[str, Any] = {}
@@ -277,26 +275,22 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     finally:
         wall = time.monotonic() - t0
         cpu = machine_cpu_seconds() - cpu0
-        logging.getLogger("bunshin.cluster").removeHandler(failures)
         memory = samplers.stop()
-        metrics = dict(getattr(eng, "metrics", {}) or {})
-        close = getattr(eng, "close", None)
-        if close is not None:
-            close()
+        metrics = dict(eng.metrics)
         if cluster is not None:  # a real cluster's hosts may serve others: they end with this job
             stop_hosts(hosts)
     left = leftovers(set(samplers.host_pids.values())) if cluster is not None else None
     completed = sum(1 for k in seen if k in expected)
     undelivered = expected - set(seen)
-    in_failed = {k for k in undelivered if k[:2] in failures.groups}
+    failed = {(e["task"], e["group"]): e["error"] for e in metrics.get("group_errors", [])}
+    in_failed = {k for k in undelivered if k[:2] in failed}
     res = {
         "nodes": nodes, "kill": kill, "tasks": len(tasks), "groups_per_task": args.groups, "group": args.group,
         "per_node": args.per_node,
         "expected": len(expected),
         "completed": completed, "lost": len(undelivered - in_failed),
         "failed": len(in_failed),
-        "failed_groups": [{"task": t, "group": g, "error": e} for (t, g), e in failures.groups.items()],
-        "failed_groups_unnamed": max(0, metrics.get("failed_groups", 0) - len(failures.groups)),
+        "failed_groups": [{"task": t, "group": g, "error": e[:300]} for (t, g), e in failed.items()],
         "duplicated": sum(c - 1 for c in seen.values() if c > 1),
         "unexpected_keys": len(set(seen) - expected), "rollout_errors": errors[:20],
         "calls_unexpected": len(unexpected), "calls_unexpected_first": unexpected[:8],
@@ -311,21 +305,6 @@ def run(wl, args, nodes: int, *, kill: bool, cluster: LocalCluster | None, tag: 
     if killed:
         res["killed"] = killed
     return res
-
-
-class GroupFailures(logging.Handler):
-    """The groups the engine failed (a group's error, e.g. a fork refused), from its log: their
-    undelivered rollouts are ``failed``, not ``lost``. (A failed setup is not logged: such
-    groups are counted in ``failed_groups_unnamed``.)"""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.groups: dict[tuple[str, int], str] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("group %d of %s failed") and isinstance(record.args, tuple):
-            number, task, _node, cause = record.args
-            self.groups[(str(task), int(number))] = repr(cause)[:300]
 
 
 def leftovers(owner_pids: set[int], wait_s: float = 15.0) -> int:

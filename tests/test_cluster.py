@@ -231,6 +231,20 @@ def test_leaving_the_stream_early_stops_the_rollouts(idle):
     stream.close()  # the idle fixture checks that no host still runs a rollout
 
 
+def test_a_task_with_a_python_verifier_sets_up_once_on_its_host(idle):
+    from bunshin.rl import Verifier
+
+    # Ray pickles the lambda by value for each call: every group brings a new, unequal verifier
+    t = task("lambda-verifier", verifier=Verifier(lambda ws, traj: True))
+    res = ClusterEngine(numbered(2), [t], 2, groups=2, hosts=idle).run()
+    assert not res.errors, res.errors
+    assert len({p["node"] for p in res.metrics["placements"]}) == 1, res.metrics["placements"]
+    for traj in res.trajectories:
+        check(traj, "lambda-verifier")
+        assert traj.reward == 1.0, traj.verdict
+    assert ray.get(idle[res.trajectories[0].node].info.remote())["setups"] >= 1
+
+
 def test_a_failing_setup_fails_its_group_only(idle):
     bad = Task("bad-setup", "never runs", setup=("echo half-way", "(exit 3)"))
     res = ClusterEngine(numbered(2), [bad, task("good")], 2, hosts=idle).run()
@@ -240,6 +254,8 @@ def test_a_failing_setup_fails_its_group_only(idle):
     assert res.groups[("good", 0)].complete
     assert issubclass(TaskSetupError, RolloutError)
     assert res.metrics["failed_groups"] == 1
+    [err] = res.metrics["group_errors"]  # what a stream's consumer, who gets no result, reads
+    assert (err["task"], err["group"], err["error"]) == ("bad-setup", 0, res.errors[("bad-setup", 0)])
 
 
 def need_criu() -> None:
@@ -378,6 +394,21 @@ class Owner:
     def template(self, ws: RemoteWorkspace):
         return ws.snapshot()
 
+    def renew_also_on(self, hosts: list) -> None:
+        from bunshin.cluster.lease import hold
+
+        for h in hosts:
+            hold(h, LEASE_S)
+
+
+@ray.remote(num_cpus=0)
+class Silent:
+    """A host that never answers a lease renewal (its node hangs)."""
+
+    async def renew(self, owner: str) -> float:
+        await asyncio.sleep(3600)
+        return LEASE_S
+
 
 def test_a_dead_owners_workspaces_are_reclaimed(idle):
     host = next(iter(idle.values()))
@@ -396,6 +427,33 @@ def test_a_dead_owners_workspaces_are_reclaimed(idle):
     assert info["reclaimed"] - before == 3
     with pytest.raises(UnknownWorkspace):
         tpl.fork(1)
+
+
+def test_a_released_owners_shells_go_with_its_workspaces(idle):
+    host = next(iter(idle.values()))
+    ws = ray.get(host.create.remote("released-owner"))
+    sid = ray.get(host.shell.remote(ws))
+    assert ray.get(host.shell_run.remote(sid, "echo open")).output == "open\n"
+    assert ray.get(host.release.remote("released-owner")) == 1
+    with pytest.raises(UnknownWorkspace):
+        ray.get(host.shell_run.remote(sid, "echo still-here"))
+
+
+def test_hosts_that_do_not_answer_do_not_let_the_others_leases_lapse(idle):
+    host = next(iter(idle.values()))
+    before = ray.get(host.info.remote())["reclaimed"]
+    owner = Owner.remote()
+    silent = [Silent.remote() for _ in range(4)]
+    try:
+        made = ray.get(owner.make.remote(host))
+        ray.get(owner.renew_also_on.remote(silent))
+        time.sleep(4 * LEASE_S)
+        assert ray.get(host.info.remote())["reclaimed"] == before
+        assert made[0].run("echo alive").output == "alive\n"
+    finally:
+        ray.kill(owner)  # the idle fixture sees its workspaces reclaimed
+        for s in silent:
+            ray.kill(s)
 
 
 def test_a_host_killed_mid_group_loses_and_duplicates_nothing(idle):

@@ -25,8 +25,9 @@ API (names are stable):
   ``write_file(id, path, data)``, ``shell(id, env=, cwd=) -> shell id``, ``shell_run(shell id,
   cmd)``, ``shell_close(shell id)``, ``fork(id, n, owner) -> [id]`` (of a workspace or a
   template), ``snapshot(id, owner) -> template id``, ``close(id)``, ``renew(owner) -> lease_s``,
-  ``release(owner)``, ``info() -> dict`` (``node_id``, ``free_memory``, ``running``, ``tasks``:
-  {task id: {"setup_s", "rollout_s", "pulled_from"}} whose set-up template it holds,
+  ``release(owner)``, ``info() -> dict`` (``node_id``, ``pid``, ``free_memory``, ``running``,
+  ``workspaces`` and ``templates`` held for users, ``tasks``: {task id:
+  {"setup_s", "rollout_s", "pulled_from"}} whose set-up template it holds,
   ``prefix_depth``: {task id: depth of the deepest live cached state}, ``cache``, counters
   ``groups``/``rollouts``/``setups``/``setup_failures``/``reclaimed``/``template_hits``/
   ``imports``/``collected``), ``run_group(task, policy, group_size, *,
@@ -49,14 +50,14 @@ API (names are stable):
   hosts=None, per_node=16, travel=True, engine=None)``: ``.run() -> ClusterResult`` (``groups``: {(task id,
   group): ClusterGroup(trajectories by index, error, nodes)}, ``metrics``, ``trajectories``,
   ``errors``), ``.arun()``, ``.stream()`` / ``.astream()`` yielding each
-  :class:`GroupTrajectory` (a ``Trajectory`` plus ``group``, ``node``, ``key``) as it ends.
+  :class:`GroupTrajectory` (a ``Trajectory`` plus ``node`` and ``key``) as it ends.
   ``.metrics``: ``placements`` [{task, group, node, why, indices}], ``hits`` {template, prefix,
   load, pulled, setup}, ``decisions`` {waited, pulled, setup} (a busy holder: wait, set the task
   up elsewhere, or pull its template, whichever costs least), ``pulls`` [{task, group, from, to,
   seconds, image_bytes, image_s, layers, layer_bytes, layer_s, load_s}], ``transfers`` (pulls
   made), ``transfer_s``, ``transfer_bytes``, ``pull_failures``, ``hosts_lost``, ``reruns``,
-  ``duplicates``, ``completed``, ``lost``, ``failed_groups``, ``per_node`` {node: rollouts},
-  ``seconds``.
+  ``duplicates``, ``completed``, ``lost``, ``failed_groups``, ``group_errors`` [{task, group,
+  node, error}] (what failed each of them), ``per_node`` {node: rollouts}, ``seconds``.
 * Errors: ``ClusterError`` ⊃ ``TaskSetupError`` (also a ``RolloutError``), ``HostLost``,
   ``UnknownWorkspace``.
 """

@@ -35,10 +35,13 @@ from .types import ClusterGroup, ClusterResult, GroupTrajectory
 
 log = logging.getLogger("bunshin.cluster")
 
-__all__ = ["PULL_PRIOR_S", "STOP_WAIT_S", "ClusterEngine"]
+__all__ = ["PULL_PRIOR_S", "PULL_WAIT_S", "STOP_WAIT_S", "ClusterEngine"]
 
 STOP_WAIT_S = 10.0
 """Seconds ``stream()`` waits, when left early, for the hosts to be told to stop."""
+PULL_WAIT_S = 600.0
+"""Seconds a template pull may take before the destination is told to stop it and sets the
+task up itself."""
 PULL_PRIOR_S = 1.5
 """What a template pull is assumed to cost before one is measured: a small workspace's save
 (~0.7 s), stream and load (~0.4-0.8 s) measured here."""
@@ -248,7 +251,7 @@ class ClusterEngine:
         self.metrics = {"placements": [], "hits": {"template": 0, "prefix": 0, "load": 0, "pulled": 0, "setup": 0},
                         "decisions": {"waited": 0, "pulled": 0, "setup": 0}, "pulls": [], "transfers": 0,
                         "transfer_s": 0.0, "transfer_bytes": 0, "pull_failures": 0, "hosts_lost": [], "reruns": 0,
-                        "duplicates": 0, "completed": 0, "failed_groups": 0, "per_node": {}}
+                        "duplicates": 0, "completed": 0, "failed_groups": 0, "group_errors": [], "per_node": {}}
         self._latency: dict[str, tuple[float, int]] = {}
         nodes = await self._nodes()
         seen: set[tuple[str, int, int]] = set()
@@ -307,6 +310,8 @@ class ClusterEngine:
                     if g.out.error is None:
                         g.out.error = f"{type(cause).__name__}: {cause}"
                         self.metrics["failed_groups"] += 1
+                        self.metrics["group_errors"].append({"task": g.task.id, "group": g.number, "node": nid,
+                                                             "error": g.out.error})
                     g.todo.clear()
             finally:
                 node.running -= len([i for i in idx if i not in got])
@@ -366,11 +371,15 @@ class ClusterEngine:
         """Bring ``g``'s task template from node ``src`` to ``dst`` (its image, then the rootfs
         layers ``dst`` lacks, see :meth:`WorkspaceHost.import_task`); if that fails, ``dst``
         sets the task up itself (run_group does), and the failure is counted."""
-        try:
-            moved = await nodes[dst].host.import_task.remote(g.task, nodes[src].host)
-        except Exception as e:  # noqa: BLE001 - a failed pull costs a setup, not the group
-            import ray
+        import ray
 
+        ref = nodes[dst].host.import_task.remote(g.task, nodes[src].host)
+        try:
+            moved = await asyncio.wait_for(ref, PULL_WAIT_S)
+        except Exception as e:  # noqa: BLE001 - a failed pull costs a setup, not the group
+            if isinstance(e, asyncio.TimeoutError):  # the import, not only this wait, must end
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
             if _lost(e) and not isinstance(e, ray.exceptions.RayTaskError):
                 raise  # the destination is gone: the chunk goes elsewhere
             log.warning("pulling %s's template from %s to %s failed (%s); setting it up there",
@@ -383,8 +392,8 @@ class ClusterEngine:
         self.metrics["transfers"] += 1
         self.metrics["transfer_s"] += secs
         self.metrics["transfer_bytes"] += moved["image_bytes"] + moved["layer_bytes"]
-        if dst in nodes:
-            nodes[dst].tasks[g.task.id] = nodes[src].tasks.get(g.task.id, -1.0)
+        if dst in nodes:  # either node may have left while the template travelled
+            nodes[dst].tasks[g.task.id] = nodes[src].tasks.get(g.task.id, -1.0) if src in nodes else -1.0
 
     @staticmethod
     async def _setup_s(node: _Node, task_id: str) -> float:

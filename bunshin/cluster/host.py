@@ -16,6 +16,8 @@ died) the host closes what it owned within ``lease_s`` (+ one reaper period). Wo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -52,6 +54,9 @@ STREAM_AHEAD = 8
 them (Ray's generator backpressure): what a transfer holds in flight, whatever its size."""
 COLLECT_EVERY_S = 5.0
 """Seconds between a host's passes over what dead trainers of its machine left."""
+CHUNK_WAIT_S = 120.0
+"""Seconds an import waits for the sender's next chunk before it gives up (the sender is then
+told to stop, so it lets go of its export)."""
 RESOURCE_SHARE = 0.001
 """What a host asks of its node's custom resource: a sliver, so tasks asking a part of it still fit."""
 
@@ -193,7 +198,7 @@ class WorkspaceHost:
             self._leases.pop(owner, None)
             mine = sorted(((k, h) for k, h in self._held.items() if h.owner == owner), key=lambda kh: -kh[1].made)
             for k, _h in mine:
-                del self._held[k]
+                self._forget(k)
             if lapsed:  # counted as they leave the table, which info() reads
                 self._counts["reclaimed"] += len(mine)
         for _k, h in mine:  # newest first: forks before their sources
@@ -273,11 +278,15 @@ class WorkspaceHost:
     async def close(self, oid: str) -> None:
         """Close a workspace or template (nothing if it is already gone)."""
         with self._lock:
-            h = self._held.pop(oid, None)
-            for sid in [s for s in self._shells if s.startswith(oid + "/")]:
-                del self._shells[sid]
+            h = self._forget(oid)
         if h is not None:
             await self._call(h.obj.close)
+
+    def _forget(self, oid: str) -> _Held | None:
+        """Drop object ``oid`` and its shells from the tables (the caller holds the lock)."""
+        for sid in [s for s in self._shells if s.startswith(oid + "/")]:
+            del self._shells[sid]
+        return self._held.pop(oid, None)
 
     # -- what placement needs --------------------------------------------------------------
     async def info(self) -> dict[str, Any]:
@@ -317,13 +326,13 @@ class WorkspaceHost:
     # -- group rollouts ---------------------------------------------------------------------
     async def _task_state(self, task: Task) -> _TaskState:
         """The task's set-up template on this host, built on first use (setup once per host)."""
-        from ..rl.workspaces import build
+        from ..rl.workspaces import build, setup_key
 
         lock = self._task_locks.setdefault(task.id, asyncio.Lock())
         async with lock:
             st = self._tasks.get(task.id)
             if st is not None:
-                if st.task != task:
+                if setup_key(st.task) != setup_key(task):
                     raise ClusterError(f"task id {task.id!r} was set up on the host of node {self.node_id} "
                                        "from another definition; give each task definition its own id")
                 self._counts["template_hits"] += 1
@@ -462,6 +471,7 @@ class WorkspaceHost:
             where = f"the host of node {src['node_id']}"
             loop = asyncio.get_running_loop()
             d = Path(tempfile.mkdtemp(prefix="import-", dir=self._dir))
+            got: _Received | None = None
             try:
                 t = time.monotonic()
                 got = _Received(source.export_task.options(_generator_backpressure_num_objects=STREAM_AHEAD)
@@ -478,6 +488,10 @@ class WorkspaceHost:
                 t = time.monotonic()
                 tpl = await self._call(Template.load, d / "image")
                 moved["load_s"] = time.monotonic() - t
+            except BaseException:
+                if got is not None:  # else the sender stays suspended mid-stream, holding its export
+                    got.cancel()
+                raise
             finally:
                 shutil.rmtree(d, ignore_errors=True)
             with self._lock:
@@ -534,9 +548,24 @@ class _Received:
                 return None
             return await ref
 
-        while (b := asyncio.run_coroutine_threadsafe(next_chunk(), self._loop).result()) is not None:
+        while True:
+            fut = asyncio.run_coroutine_threadsafe(next_chunk(), self._loop)
+            try:
+                b = fut.result(timeout=CHUNK_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                raise ClusterError(f"no chunk from the sender in {CHUNK_WAIT_S:g} s") from None
+            if b is None:
+                return
             self.bytes += len(b)
             yield b
+
+    def cancel(self) -> None:
+        """Stop the sender's generator (it may be past its last chunk already)."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.cancel(self._gen)
 
 
 def collect_dead_owners(passes: int = 1) -> list[str]:

@@ -59,9 +59,14 @@ def _renew_loop(owner: str) -> None:
         period = min((s for _h, s in hosts.values()), default=30.0) / 3
         if hosts:
             refs = {k: h.renew.remote(owner) for k, (h, _s) in hosts.items()}
+            # one wait for all: hosts that do not answer must not delay the others' renewals
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=period)
+            answered = set(ready)
             for k, ref in refs.items():
+                if ref not in answered:
+                    continue
                 try:
-                    ray.get(ref, timeout=period)
+                    ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                     if isinstance(e, ray.exceptions.ActorDiedError):
                         with _lock:

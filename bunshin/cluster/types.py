@@ -13,10 +13,10 @@ __all__ = ["ClusterGroup", "ClusterResult", "GroupTrajectory"]
 
 @dataclass
 class GroupTrajectory(Trajectory):
-    """A :class:`~bunshin.rl.Trajectory` with the group it belongs to and the Ray node id of
-    the host that ran it (``start_s``/``end_s`` are that host's monotonic clock)."""
+    """A :class:`~bunshin.rl.Trajectory` (whose ``group`` says the group it belongs to) with
+    the Ray node id of the host that ran it (``start_s``/``end_s`` are that host's monotonic
+    clock)."""
 
-    group: int = 0
     node: str = ""
 
     @property

@@ -41,7 +41,6 @@ from __future__ import annotations
 import atexit
 import copy
 import dataclasses
-import json
 import re
 import threading
 import time
@@ -55,7 +54,7 @@ from skyrl_gym.tools.core import ToolGroup, tool
 from ..cache.toolcall import ToolCall
 from .types import RolloutError, Task, Verifier
 from .verify import verify
-from .workspaces import build, rollout_shell
+from .workspaces import build, rollout_shell, setup_key
 
 if TYPE_CHECKING:
     from ..runtime.result import Result
@@ -98,12 +97,7 @@ class TemplateCache:
         self._entries: dict[bytes, tuple[threading.Lock, list[Template]]] = {}
         self.builds = 0
 
-    @staticmethod
-    def key(task: Task) -> bytes:
-        calls = b"\0".join(c.canonical for c in task.setup)
-        about = json.dumps([str(task.rootfs) if task.rootfs is not None else None, task.workdir, task.ready,
-                            task.memory_limit]).encode()
-        return about + b"\0" + calls
+    key = staticmethod(setup_key)
 
     def get(self, task: Task) -> Template:
         """The snapshot of ``task``'s set-up state (built now if this process has none)."""

@@ -13,6 +13,7 @@ shell, ``close()`` releases what ``prepare`` made. Each records the seconds it s
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -29,9 +30,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bunshin.rl")
 
-__all__ = ["CriuProvider", "ForkProvider", "FreshProvider", "build", "provider", "rollout_shell"]
+__all__ = ["CriuProvider", "ForkProvider", "FreshProvider", "build", "provider", "rollout_shell", "setup_key"]
 
 READY_TIMEOUT = 120.0
+
+
+def setup_key(task: Task) -> bytes:
+    """What ``task``'s set-up state depends on: two tasks with one key can share one template.
+
+    The verifier, prompt, step limit and tools only act on a rollout; the verifier is also
+    compared by identity (a lambda pickled per call is a new object every time)."""
+    calls = b"\0".join(c.canonical for c in task.setup)
+    about = json.dumps([str(task.rootfs) if task.rootfs is not None else None, task.workdir, task.ready,
+                        task.memory_limit]).encode()
+    return about + b"\0" + calls
 
 
 def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
