@@ -91,12 +91,14 @@ class ForkError(BunshinError):
     """A workspace could not be forked; the source is left running and intact.
 
     ``pid`` (host pid), ``step`` (what was being done) and ``errno`` say where, when known.
+    ``transient``: what was refused passes by itself once the workspace runs again (a TCP
+    connection closing), so the same fork may succeed a moment later.
     """
 
     def __init__(self, msg: str, *, pid: int | None = None, step: str | None = None,
-                 errno: int | None = None) -> None:
+                 errno: int | None = None, transient: bool = False) -> None:
         super().__init__(msg)
-        self.pid, self.step, self.errno = pid, step, errno
+        self.pid, self.step, self.errno, self.transient = pid, step, errno, transient
 
 
 class ShellExited(BunshinError):

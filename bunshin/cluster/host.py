@@ -326,7 +326,7 @@ class WorkspaceHost:
     # -- group rollouts ---------------------------------------------------------------------
     async def _task_state(self, task: Task) -> _TaskState:
         """The task's set-up template on this host, built on first use (setup once per host)."""
-        from ..rl.workspaces import build, setup_key
+        from ..rl.workspaces import set_up_template, setup_key
 
         lock = self._task_locks.setdefault(task.id, asyncio.Lock())
         async with lock:
@@ -340,12 +340,7 @@ class WorkspaceHost:
 
             def setup() -> _TaskState:
                 t = time.monotonic()
-                base, _sh = build(task, "base")
-                try:
-                    tpl = base.snapshot()
-                finally:
-                    base.close()  # the template holds the state
-                return _TaskState(task, tpl, time.monotonic() - t)
+                return _TaskState(task, set_up_template(task), time.monotonic() - t)
 
             try:
                 st = await self._call(setup)

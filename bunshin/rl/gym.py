@@ -31,7 +31,7 @@ from ..cache.toolcall import ToolCall
 from ..cache.tools import BUILTIN_TOOLS, ToolContext, ToolFn, run_tool
 from ..errors import BunshinError, WorkspaceClosed
 from .types import History, RolloutError, Task, Turn
-from .workspaces import build, rollout_shell
+from .workspaces import build, rollout_shell, set_up_template
 
 if TYPE_CHECKING:
     from ..runtime.shell import Shell
@@ -189,12 +189,8 @@ class WorkspaceEnv(gymnasium.Env[str, str]):
         self._drop_workspace()
         t0 = time.monotonic()
         if self.mode == "fork" and self._template is None:
-            base, _ = build(self.task, "workspace")
-            try:
-                self._template = base.snapshot()
-                self._own_template = True
-            finally:
-                base.close()
+            self._template = set_up_template(self.task, "workspace")
+            self._own_template = True
         if self._template is not None:
             self._ws = self._template.fork(1)[0]
             try:

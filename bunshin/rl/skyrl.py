@@ -54,7 +54,7 @@ from skyrl_gym.tools.core import ToolGroup, tool
 from ..cache.toolcall import ToolCall
 from .types import RolloutError, Task, Verifier
 from .verify import verify
-from .workspaces import build, rollout_shell, setup_key
+from .workspaces import rollout_shell, set_up_template, setup_key
 
 if TYPE_CHECKING:
     from ..runtime.result import Result
@@ -106,11 +106,7 @@ class TemplateCache:
             lock, box = self._entries.setdefault(k, (threading.Lock(), []))
         with lock:
             if not box or box[0].closed:
-                base, _ = build(task, "base")
-                try:
-                    box[:] = [base.snapshot()]
-                finally:
-                    base.close()  # the snapshot holds the state
+                box[:] = [set_up_template(task)]
                 self.builds += 1
             return box[0]
 

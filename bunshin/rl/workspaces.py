@@ -75,6 +75,30 @@ def build(task: Task, hostname: str) -> tuple[Workspace, Shell]:
         raise
 
 
+SNAPSHOT_SETTLE_S = 5.0
+"""How long a set-up state is retried while its snapshot is refused for something that passes by
+itself (``ForkError.transient``: the ready check's connection still closing on the server side)."""
+
+
+def set_up_template(task: Task, hostname: str = "base") -> Template:
+    """``task``'s set-up state as a template: built (:func:`build`), snapshotted, the base closed
+    (the template holds the state)."""
+    from ..errors import ForkError
+
+    base, _ = build(task, hostname)
+    try:
+        deadline = time.monotonic() + SNAPSHOT_SETTLE_S
+        while True:
+            try:
+                return base.snapshot()
+            except ForkError as e:
+                if not e.transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # the refused snapshot left the base running: let it finish
+    finally:
+        base.close()
+
+
 def rollout_shell(ws: Workspace, cwd: str | None) -> Shell:
     """The workspace's session shell carried over from the setup, else a new one in ``cwd``
     (None: the workspace's working directory)."""
@@ -112,11 +136,7 @@ class ForkProvider:
 
     def prepare(self) -> None:
         t = time.monotonic()
-        base, _ = build(self.task, "base")
-        try:
-            self.tpl = base.snapshot()
-        finally:
-            base.close()  # the template holds the state; the base would only cost memory
+        self.tpl = set_up_template(self.task)
         self.setup_s = time.monotonic() - t
 
     def acquire(self, i: int) -> tuple[Workspace, Shell]:

@@ -143,7 +143,8 @@ def _read_template(s: socket.socket, refuse) -> InetSk:
         sk.fate = "established"
         sk_tcp.save(s, sk, info)
     else:
-        refuse(sk, f"is in state {_STATES.get(state, state)} (half-closed or closing)")
+        # its process closes it, or its peer finishes, once the workspace is thawed
+        refuse(sk, f"is in state {_STATES.get(state, state)} (half-closed or closing)", transient=True)
     _read_opts(s, sk, refuse)
     return sk
 
@@ -213,9 +214,9 @@ def _read_settled(socks: dict) -> dict[int, InetSk]:
         read: dict[int, InetSk] = {}
         moved = None  # (ino, why) of the first socket seen changing
         for ino, (s, p, f) in socks.items():
-            def refuse(sk, why: str, p=p, f=f):
+            def refuse(sk, why: str, p=p, f=f, transient: bool = False):
                 raise ForkError(f"process {p.vpid} ({p.name}) fd {f.fd}: {_name(sk)} {why}; a fork cannot "
-                                "carry it", pid=p.hostpid, step="plan")
+                                "carry it", pid=p.hostpid, step="plan", transient=transient)
             try:
                 read[ino] = _read_template(s, refuse)
             except sk_tcp.Moving as e:
