@@ -147,6 +147,9 @@ def cluster():
     collect_dead_owners(passes=5)
     found = wait_no_leaks(30)
     assert not found, f"the cluster left: {found}"
+    # killed hosts' private directories too (a killed host cannot remove its own)
+    dirs = [d.name for d in Path(tempfile.gettempdir()).glob("bunshin-host-*")]
+    assert not dirs, f"hosts left their directories: {dirs}"
 
 
 @pytest.fixture(scope="module")

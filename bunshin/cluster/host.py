@@ -142,7 +142,8 @@ class WorkspaceHost:
         self.node_id: str = ray.get_runtime_context().get_node_id()
         self.lease_s = float(lease_s)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="bunshin-host")
-        self._dir = Path(tempfile.mkdtemp(prefix="bunshin-host-"))
+        # named by this process, so that a host started after this one was killed removes it
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
         self.cache = PrefixCache(self._dir / "cache.lmdb", memory_budget=cache_budget, snapshot=snapshot_after)
         self._lock = threading.Lock()
         self._held: dict[str, _Held] = {}
@@ -563,6 +564,20 @@ class _Received:
             ray.cancel(self._gen)
 
 
+_DIR_PREFIX = "bunshin-host-"
+
+
+def _remove_dead_hosts_dirs() -> list[str]:
+    """The private directories (prefix cache, transfers) of this machine's killed hosts."""
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*-*"):
+        pid = d.name[len(_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    return removed
+
+
 def collect_dead_owners(passes: int = 1) -> list[str]:
     """Remove what dead trainers of this machine left (``bunshin gc`` for each dead owner,
     never the state file system or the shared freezer group, which live hosts use). A host
@@ -571,7 +586,7 @@ def collect_dead_owners(passes: int = 1) -> list[str]:
     of the machine (at its start, every ``COLLECT_EVERY_S``, at shutdown)."""
     from ..runtime import gc, statedir
 
-    removed: list[str] = []
+    removed = _remove_dead_hosts_dirs()
     for attempt in range(passes):  # a frozen process dies only once its cgroup thaws: look again
         owners = {(m.owner_pid, m.owner_start) for d in statedir.all_dirs()
                   if (m := d.read_meta()) is not None and not statedir.owner_alive(m)}
