@@ -35,6 +35,7 @@ from .. import config
 from ..errors import ImageError, LayerCorrupt, LayerMissing
 from ..runtime import statefs
 from ..runtime.rootfs import store as _install
+from ..runtime.rootfs.layers import sha256_file
 
 __all__ = ["SCHEME", "Source", "fetch", "layer_chunks", "local", "publish", "receive_layer", "register",
            "sources", "store_dir", "tree_digest", "digest_of"]
@@ -61,11 +62,7 @@ def _field(h, b: bytes) -> None:
 
 
 def _file_hash(path: bytes) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(_CHUNK):
-            h.update(b)
-    return h.digest()
+    return bytes.fromhex(sha256_file(Path(os.fsdecode(path))))
 
 
 def tree_digest(root: str | os.PathLike) -> str:
