@@ -38,6 +38,7 @@ RUNTIME = "runc"  # crun refuses this machine's hybrid cgroup layout
 # podman's defaults (nofile 1048576, nproc 4194304) exceed this machine's hard limits
 ULIMITS = ("--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096")
 READY_TIMEOUT = 120.0
+TOOL_TIMEOUT = 30.0
 
 
 class PodmanError(RuntimeError):
@@ -81,11 +82,17 @@ class Podman:
                               f"{p.stderr.decode(errors='replace').strip()[-600:]}")
         return p.stdout.decode(errors="replace")
 
-    async def acall(self, *args: str, input: bytes | None = None) -> tuple[int, bytes, bytes]:
+    async def acall(self, *args: str, input: bytes | None = None,
+                    timeout: float = 600) -> tuple[int, bytes, bytes]:
         proc = await asyncio.create_subprocess_exec(
             *self.argv, *args, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
-        out, err = await proc.communicate(input)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise PodmanError(f"podman {' '.join(args[:3])}: no answer in {timeout:.0f} s") from None
         assert proc.returncode is not None
         return proc.returncode, out, err
 
@@ -212,8 +219,11 @@ async def tool(pod: Podman, name: str, workdir: str, call) -> Result:
         data = args["content"].encode()
     else:
         raise PodmanError(f"tool {call.name!r} has no podman counterpart")
+    # bounded as a Bunshin tool call is (Workspace.run's default): killed inside the container,
+    # the exec itself given a margin on top
+    argv = ["timeout", "-s", "KILL", f"{TOOL_TIMEOUT:.0f}", *argv]
     rc, out, err = await pod.acall("exec", *(["-i"] if data is not None else []), "-w", workdir, name, *argv,
-                                   input=data)
+                                   input=data, timeout=TOOL_TIMEOUT + 60)
     return Result(out, err, rc, time.monotonic() - t)
 
 

@@ -6,7 +6,10 @@
    timed, with the image size; `dump_workspace(ws)` / `restore_workspace(dir)` (the baseline's
    per-rollout restore) are timed too.
 2. n clones from one image of a workspace whose worker holds 128 MiB (and 256 MiB, full run):
-   * restore-n: `restore_workspace(dir)` n times (n independent workspaces: stock CRIU);
+   * restore-n: `restore_workspace(dir)` n times by a stock CRIU (Debian's, the private install:
+     n independent workspaces);
+   * patched-restore-n: the same by Bunshin's CRIU (its plugin and patch, the default): what the
+     patch costs a plain restore (the two alternate, twice; each keeps its faster run);
    * shared-restore-n: `bunshin.criu.restore_many(dir, n)` (restored once into a frozen
      template, forked n times, the template let go: the clones share memory CoW);
    * load-then-fork-n: `Template.load(dir)` once, then `tpl.fork(n)` (the same mechanism as
@@ -18,7 +21,8 @@
    once; for load-then-fork the frozen template's processes are counted), and Σ cgroup memory;
    "one workspace" is one `restore_workspace(dir)`'s. `shared_restore_over_one_workspace` =
    shared-restore-8's memory / one workspace's; `restore_time_over_stock` = shared-restore-8's
-   time per clone / restore-8's (128 MiB).
+   time per clone / restore-8's (128 MiB); `patched_restore_over_stock` = patched-restore-8's /
+   restore-8's time.
    The worker's pages are random (identical across clones of one image, distinct within one),
    so KSM can only merge across clones, as with real heaps.
 
@@ -28,6 +32,8 @@ usage: python bench/criu.py [--quick]   (last stdout line: JSON; PNG in bench/ou
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import statistics
 import sys
@@ -134,25 +140,63 @@ def ksm_settle(timeout: float) -> float:
     return time.monotonic() - t0
 
 
+@contextlib.contextmanager
+def using_criu(path: str | None):
+    """CRIU requests in the block go to the CRIU at ``path`` (None: the default one)."""
+    old = os.environ.get("BUNSHIN_CRIU")
+    if path is not None:
+        os.environ["BUNSHIN_CRIU"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("BUNSHIN_CRIU", None)
+        else:
+            os.environ["BUNSHIN_CRIU"] = old
+
+
+def stock_criu() -> str | None:
+    """Debian's CRIU beside Bunshin's patched one (None: the default is the only one)."""
+    from bunshin.criu_locate import private_prefix
+
+    path = private_prefix() / "bin" / "criu"
+    return str(path) if path.is_file() and str(path) != runner.criu().path else None
+
+
+def restore_n(img: Path, n: int, criu_path: str | None) -> dict:
+    wss = []
+    try:
+        with using_criu(criu_path):
+            t = time.perf_counter()
+            for _ in range(n):
+                wss.append(criu.restore_workspace(img))
+            dt = time.perf_counter() - t
+        m = family_bytes({w.id: w.host_pids() for w in wss})
+        return {"n": n, "time_s": dt, **m, "cgroup_bytes": cg_bytes(wss)}
+    finally:
+        for w in wss:
+            w.close()
+
+
 def scaling(img: Path, ns: list[int], ksm_ns: list[int], ksm_timeout: float) -> dict:
-    res: dict = {"restore_n": [], "shared_restore_n": [], "load_fork_n": [], "restore_n_ksm": []}
+    res: dict = {"restore_n": [], "patched_restore_n": [], "shared_restore_n": [], "load_fork_n": [],
+                 "restore_n_ksm": []}
+    stock = stock_criu()
     one = criu.restore_workspace(img)
     try:
         res["one_workspace"] = {**family_bytes({one.id: one.host_pids()}), "cgroup_bytes": cg_bytes([one])}
     finally:
         one.close()
     for n in ns:
-        wss = []
-        try:
-            t = time.perf_counter()
-            for _ in range(n):
-                wss.append(criu.restore_workspace(img))
-            dt = time.perf_counter() - t
-            m = family_bytes({w.id: w.host_pids() for w in wss})
-            res["restore_n"].append({"n": n, "time_s": dt, **m, "cgroup_bytes": cg_bytes(wss)})
-        finally:
-            for w in wss:
-                w.close()
+        # stock and patched alternate, twice, each keeping its faster run: the VM's noise (and
+        # what the first restores warm up) is not charged to either
+        runs: dict[str, list[dict]] = {"restore_n": [], "patched_restore_n": []}
+        for _ in range(2):
+            runs["restore_n"].append(restore_n(img, n, stock))
+            runs["patched_restore_n"].append(restore_n(img, n, None))
+        for key, two in runs.items():
+            best = min(two, key=lambda r: r["time_s"])
+            res[key].append({**best, "times_s": [r["time_s"] for r in two]})
         wss = []
         try:
             t = time.perf_counter()
@@ -178,7 +222,8 @@ def scaling(img: Path, ns: list[int], ksm_ns: list[int], ksm_timeout: float) -> 
             if tpl is not None:
                 tpl.close()
         print(f"n={n}: restore-n {res['restore_n'][-1]['time_s']:.2f} s "
-              f"{res['restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; shared-restore-n "
+              f"{res['restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; patched "
+              f"{res['patched_restore_n'][-1]['time_s']:.2f} s; shared-restore-n "
               f"{res['shared_restore_n'][-1]['time_s']:.2f} s "
               f"{res['shared_restore_n'][-1]['distinct_bytes']/_M:.0f} MiB; load+fork-n "
               f"{res['load_fork_n'][-1]['time_s']:.2f} s {res['load_fork_n'][-1]['distinct_bytes']/_M:.0f} MiB",
@@ -246,7 +291,8 @@ def main() -> None:
     big = sweep[-1]
     res = {
         "quick": args.quick, "criu": runner.version_string(info), "memory": memory_facts(),
-        "plugin": criu_plugin(), "sizes": sweep, "scaling_worker_mib": mibs[0], "ns": ns,
+        "plugin": criu_plugin(), "patches": list(info.patches), "stock_criu": stock_criu(),
+        "sizes": sweep, "scaling_worker_mib": mibs[0], "ns": ns,
         "scaling_by_mib": {str(m): v for m, v in scaled.items()},
         "restore_workspace_p50_ms_small": sweep[0]["restore_workspace_s"] * 1e3,
         f"restore_workspace_p50_ms_{big['worker_mib']}mib": big["restore_workspace_s"] * 1e3,
@@ -254,10 +300,11 @@ def main() -> None:
         f"image_mib_{big['worker_mib']}mib": big["image_bytes"] / _M,
         "shared_restore_over_one_workspace": sh["distinct_bytes"] / sc["one_workspace"]["distinct_bytes"],
         "restore_time_over_stock": sh["time_s"] / r["time_s"],
+        "patched_restore_over_stock": at8[mibs[0]]["patched_restore_n"]["time_s"] / r["time_s"],
         "shared_restore_n8": {str(m): {
             "one_workspace_bytes": scaled[m]["one_workspace"]["distinct_bytes"],
             **{key: {"distinct_bytes": a[key]["distinct_bytes"], "time_per_clone_s": a[key]["time_s"] / 8}
-               for key in ("restore_n", "shared_restore_n", "load_fork_n")},
+               for key in ("restore_n", "patched_restore_n", "shared_restore_n", "load_fork_n")},
             "shared_restore_over_one_workspace": (a["shared_restore_n"]["distinct_bytes"]
                                                   / scaled[m]["one_workspace"]["distinct_bytes"]),
             "restore_time_over_stock": a["shared_restore_n"]["time_s"] / a["restore_n"]["time_s"]}
@@ -276,7 +323,8 @@ def main() -> None:
 
 
 def _at(sc: dict, n: int) -> dict:
-    return {key: next(p for p in sc[key] if p["n"] == n) for key in ("restore_n", "shared_restore_n", "load_fork_n")}
+    return {key: next(p for p in sc[key] if p["n"] == n)
+            for key in ("restore_n", "patched_restore_n", "shared_restore_n", "load_fork_n")}
 
 
 def criu_plugin() -> str:
@@ -306,7 +354,8 @@ def plot(res: dict) -> None:
     a.legend(fontsize=8, loc="upper left")
     ns = res["ns"]
     sc = res["scaling_by_mib"][str(res["scaling_worker_mib"])]
-    for key, lab, st in (("restore_n", "restore-n (CRIU baseline)", "o-"),
+    for key, lab, st in (("restore_n", "restore-n (stock CRIU)", "o-"),
+                         ("patched_restore_n", "restore-n (Bunshin's CRIU)", "x--"),
                          ("shared_restore_n", "restore_many(n) (shared)", "d-"),
                          ("load_fork_n", "load once + fork n (Bunshin)", "s-"),
                          ("restore_n_ksm", "restore-n + KSM", "^-")):

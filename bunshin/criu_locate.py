@@ -1,7 +1,8 @@
 """Finding a CRIU that works on this kernel, and provisioning a private one.
 
-Search order: ``$BUNSHIN_CRIU`` (a path; if set, nothing else is tried), then the private install
-at ``config.cache_dir()/criu/bin/criu``, then ``criu`` on ``PATH``. CRIU 3.x is refused: it cannot
+Search order: ``$BUNSHIN_CRIU`` (a path; if set, nothing else is tried), then Bunshin's patched
+build (:mod:`bunshin.criu_build`, ``config.cache_dir()/criu-bunshin/bin/criu``), then the private
+stock install at ``config.cache_dir()/criu/bin/criu``, then ``criu`` on ``PATH``. CRIU 3.x is refused: it cannot
 dump on kernels >= 6.13 because of the vdso layout; CRIU 4.0-4.1 works but cannot dump TCP/UDP
 sockets on kernels >= 6.16 (checkpoint-restore/criu#2705, fixed in 4.2): such a CRIU is used, and
 its ``reason`` says so. :func:`provision_criu` installs Debian testing's (forky) CRIU 4.2 (with its
@@ -19,9 +20,11 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from . import config, criu_rpc
+from .criu_build import patches_in
 from .errors import CriuError, UnsupportedKernel
 
 __all__ = ["CriuInfo", "find_criu", "require_criu", "provision_criu", "MIN_VERSION",
@@ -84,8 +87,12 @@ class CriuInfo:
         """Which Bunshin plugins and patches this CRIU carries; plainly a stock one otherwise."""
         if not (self.plugins or self.patches):
             return "stock CRIU: no Bunshin plugin, no patches (it works without them)"
+        if not self.patches:
+            return (f"plugins: {', '.join(self.plugins)}; patches: none — a stock CRIU: the "
+                    "workspace's host files go by external/inherit_fd (`bunshin criu provision` "
+                    "builds the patched one)")
         return (f"plugins: {', '.join(self.plugins) or 'none'}; "
-                f"patches: {', '.join(self.patches) or 'none'}")
+                f"patches: {', '.join(self.patches)}")
 
 
 def private_prefix() -> Path:
@@ -107,9 +114,12 @@ def candidate() -> tuple[Path, str] | None:
                 "binary, or unset it and run `bunshin criu provision`"
             )
         return p, "BUNSHIN_CRIU"
-    private = private_prefix() / "bin" / "criu"
-    if private.is_file() and os.access(private, os.X_OK):
-        return private, "private"
+    from .criu_build import patched_prefix
+
+    for path, source in ((patched_prefix() / "bin" / "criu", "patched"),
+                         (private_prefix() / "bin" / "criu", "private")):
+        if path.is_file() and os.access(path, os.X_OK):
+            return path, source
     found = shutil.which("criu")
     return (Path(found), "PATH") if found else None
 
@@ -151,6 +161,7 @@ def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuIn
                                                     f"{resp.cr_errmsg!r}")
         v = resp.version
         version = (v.major_number, v.minor_number, v.sublevel if v.HasField("sublevel") else 0)
+        here = dataclasses.replace(here, patches=patches_in(v.gitid if v.HasField("gitid") else ""))
         if version < MIN_VERSION:
             return dataclasses.replace(here, version=version, reason=_REFUSED_3X)
         if not check:
@@ -265,6 +276,24 @@ def _stage_install(stage: Path, prefix: Path, suite: str) -> None:
     shutil.rmtree(apt_root / "cache", ignore_errors=True)
 
 
+def install_staged(prefix: Path, make: Callable[[Path], None]) -> None:
+    """``make(stage)`` fills a stage directory beside ``prefix``, which then replaces
+    ``prefix``; a failure removes the stage and leaves ``prefix`` as it was."""
+    stage = prefix.with_name(prefix.name + ".new")
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        make(stage)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    old = prefix.with_name(prefix.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if prefix.exists():
+        prefix.rename(old)
+    stage.rename(prefix)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def provision_criu(prefix: Path | None = None, suite: str = DEFAULT_SUITE) -> CriuInfo:
     """Install Debian ``suite``'s CRIU (and python3-pycriu) privately into ``prefix``.
 
@@ -279,19 +308,7 @@ def provision_criu(prefix: Path | None = None, suite: str = DEFAULT_SUITE) -> Cr
             "elsewhere install CRIU >= 4 yourself and set BUNSHIN_CRIU to its path"
         )
     prefix = Path(prefix) if prefix is not None else private_prefix()
-    stage = prefix.with_name(prefix.name + ".new")
-    shutil.rmtree(stage, ignore_errors=True)
-    try:
-        _stage_install(stage, prefix, suite)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    old = prefix.with_name(prefix.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if prefix.exists():
-        prefix.rename(old)
-    stage.rename(prefix)
-    shutil.rmtree(old, ignore_errors=True)
+    install_staged(prefix, lambda stage: _stage_install(stage, prefix, suite))
     info = inspect_criu(prefix / "bin" / "criu", "private")
     log.info("provisioned %s: %s", info.path, info.reason)
     return info
@@ -301,11 +318,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Subcommands of ``bunshin criu``."""
     sub = parser.add_subparsers(dest="criu_cmd", metavar="{which,provision}", required=True)
     sub.add_parser("which", help="show the CRIU Bunshin would use and whether it is usable")
-    prov = sub.add_parser("provision", help="install Debian's CRIU 4 privately (no apt changes)")
+    prov = sub.add_parser("provision", help="install Debian's CRIU 4 privately (no apt changes) "
+                                            "and build Bunshin's patched CRIU from its source")
     prov.add_argument("--prefix", type=Path, default=None,
-                      help=f"install here (default {private_prefix()})")
+                      help=f"install the stock CRIU here (default {private_prefix()})")
     prov.add_argument("--suite", default=DEFAULT_SUITE,
                       help="Debian suite to take CRIU from (trixie has 4.1.1: no inet sockets on Linux >= 6.16)")
+    prov.add_argument("--stock-only", action="store_true",
+                      help="do not build the patched CRIU (its build needs CRIU's build dependencies)")
 
 
 def _describe(info: CriuInfo) -> str:
@@ -320,6 +340,10 @@ def main(args: argparse.Namespace) -> int:
     """Run ``bunshin criu which|provision``; 0 when a usable CRIU results, else 1."""
     if args.criu_cmd == "provision":
         info: CriuInfo | None = provision_criu(args.prefix, suite=args.suite)
+        if not args.stock_only:
+            from .criu_build import build_criu
+
+            info = build_criu(suite=args.suite)
     else:
         info = find_criu()
     if info is None:

@@ -1,18 +1,25 @@
 /*
- * Bunshin's CRIU plugin: the workspace's control socket, dumped and restored by CRIU's
- * unix-socket hooks instead of an `external` unix[ino] and an `inherit_fd` in the RPC request.
+ * Bunshin's CRIU plugin: the workspace's external resources, dumped and restored by CRIU's
+ * plugin hooks instead of `external` keys and `inherit_fd` descriptors in the RPC request.
  *
- * Dump: the init's end of the control socket is a socketpair whose other end Bunshin holds
- * (outside the dumped tree). CRIU asks the plugins about such a socket (DUMP_UNIX_SK); the one
- * named by BUNSHIN_CRIU_CTL_INO is claimed, and CRIU marks it USK_CALLBACK in the image.
+ * - The control socket. The init's end is a socketpair whose other end Bunshin holds (outside
+ *   the dumped tree). CRIU asks the plugins about such a socket (DUMP_UNIX_SK); the one named
+ *   by BUNSHIN_CRIU_CTL_INO is claimed, and CRIU marks it USK_CALLBACK in the image.
+ * - The host files (the init's binary, its log, the host's /dev/null, files mapped from the
+ *   workspace's own layers): regular files and devices on mounts outside the workspace. With
+ *   Bunshin's ext-files patch (criu/patches) CRIU asks the plugins about such a file with the
+ *   hooks it has for fds it cannot dump (DUMP_EXT_FILE); the ones named by device and inode in
+ *   BUNSHIN_CRIU_FILES ("DEV:INO ...", what Bunshin found the workspace using) are claimed and
+ *   recorded as external files. A stock CRIU never asks: Bunshin then names them `external`.
  *
  * Restore: BUNSHIN_CRIU_FDS names a unix stream socket on which Bunshin serves the fds; at
- * init the plugin connects and receives one message, "bunshin-criu-fds 1" followed by one
- * "unix:INO" token per fd (SCM_RIGHTS). Each fd goes into CRIU's fd store, which every
- * restored task can read (a task closes the fds it inherited from criu before it opens its
- * files); RESTORE_UNIX_SK hands out a copy for the socket whose inode it was dumped with.
+ * init the plugin connects and reads messages until Bunshin closes it, each "bunshin-criu-fds
+ * 1" followed by one token per fd (SCM_RIGHTS): "unix:INO" for the socket dumped with that
+ * inode, "file:ID" for the external file CRIU recorded with that id. Each fd goes into CRIU's
+ * fd store, which every restored task can read (a task closes the fds it inherited from criu
+ * before it opens its files); RESTORE_UNIX_SK and RESTORE_EXT_FILE hand out a copy.
  *
- * Without either variable the plugin claims nothing, and CRIU behaves as without it.
+ * Without these variables the plugin claims nothing, and CRIU behaves as without it.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -20,21 +27,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "criu_plugin_abi.h"
 
 #define MAGIC "bunshin-criu-fds 1"
-#define MAX_FDS 16
+#define MAX_FDS 64     /* a message's; Bunshin sends more in more messages */
+#define MAX_HANDED 4096
 
 #define err(fmt, ...) print_on_level(BX_LOG_ERROR, "Error (bunshin-plugin): " fmt "\n", ##__VA_ARGS__)
 #define info(fmt, ...) print_on_level(BX_LOG_INFO, "bunshin-plugin: " fmt "\n", ##__VA_ARGS__)
 
-static struct {
-	unsigned long ino;
+enum { HANDED_SOCKET, HANDED_FILE };
+
+/* What Bunshin handed for a restore: a socket by its dumped inode, a file by its CRIU id */
+static struct handed {
+	int kind;
+	unsigned long key;
 	int store_id;
-} handed[MAX_FDS];
+} *handed;
 static int nr_handed;
 
 /* A unix stream connection to the address in BUNSHIN_CRIU_FDS (a path, or @name abstract). */
@@ -66,10 +79,11 @@ static int connect_bunshin(const char *where)
 	return sk;
 }
 
-/* One message: the tokens and their fds; each fd is put in CRIU's fd store. */
+/* One message: the tokens and their fds, each fd put in CRIU's fd store; 1 when Bunshin
+ * closed the connection instead */
 static int receive_fds(int sk)
 {
-	char body[1024], cbuf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+	char body[4096], cbuf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
 	struct iovec iov = { .iov_base = body, .iov_len = sizeof(body) - 1 };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
 			     .msg_controllen = sizeof(cbuf) };
@@ -89,9 +103,11 @@ static int receive_fds(int sk)
 			memcpy(fds, CMSG_DATA(c), sizeof(int) * nfds);
 		}
 	}
+	if (got == 0 && nfds == 0)
+		return 1;
 	body[got] = '\0';
 	if (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) {
-		err("Bunshin sent more than %d fds or %zu bytes", MAX_FDS, sizeof(body) - 1);
+		err("Bunshin sent more than %d fds or %zu bytes in a message", MAX_FDS, sizeof(body) - 1);
 		goto out;
 	}
 	tok = strtok_r(body, " \n", &save);
@@ -101,29 +117,39 @@ static int receive_fds(int sk)
 		goto out;
 	}
 	for (i = 0; (tok = strtok_r(NULL, " \n", &save)); i++) {
-		char *end;
+		struct handed *h = &handed[nr_handed];
+		char *end, *num;
 
-		if (i >= nfds || strncmp(tok, "unix:", 5)) {
-			err("token %d (%s): no fd for it, or not unix:INO", i, tok);
+		if (i >= nfds || nr_handed >= MAX_HANDED) {
+			err("token %d (%s): no fd for it, or more than %d in all", i, tok, MAX_HANDED);
 			goto out;
 		}
-		handed[i].ino = strtoul(tok + 5, &end, 10);
-		if (*end) {
-			err("token %d (%s): not unix:INO", i, tok);
+		if (!strncmp(tok, "unix:", 5)) {
+			h->kind = HANDED_SOCKET;
+			num = tok + 5;
+		} else if (!strncmp(tok, "file:", 5)) {
+			h->kind = HANDED_FILE;
+			num = tok + 5;
+		} else {
+			err("token %d (%s): neither unix:INO nor file:ID", i, tok);
 			goto out;
 		}
-		handed[i].store_id = fdstore_add(fds[i]);
-		if (handed[i].store_id < 0) {
+		h->key = strtoul(num, &end, 10);
+		if (*end || end == num) {
+			err("token %d (%s): not a number after the colon", i, tok);
+			goto out;
+		}
+		h->store_id = fdstore_add(fds[i]);
+		if (h->store_id < 0) {
 			err("cannot keep the fd for %s in CRIU's fd store", tok);
 			goto out;
 		}
-		info("socket %lu from Bunshin (fd store id %d)", handed[i].ino, handed[i].store_id);
+		nr_handed++;
 	}
 	if (i != nfds) {
 		err("%d fds for %d tokens", nfds, i);
 		goto out;
 	}
-	nr_handed = nfds;
 	ret = 0;
 out:
 	for (i = 0; i < nfds; i++)
@@ -131,24 +157,83 @@ out:
 	return ret;
 }
 
+/* The device:inode pairs of BUNSHIN_CRIU_FILES, the files this plugin claims at a dump */
+static struct devino {
+	unsigned long long dev, ino;
+} *claimed;
+static int nr_claimed;
+
+static int parse_claimed(const char *list)
+{
+	const char *p = list;
+	int n = 1;
+
+	for (; *p; p++)
+		n += *p == ' ';
+	claimed = calloc(n, sizeof(*claimed));
+	if (!claimed) {
+		err("out of memory for %d files", n);
+		return -1;
+	}
+	for (p = list; *p;) {
+		char *end;
+
+		while (*p == ' ')
+			p++;
+		if (!*p)
+			break;
+		claimed[nr_claimed].dev = strtoull(p, &end, 10);
+		if (*end != ':') {
+			err("BUNSHIN_CRIU_FILES: \"%.40s\" is not DEV:INO", p);
+			return -1;
+		}
+		p = end + 1;
+		claimed[nr_claimed].ino = strtoull(p, &end, 10);
+		if (end == p || (*end && *end != ' ')) {
+			err("BUNSHIN_CRIU_FILES: \"%.40s\" is not DEV:INO", p);
+			return -1;
+		}
+		nr_claimed++;
+		p = end;
+	}
+	info("%d host files to claim", nr_claimed);
+	return 0;
+}
+
 static int bunshin_init(int stage)
 {
 	const char *where = getenv("BUNSHIN_CRIU_FDS");
+	const char *files = getenv("BUNSHIN_CRIU_FILES");
 	int sk, ret;
 
-	nr_handed = 0;
+	nr_handed = nr_claimed = 0;
+	if (stage == BX_STAGE_DUMP && files)
+		return parse_claimed(files);
 	if (stage != BX_STAGE_RESTORE || !where)
 		return 0;
+	handed = calloc(MAX_HANDED, sizeof(*handed));
+	if (!handed) {
+		err("out of memory");
+		return -1;
+	}
 	sk = connect_bunshin(where);
 	if (sk < 0)
 		return -1;
-	ret = receive_fds(sk);
+	while ((ret = receive_fds(sk)) == 0)
+		;
 	close(sk);
-	return ret;
+	if (ret > 0)
+		info("%d fds from Bunshin", nr_handed);
+	return ret > 0 ? 0 : -1;
 }
 
 static void bunshin_exit(int stage, int ret)
 {
+	free(handed);
+	free(claimed);
+	handed = NULL;
+	claimed = NULL;
+	nr_handed = nr_claimed = 0;
 }
 
 static int bunshin_dump_unix_sk(int fd, int id)
@@ -161,16 +246,50 @@ static int bunshin_dump_unix_sk(int fd, int id)
 	return 0;
 }
 
-static int bunshin_restore_unix_sk(int id)
+static int take(int kind, unsigned long key)
 {
 	int i;
 
 	for (i = 0; i < nr_handed; i++)
-		if (handed[i].ino == (unsigned long)(unsigned int)id)
+		if (handed[i].kind == kind && handed[i].key == key)
 			return fdstore_get(handed[i].store_id);
-	if (getenv("BUNSHIN_CRIU_FDS"))
-		err("socket %u was dumped for this plugin, but Bunshin handed no fd for it", (unsigned int)id);
 	return -ENOTSUP;
+}
+
+static int bunshin_restore_unix_sk(int id)
+{
+	int fd = take(HANDED_SOCKET, (unsigned int)id);
+
+	if (fd == -ENOTSUP && getenv("BUNSHIN_CRIU_FDS"))
+		err("socket %u was dumped for this plugin, but Bunshin handed no fd for it", (unsigned int)id);
+	return fd;
+}
+
+/* fd is CRIU's descriptor of the file (or of the mapped one), id its id in the image */
+static int bunshin_dump_ext_file(int fd, int id)
+{
+	struct stat st;
+	int i;
+
+	if (!nr_claimed || fstat(fd, &st))
+		return -ENOTSUP;
+	for (i = 0; i < nr_claimed; i++)
+		if (claimed[i].dev == (unsigned long long)st.st_dev &&
+		    claimed[i].ino == (unsigned long long)st.st_ino) {
+			info("file %#x (%llu:%llu): a host file of the workspace, handed back by Bunshin",
+			     (unsigned int)id, claimed[i].dev, claimed[i].ino);
+			return 0;
+		}
+	return -ENOTSUP;
+}
+
+static int bunshin_restore_ext_file(int id)
+{
+	int fd = take(HANDED_FILE, (unsigned int)id);
+
+	if (fd == -ENOTSUP && getenv("BUNSHIN_CRIU_FDS"))
+		err("file %#x was dumped for this plugin, but Bunshin handed no fd for it", (unsigned int)id);
+	return fd;
 }
 
 __attribute__((visibility("default"))) bx_criu_plugin_desc_t CR_PLUGIN_DESC = {
@@ -178,11 +297,13 @@ __attribute__((visibility("default"))) bx_criu_plugin_desc_t CR_PLUGIN_DESC = {
 	.init = bunshin_init,
 	.exit = bunshin_exit,
 	.version = BX_CRIU_PLUGIN_VERSION,
-	/* CRIU reads hooks[0 .. max_hooks): ours are the first two, which keeps the plugin
+	/* CRIU reads hooks[0 .. max_hooks): ours are the first four, which keeps the plugin
 	 * loadable by a CRIU of fewer hooks than 4.2.1's (it refuses a larger max_hooks) */
-	.max_hooks = BX_HOOK_RESTORE_UNIX_SK + 1,
+	.max_hooks = BX_HOOK_RESTORE_EXT_FILE + 1,
 	.hooks = {
 		[BX_HOOK_DUMP_UNIX_SK] = (void *)bunshin_dump_unix_sk,
 		[BX_HOOK_RESTORE_UNIX_SK] = (void *)bunshin_restore_unix_sk,
+		[BX_HOOK_DUMP_EXT_FILE] = (void *)bunshin_dump_ext_file,
+		[BX_HOOK_RESTORE_EXT_FILE] = (void *)bunshin_restore_ext_file,
 	},
 };

@@ -14,6 +14,9 @@ APT_PKGS=(
   python3-pip curl git                    # bench/workloads run inside workspaces (tests/test_workloads.py)
   xvfb x11-apps xdotool libx11-dev libxext-dev  # an X display (and a MIT-SHM client) forked in tests
   podman runc                             # real containers: bench/e2e.py's baseline (tests/test_podman_baseline.py)
+  # Bunshin's patched CRIU is built from Debian's source (bunshin/criu_build.py BUILD_DEPS)
+  protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libnl-3-dev libnet1-dev libcap-dev
+  libbsd-dev libnftables-dev libgnutls28-dev patch
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -29,12 +32,19 @@ PY=${PY:-python3}
 # the check below
 "$PY" -m pip install -q --disable-pip-version-check \
   "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" "protobuf>=4" 2>&1 | grep -v "^WARNING: Running pip as" || true
-# A CRIU >= 4 for bunshin.criu and its tests (Debian 12's 3.17 fails on kernels >= 6.13): unless
-# one is usable already, a private copy from Debian 13's packages into ~/.cache/bunshin/criu
-# (`bunshin criu provision`; apt's configuration is left alone).
+# A CRIU >= 4 for bunshin.criu and its tests (Debian 12's 3.17 fails on kernels >= 6.13): a
+# private copy of Debian testing's packages into ~/.cache/bunshin/criu (stock, and the pycriu
+# Bunshin drives CRIU with), then Bunshin's CRIU built from Debian's source with criu/patches
+# into ~/.cache/bunshin/criu-bunshin (`bunshin criu provision`; apt's configuration is left
+# alone). A failed build fails the install: the tests would otherwise run on the stock CRIU.
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-if ! PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_locate import find_criu; i = find_criu(); sys.exit(0 if i and i.usable else 1)' 2>/dev/null; then
+if ! PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_locate import inspect_criu, private_prefix; p = private_prefix() / "bin" / "criu"; sys.exit(0 if p.is_file() and inspect_criu(p, "private").usable else 1)' 2>/dev/null; then
   echo "install-deps: provisioning a private CRIU 4 (bunshin criu provision)" >&2
   PYTHONPATH="$ROOT" "$PY" -c 'from bunshin.criu_locate import provision_criu; print(provision_criu().reason)' >&2 \
     || echo "install-deps: CRIU provisioning failed; tests/test_criu.py will be skipped" >&2
+fi
+if PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_locate import private_prefix; sys.exit(0 if (private_prefix() / "bin" / "criu").is_file() else 1)' \
+   && ! PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_build import is_current; sys.exit(0 if is_current() else 1)'; then
+  echo "install-deps: building Bunshin's CRIU (criu/patches) from Debian's source" >&2
+  PYTHONPATH="$ROOT" "$PY" -c 'from bunshin.criu_build import build_criu; i = build_criu(); print(i.path, i.patches, i.reason)' >&2
 fi

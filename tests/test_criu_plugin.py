@@ -22,27 +22,49 @@ except CriuError as e:
 
 from conftest import wait_for_bytes
 
-from bunshin import criu
-from bunshin.criu import plugin
+from bunshin import criu, criu_build
+from bunshin.criu import images, plugin
+from bunshin.criu_locate import private_prefix
 from bunshin.memory import pids_usage
 
 _M = 1 << 20
+_STOCK = str(private_prefix() / "bin" / "criu")  # Debian's, beside the patched build
 
 
 def test_the_built_plugin_is_one_criu_4_2_loads():
     info = plugin.plugin_info()
     assert info.present, info.reason
     assert info.name == "bunshin" and info.version == plugin.ABI_VERSION
-    assert info.hooks == ("DUMP_UNIX_SK", "RESTORE_UNIX_SK")
+    assert info.hooks == ("DUMP_UNIX_SK", "RESTORE_UNIX_SK", "DUMP_EXT_FILE", "RESTORE_EXT_FILE")
     assert Path(info.path).parent == plugin.libdir()
 
 
-def test_criu_which_says_the_plugin_is_in_use():
+def _which(**env: str) -> dict[str, str]:
     out = subprocess.run([sys.executable, "-m", "bunshin", "criu", "which"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env={**os.environ, **env})
     assert out.returncode == 0, out.stdout + out.stderr
-    build = dict(ln.split(":", 1) for ln in out.stdout.splitlines())["build"].strip()
-    assert build.startswith("plugins: bunshin ") and plugin.plugin_info().path in build, build
+    return {k: v.strip() for k, v in (ln.split(":", 1) for ln in out.stdout.splitlines())}
+
+
+def test_criu_which_says_the_plugin_and_the_patch_are_in_use():
+    said = _which()
+    assert said["build"].startswith("plugins: bunshin ") and plugin.plugin_info().path in said["build"]
+    assert said["build"].endswith("patches: ext-files"), said
+    assert said["path"] == f"{criu_build.patched_prefix() / 'bin' / 'criu'} (patched)", said
+
+
+def test_criu_which_says_plainly_a_stock_criu_has_no_patch():
+    said = _which(BUNSHIN_CRIU=_STOCK)
+    assert said["usable"].startswith("yes"), said
+    assert "patches: none — a stock CRIU" in said["build"], said
+
+
+def test_the_patched_criu_is_built_from_the_current_patches():
+    assert criu_build.is_current(), "run `bunshin criu provision` (make install does)"
+    assert criu_build.patch_names() == ("ext-files",)
+    assert _runner.criu().patches == ("ext-files",)
+    assert criu_build.patches_in("bunshin+ext-files+other") == ("ext-files", "other")
+    assert criu_build.patches_in("v4.2.1-3-gabc") == ()
 
 
 def _shell_workspace():
@@ -69,6 +91,75 @@ def test_a_restore_through_the_plugin_has_working_control_and_shells(family, tmp
     (kid,) = w.fork(1)
     family.append(kid)
     assert kid.shells[0].run("echo $((X+1))").stdout == b"42\n"
+
+
+def _ids(img: Path) -> dict[int, str]:
+    from bunshin import criu_rpc
+
+    return images.external_files(images.criu_dir(img), criu_rpc.pycriu(_runner.criu().pycriu))
+
+
+def test_host_files_go_through_the_plugin_on_the_patched_criu(family, tmp_path):
+    ws = _shell_workspace()
+    family.append(ws)
+    meta = criu.dump_workspace(ws, tmp_path / "img")
+    assert meta["files_by"] == "plugin"
+    ids = _ids(tmp_path / "img")
+    init_bin = next(e for e in meta["externals"] if e["path"].endswith("/bunshin-init"))
+    assert init_bin["key"] in ids.values()  # CRIU recorded the init's binary as an external
+    log = (tmp_path / "img" / "criu" / "dump.log").read_text()
+    for fid, key in ids.items():  # each claimed by the plugin, none named in --external
+        assert f"file {fid:#x} (" in log and f"is claimed by a plugin as {key}" in log, key
+    w = criu.restore_workspace(tmp_path / "img")
+    family.append(w)
+    assert os.readlink(f"/proc/{w.init_pid}/exe") == init_bin["path"]
+    assert w.shells[0].run("echo $X $PWD").stdout == b"41 /tmp\n"
+    assert w.run("echo hi").stdout == b"hi\n"
+
+
+def test_images_restore_across_the_stock_and_the_patched_criu(family, tmp_path, monkeypatch):
+    ws = _shell_workspace()
+    family.append(ws)
+    patched = criu.dump_workspace(ws, tmp_path / "by-patched")
+    monkeypatch.setenv("BUNSHIN_CRIU", _STOCK)
+    stock = criu.dump_workspace(ws, tmp_path / "by-stock")
+    assert (patched["files_by"], stock["files_by"]) == ("plugin", "inherit-fd")
+    log = (tmp_path / "by-stock" / "criu" / "dump.log").read_text()
+    assert "claimed by a plugin" not in log  # a stock CRIU asks no plugin about a file
+    assert set(_ids(tmp_path / "by-stock").values()) <= {e["key"] for e in stock["externals"]}
+    w = criu.restore_workspace(tmp_path / "by-patched")  # by the stock CRIU: inherit_fd
+    family.append(w)
+    assert w.shells[0].run("echo $X").stdout == b"41\n"
+    monkeypatch.delenv("BUNSHIN_CRIU")
+    w = criu.restore_workspace(tmp_path / "by-stock")  # by the patched CRIU
+    family.append(w)
+    assert w.shells[0].run("echo $X").stdout == b"41\n"
+
+
+def test_the_fd_server_sends_many_fds_in_bounded_messages_then_ends(tmp_path):
+    import socket
+
+    r, w = os.pipe()
+    try:
+        files = {fid: r for fid in range(1, 151)}
+        with plugin.FdServer({7: w}, files) as srv:
+            got: list[str] = []
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.connect(srv.options().env[plugin.ENV_FDS])
+                while True:
+                    body, fds, _flags, _addr = socket.recv_fds(c, 4096, 100)
+                    if not body and not fds:
+                        break
+                    toks = body.decode().split()
+                    assert toks[:2] == ["bunshin-criu-fds", "1"] and len(toks) - 2 == len(fds) <= 64
+                    got += toks[2:]
+                    for fd in fds:
+                        os.close(fd)
+        assert srv.served
+        assert got == ["unix:7", *(f"file:{i}" for i in range(1, 151))]
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_an_image_dumped_without_the_plugin_still_restores(family, tmp_path, monkeypatch):

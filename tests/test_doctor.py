@@ -126,11 +126,9 @@ def test_limits_caps_and_devices_match(kd):
     assert kd.release == os.uname().release
 
 
-def test_probe_is_fast_and_leaves_nothing_behind(cache):
-    t0 = time.monotonic()
-    fresh = kerndat.probe()
-    assert time.monotonic() - t0 < 1.5
-    assert fresh.probe_seconds < 1.5
+def test_probe_leaves_nothing_behind(cache):
+    fresh = kerndat.probe()  # its time is doctor's to show ("probed in N ms"), not a test's
+    assert fresh.probe_seconds > 0
     mounts = list(fresh.cgroup_v1.values()) + [fresh.cgroup_v2_mount or "/nonexistent"]
     assert not [p for m in mounts for p in glob.glob(f"{m}/bunshin-probe-*")]
     assert not glob.glob(os.path.join(tempfile.gettempdir(), "bunshin-probe-*"))

@@ -42,9 +42,12 @@ def attempt(name: str, what: str, stopped_by: str):
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text()
+        text = Path(path).read_text()
     except OSError as e:
         return f"<{e.strerror}>"
+    if path == "/proc/keys":  # which keys exist, not their timeouts and use counts, which tick
+        return "\n".join(sorted(" ".join(ln.split()[:1] + ln.split()[7:9]) for ln in text.splitlines()))
+    return text
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ them back into a body (``restore``), ``workspaces.py`` makes Workspaces and Temp
 its checks, ``bases.py`` and ``layerstore.py`` the rootfs layers an image stands on (by content
 digest, fetched when missing), ``transfer.py`` images as byte streams between nodes,
 ``initfds.py`` what is done to the init around a dump, ``externals.py`` host files, ``plugin.py``
-Bunshin's CRIU plugin (the control socket), ``handover.py`` how those reach CRIU's options, and
-``runner.py`` sends CRIU (found by :mod:`bunshin.criu_locate`) its requests through pycriu's RPC
+Bunshin's CRIU plugin (the control socket and host files), ``handover.py`` how those reach
+CRIU's options, and ``runner.py`` sends CRIU (found by :mod:`bunshin.criu_locate`; Bunshin's
+patched build is :mod:`bunshin.criu_build`) its requests through pycriu's RPC
 (:mod:`bunshin.criu_rpc`).
 """
 

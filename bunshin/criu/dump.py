@@ -125,7 +125,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                                   leave_running=True, tcp_established=True, file_locks=True,
                                   network_lock=runner.rpc(info).SKIP)
             env = runner.environ()
-            ctl_socket_by = handover.current().dump(opts, env, prep.stand_in_ino, exts)
+            taken_by = handover.current().dump(opts, env, prep.stand_in_ino, exts, info)
             frz = _freezer_dir(body)
             if frz:
                 opts.freeze_cgroup = frz
@@ -152,7 +152,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
         "config": cfg.to_dict(),
         "shells": [[idx, pid, nonce, prep.master_fds[idx]] for idx, pid, nonce in idents],
         "ctl_socket_ino": prep.stand_in_ino,
-        "ctl_socket_by": ctl_socket_by,
+        **taken_by,  # ctl_socket_by, files_by
         "externals": [e.to_dict() for e in exts],
         "device_binds": sorted({host for _point, host in binds}),
         "layers": len(own),

@@ -3,9 +3,10 @@
 The init was exec'd from the host (its binary and libraries are host files) and its stdio are
 the host's ``/dev/null`` and the workspace's ``init.log``; ``ws.spawn`` gives processes the
 host's ``/dev/null``. CRIU cannot resolve such files inside the workspace, so each is dumped as
-an ``external`` ``file[mnt_id:inode]`` and recorded here with what to hand back on restore
-(``inherit_fd``): the same host path (checked unchanged for mapped files), or the restored
-workspace's own ``init.log``. A file mapped from one of the workspace's own overlay layers
+an external ``file[mnt_id:inode]`` (claimed by Bunshin's CRIU plugin, or named in ``external``
+by a stock CRIU) and recorded here with what to hand back on restore (by the plugin, or in
+``inherit_fd``; :mod:`bunshin.criu.handover`): the same host path (checked unchanged for mapped
+files), or the restored workspace's own ``init.log``. A file mapped from one of the workspace's own overlay layers
 (a program of its rootfs, or one it built) is such a file too: overlayfs maps the layer's
 file, on a mount outside the workspace (the layer's, or its idmapped view in a sandbox). It is
 recorded by its layer (counted from the bottom: the restored overlay has as many) and handed
@@ -31,6 +32,7 @@ class External:
     flags: int      # open flags of an fd using it (O_RDONLY for mappings only)
     size: int       # size of a regular file at dump time
     layer: int = -1  # "layer": which of the workspace's layers holds it, counted from the bottom
+    devino: str = ""  # "DEV:INO" as fstat() gives them: what Bunshin's CRIU plugin claims
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,7 +93,8 @@ def scan(init_pid: int, pids: list[int], ws_dir: Path, layers: Sequence[Path] = 
         if old is None:
             found[key] = External(key, path, "layer" if layer >= 0 else role,
                                   os.O_RDONLY if flags is None else flags,
-                                  st.st_size if stat.S_ISREG(st.st_mode) else 0, layer)
+                                  st.st_size if stat.S_ISREG(st.st_mode) else 0, layer,
+                                  f"{st.st_dev}:{st.st_ino}")
         elif flags is not None and (flags & os.O_ACCMODE) != os.O_RDONLY:
             old.flags = flags
 

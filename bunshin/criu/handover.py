@@ -4,10 +4,13 @@ about them (:mod:`bunshin.criu.externals`, :mod:`bunshin.criu.initfds`) and a re
 
 The stock way (:class:`InheritFds`): on dump each is named in ``external`` (the control
 socket's stand-in as ``unix[ino]``, host files as ``file[mnt:ino]``); on restore each is handed
-back as a descriptor of the worker (``inherit_fd``). :class:`PluginSocket`, the default, has
-Bunshin's CRIU plugin (:mod:`bunshin.criu.plugin`) dump and restore the control socket and
-hands the host files over the stock way (CRIU 4.2 has no hook for them). :func:`use` puts
-another in place.
+back as a descriptor of the worker (``inherit_fd``). :class:`Plugin`, the default, has Bunshin's
+CRIU plugin (:mod:`bunshin.criu.plugin`) claim them at the dump and hand them back on restore,
+served by :class:`plugin.FdServer`: the control socket always, the host files with a CRIU built
+with Bunshin's ``ext-files`` patch (a stock CRIU asks no plugin about a regular file: they go
+the stock way there). The image records which way each went (``ctl_socket_by``, ``files_by``);
+an image whose files the plugin took is restored by a stock CRIU too, with ``inherit_fd`` (the
+keys are the same). :func:`use` puts another in place.
 """
 
 from __future__ import annotations
@@ -19,90 +22,117 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import CheckpointError
-from . import externals, plugin
+from ..errors import CheckpointError, ImageError
+from . import externals, images, plugin
 
 log = logging.getLogger("bunshin.criu")
 
+#: the patch of criu/patches with which CRIU asks the plugins about host files
+FILES_PATCH = "ext-files"
+
 
 class Handover(Protocol):
-    def dump(self, opts: Any, env: dict, stand_in_ino: int, exts: list[externals.External]) -> str:
+    def dump(self, opts: Any, env: dict, stand_in_ino: int, exts: list[externals.External],
+             info: Any) -> dict:
         """Name the control socket's stand-in (its inode) and ``exts`` in a dump's ``opts`` and
-        its worker's ``env``; what took the control socket, recorded in the image as
-        ``ctl_socket_by`` for the restore."""
+        its worker's ``env`` for ``info``'s CRIU; gives what took them, for the image's
+        metadata (``ctl_socket_by``, ``files_by``: "plugin" or "inherit-fd")."""
 
     def restore(self, opts: Any, env: dict, meta: dict, ctl_fd: int, log_file: Path,
-                layers: Sequence[str] = ()) -> contextlib.AbstractContextManager[list[int]]:
-        """Around a restore's request: hand the new control socket (``ctl_fd``) and the
-        image's externals (``meta``; files of the workspace's own layers from the restored
-        ``layers``) to its ``opts`` and its worker's ``env``; gives the descriptors to pass to
-        the worker, closed on leaving."""
+                layers: Sequence[str], criu: Path, info: Any
+                ) -> contextlib.AbstractContextManager[list[int]]:
+        """Around a restore's request to ``info``'s CRIU: hand the new control socket
+        (``ctl_fd``) and the image's externals (``meta``, and CRIU's images at ``criu``; files
+        of the workspace's own layers from the restored ``layers``) to its ``opts`` and its
+        worker's ``env``; gives the descriptors to pass to the worker, closed on leaving."""
 
 
 class InheritFds:
     """The stock way: ``external`` on dump, ``inherit_fd`` on restore."""
 
-    def dump(self, opts: Any, env: dict, stand_in_ino: int, exts: list[externals.External]) -> str:
+    def dump(self, opts: Any, env: dict, stand_in_ino: int, exts: list[externals.External],
+             info: Any) -> dict:
         opts.external.append(f"unix[{stand_in_ino}]")
         opts.external.extend(e.key for e in exts)
-        return "inherit-fd"
+        return {"ctl_socket_by": "inherit-fd", "files_by": "inherit-fd"}
 
     @contextlib.contextmanager
     def restore(self, opts: Any, env: dict, meta: dict, ctl_fd: int, log_file: Path,
-                layers: Sequence[str] = ()) -> Iterator[list[int]]:
+                layers: Sequence[str], criu: Path, info: Any) -> Iterator[list[int]]:
         opts.inherit_fd.add(key=f"socket:[{meta['ctl_socket_ino']}]", fd=ctl_fd)
-        with _host_files(opts, meta, log_file, layers) as fds:
-            yield fds
+        with _reopened(meta, log_file, layers) as files:
+            for key, fd in files.items():
+                opts.inherit_fd.add(key=key, fd=fd)
+            yield list(files.values())
 
 
-class PluginSocket(InheritFds):
-    """The control socket by Bunshin's CRIU plugin (in the worker's environment: the plugin's
-    directory, and the socket's inode on dump, :class:`plugin.FdServer`'s address on restore);
-    the stock way when the plugin is missing (dump) or the image was dumped without it
-    (restore)."""
+class Plugin(InheritFds):
+    """By Bunshin's CRIU plugin (in the worker's environment: the plugin's directory; on dump
+    what it claims, on restore :class:`plugin.FdServer`'s address); the stock way for what the
+    plugin or the CRIU cannot take (the plugin missing, a stock CRIU's host files, an image
+    dumped without it)."""
 
-    def dump(self, opts: Any, env: dict, stand_in_ino: int, exts: list[externals.External]) -> str:
+    def dump(self, opts: Any, env: dict, stand_in_ino: int, exts: list[externals.External],
+             info: Any) -> dict:
         if not plugin.available():
-            log.warning("Bunshin's CRIU plugin: %s; the control socket is dumped as an external",
-                        plugin.plugin_info().reason)
-            return super().dump(opts, env, stand_in_ino, exts)
-        env.update(plugin.dump_options(stand_in_ino).worker_env())
-        opts.external.extend(e.key for e in exts)
-        return "plugin"
+            log.warning("Bunshin's CRIU plugin: %s; the workspace's externals are dumped the "
+                        "stock way", plugin.plugin_info().reason)
+            return super().dump(opts, env, stand_in_ino, exts, info)
+        files = FILES_PATCH in info.patches
+        env.update(plugin.dump_options(stand_in_ino, [e.devino for e in exts] if files else None)
+                   .worker_env())
+        if not files:
+            opts.external.extend(e.key for e in exts)
+        return {"ctl_socket_by": "plugin", "files_by": "plugin" if files else "inherit-fd"}
 
     @contextlib.contextmanager
     def restore(self, opts: Any, env: dict, meta: dict, ctl_fd: int, log_file: Path,
-                layers: Sequence[str] = ()) -> Iterator[list[int]]:
+                layers: Sequence[str], criu: Path, info: Any) -> Iterator[list[int]]:
         if meta.get("ctl_socket_by") != "plugin":
-            with super().restore(opts, env, meta, ctl_fd, log_file, layers) as fds:
+            with super().restore(opts, env, meta, ctl_fd, log_file, layers, criu, info) as fds:
                 yield fds
             return
-        with plugin.FdServer({int(meta["ctl_socket_ino"]): ctl_fd}) as srv:
-            env.update(srv.options().worker_env())
-            with _host_files(opts, meta, log_file, layers) as fds:
+        files_by_plugin = meta.get("files_by") == "plugin" and FILES_PATCH in info.patches
+        with _reopened(meta, log_file, layers) as files:
+            by_id: dict[int, int] = {}
+            if files_by_plugin:
+                for fid, key in images.external_files(criu, _pycriu(info)).items():
+                    if key not in files:
+                        raise ImageError(f"the image's external file {key} (id {fid}) is not "
+                                         "among the host files its metadata names: make a new image")
+                    by_id[fid] = files[key]
+            else:  # the stock way; the same keys whichever way the dump took them
+                for key, fd in files.items():
+                    opts.inherit_fd.add(key=key, fd=fd)
+            with plugin.FdServer({int(meta["ctl_socket_ino"]): ctl_fd}, by_id) as srv:
+                env.update(srv.options().worker_env())
                 try:
-                    yield fds
+                    yield [] if files_by_plugin else list(files.values())
                 except CheckpointError as e:
                     srv.explain(e)
                     raise
 
 
+def _pycriu(info: Any):
+    from .. import criu_rpc
+
+    return criu_rpc.pycriu(info.pycriu)
+
+
 @contextlib.contextmanager
-def _host_files(opts: Any, meta: dict, log_file: Path, layers: Sequence[str]) -> Iterator[list[int]]:
-    """The image's host files reopened and named in ``inherit_fd``; closed on leaving."""
-    fds: list[int] = []
+def _reopened(meta: dict, log_file: Path, layers: Sequence[str]) -> Iterator[dict[str, int]]:
+    """The image's host files reopened: key -> fd; closed on leaving."""
+    files: dict[str, int] = {}
     try:
         for ext in meta["externals"]:
-            fd = externals.reopen(ext, log_file, layers)
-            fds.append(fd)
-            opts.inherit_fd.add(key=ext["key"], fd=fd)
-        yield fds
+            files[ext["key"]] = externals.reopen(ext, log_file, layers)
+        yield files
     finally:
-        for fd in fds:
+        for fd in files.values():
             os.close(fd)
 
 
-_current: Handover = PluginSocket()
+_current: Handover = Plugin()
 
 
 def current() -> Handover:

@@ -36,6 +36,16 @@ def criu_dir(path: Path) -> Path:
     return path / "criu"
 
 
+def external_files(criu: Path, pycriu) -> dict[int, str]:
+    """The external regular files CRIU recorded in the images at ``criu`` (``files.img``, read
+    with ``pycriu``'s image module): file id -> its ``file[mnt:ino]`` key. One host file opened
+    twice is two ids of one key."""
+    with open(criu / "files.img", "rb") as fh:
+        entries = pycriu.images.load(fh)["entries"]
+    return {int(e["id"]): e["reg"]["name"] for e in entries
+            if e.get("type") == "REG" and e["reg"].get("ext")}
+
+
 def layer_dir(path: Path, i: int) -> Path:
     return path / "layers" / str(i)
 

@@ -1,19 +1,18 @@
 """Bunshin's CRIU plugin (``criu/bunshin_plugin.c``, installed as
-``bunshin/_core/criu-plugins/bunshin.so``): the workspace's control socket is dumped and
-restored by CRIU's unix-socket hooks instead of ``external`` ``unix[ino]`` / ``inherit_fd``.
+``bunshin/_core/criu-plugins/bunshin.so``): the workspace's control socket and host files are
+dumped and restored by CRIU's plugin hooks instead of ``external`` / ``inherit_fd``.
 
-At a dump the plugin claims the socket whose inode is in ``BUNSHIN_CRIU_CTL_INO``; at a
-restore it connects to the unix socket named in ``BUNSHIN_CRIU_FDS``, where :class:`FdServer`
-hands it the new control socket (``SCM_RIGHTS``), and gives that to CRIU for the socket.
-
-The rest of a workspace's externals stays in Python, as CRIU 4.2 has no hook for them: a
-regular file or device on a mount outside the workspace (the init's binary, its log, the host's
-``/dev/null``) is looked up by ``file[mnt:ino]`` in ``external``/``inherit_fd`` only
-(files-reg.c; the EXT_FILE hooks see only fds of types CRIU cannot dump at all), and ttys have
-no hook (tty.c), so the shells' pty masters are handed into the init for the dump
-(``initfds.py``). What a request needs is an :class:`Options`: the environment of its ``criu
-swrk`` worker (:meth:`Options.worker_env`), where CRIU finds the plugin's directory and the
-plugin its variables; see :class:`bunshin.criu.handover.PluginSocket`.
+At a dump the plugin claims the socket whose inode is in ``BUNSHIN_CRIU_CTL_INO`` (the
+unix-socket hooks) and the host files whose ``DEV:INO`` are in ``BUNSHIN_CRIU_FILES`` (the
+external-file hooks, which CRIU calls for a regular file on a mount outside the tree only when
+built with Bunshin's ``ext-files`` patch, :mod:`bunshin.criu_build`). At a restore it connects
+to the unix socket named in ``BUNSHIN_CRIU_FDS``, where :class:`FdServer` hands it the new
+control socket and the reopened host files (``SCM_RIGHTS``; files by the ids CRIU gave them),
+and gives each to CRIU when asked. The shells' pty masters are not externals: they are handed
+into the init for the dump (``initfds.py``), so CRIU dumps each terminal whole. What a request
+needs is an :class:`Options`: the environment of its ``criu swrk`` worker
+(:meth:`Options.worker_env`), where CRIU finds the plugin's directory and the plugin its
+variables; see :class:`bunshin.criu.handover.Plugin`.
 """
 
 from __future__ import annotations
@@ -32,12 +31,16 @@ from ..errors import CheckpointError, CriuError
 FILE_NAME = "bunshin.so"
 ENV_CTL_INO = "BUNSHIN_CRIU_CTL_INO"
 ENV_FDS = "BUNSHIN_CRIU_FDS"
+ENV_FILES = "BUNSHIN_CRIU_FILES"
 #: where CRIU looks for plugins when it was given no directory (criu/plugin.c): RPC has no
 #: option for it, so a request's worker has it in its environment
 ENV_LIBDIR = "CRIU_LIBS_DIR"
 _MAGIC = "bunshin-criu-fds 1"
+#: fds in one message (the plugin's MAX_FDS; it takes MAX_HANDED = 4096 in all)
+PER_MESSAGE = 64
+MAX_HANDED = 4096
 #: the most CRIU 4.2.1 accepts: its CRIU_PLUGIN_VERSION (0.2.0) and CR_PLUGIN_HOOK__MAX (the
-#: plugin names 2, its own, so that a CRIU of fewer hooks loads it too)
+#: plugin names 4, its own, so that a CRIU of fewer hooks loads it too)
 ABI_VERSION = (0, 2, 0)
 MAX_HOOKS = 13
 _HOOK_NAMES = ("DUMP_UNIX_SK", "RESTORE_UNIX_SK", "DUMP_EXT_FILE", "RESTORE_EXT_FILE",
@@ -133,22 +136,34 @@ def available() -> bool:
     return plugin_info().present
 
 
-def dump_options(ctl_ino: int) -> Options:
-    """A dump whose control socket (the init's end, inode ``ctl_ino``) the plugin claims."""
+def dump_options(ctl_ino: int, files: list[str] | None = None) -> Options:
+    """A dump whose control socket (the init's end, inode ``ctl_ino``) the plugin claims, and
+    the host files ``files`` ("DEV:INO" each; a CRIU with the ``ext-files`` patch asks)."""
     require()
-    return Options(str(libdir()), {ENV_CTL_INO: str(ctl_ino)})
+    env = {ENV_CTL_INO: str(ctl_ino)}
+    if files is not None:
+        env[ENV_FILES] = " ".join(files)
+    return Options(str(libdir()), env)
 
 
 class FdServer:
     """Serves the fds of a restore to the plugin: a unix stream socket in a private (0700)
-    directory, named to the plugin by :meth:`options`; one connection, one message.
+    directory, named to the plugin by :meth:`options`; one connection, messages of at most
+    :data:`PER_MESSAGE` fds each, then the end of the stream.
 
-    ``with FdServer({ino: fd}) as srv: ask CRIU with srv.options()``; :attr:`served` says
-    whether the plugin took them (:meth:`explain` words a failure when it did not).
+    ``with FdServer({ino: fd}, {file_id: fd}) as srv: ask CRIU with srv.options()``;
+    :attr:`served` says whether the plugin took them (:meth:`explain` words a failure when it
+    did not).
     """
 
-    def __init__(self, sockets: dict[int, int], timeout: float = 300):
+    def __init__(self, sockets: dict[int, int], files: dict[int, int] | None = None,
+                 timeout: float = 300):
         self.sockets = sockets
+        self.files = files or {}
+        if len(self.sockets) + len(self.files) > MAX_HANDED:
+            raise CheckpointError(f"a restore needs {len(self.sockets) + len(self.files)} "
+                                  f"descriptors handed to CRIU; Bunshin's CRIU plugin takes "
+                                  f"{MAX_HANDED}: end processes that hold many host files")
         self.timeout = timeout
         self.served = False
         self.error = ""
@@ -205,10 +220,14 @@ class FdServer:
                                       ctypes.sizeof(ctypes.c_int) * 3)
                 if int.from_bytes(uid[4:8], "little") != os.geteuid():
                     continue
-                order = sorted(self.sockets)
-                body = " ".join([_MAGIC, *(f"unix:{ino}" for ino in order)]).encode()
+                handed = ([(f"unix:{ino}", fd) for ino, fd in sorted(self.sockets.items())]
+                          + [(f"file:{fid}", fd) for fid, fd in sorted(self.files.items())])
                 try:
-                    socket.send_fds(conn, [body], [self.sockets[i] for i in order])
+                    for i in range(0, len(handed), PER_MESSAGE):
+                        part = handed[i:i + PER_MESSAGE]
+                        body = " ".join([_MAGIC, *(tok for tok, _fd in part)]).encode()
+                        socket.send_fds(conn, [body], [fd for _tok, fd in part])
+                    conn.shutdown(socket.SHUT_WR)
                     self.served = True
                 except OSError as e:
                     self.error = f"sendmsg: {e.strerror}"
@@ -219,7 +238,7 @@ class FdServer:
         if self.served:
             return e
         why = f" ({self.error})" if self.error else ""
-        e.args = (f"{e}\n  Bunshin's CRIU plugin never took the restore's control socket from "
+        e.args = (f"{e}\n  Bunshin's CRIU plugin never took the restore's control socket and files from "
                   f"{self.address}{why}",)
         return e
 

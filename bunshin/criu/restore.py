@@ -9,10 +9,10 @@ serves any number of restores, concurrently too. CRIU is asked through pycriu's 
 (``unshare -m``) holding that overlay, moved into the new cgroup before it execs, so the
 restored tasks are charged to the workspace from their first page. The worker is the trainer's
 child and ``rst_sibling`` makes the restored init its sibling: the trainer's child, as a
-created workspace's is. The control socket is a new socketpair handed to Bunshin's CRIU plugin
-(:mod:`bunshin.criu.plugin`; an image dumped without it: ``inherit_fd``); host files the
-workspace used (``/dev/null``, the init binary, its log) are handed in with ``inherit_fd``
-(see :mod:`bunshin.criu.externals`, :mod:`bunshin.criu.handover`). A sandbox's image is
+created workspace's is. The control socket is a new socketpair and the host files the workspace used (``/dev/null``,
+the init binary, its log) are reopened, all handed to Bunshin's CRIU plugin
+(:mod:`bunshin.criu.plugin`; ``inherit_fd`` for what a stock CRIU or an image dumped without it
+needs; see :mod:`bunshin.criu.externals`, :mod:`bunshin.criu.handover`). A sandbox's image is
 restored in a user namespace with its maps, on rootfs layers idmapped alike (see
 :mod:`bunshin.criu.sandbox`).
 """
@@ -116,7 +116,8 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         for where in (images.criu_dir(src), work):
             dirs.append(os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         opts.images_dir_fd, opts.work_dir_fd = dirs
-        with handover.current().restore(opts, env, meta, theirs.fileno(), d.log_file, lowers) as fds:
+        with handover.current().restore(opts, env, meta, theirs.fileno(), d.log_file, lowers,
+                                        images.criu_dir(src), info) as fds:
             init_pid = runner.call(info, "restore", opts, what=f"CRIU restore of {src}",
                                    logfile=work / "restore.log", prefix=_PREFIX,
                                    pass_fds=(theirs.fileno(), *fds, *view_fds), env=env,

@@ -15,8 +15,9 @@
 enum {
 	BX_HOOK_DUMP_UNIX_SK = 0,     /* int (int fd, int id): 0 = this external socket is mine */
 	BX_HOOK_RESTORE_UNIX_SK = 1,  /* int (int id): an fd for that socket, or -ENOTSUP */
-	BX_HOOK_DUMP_EXT_FILE = 2,
-	BX_HOOK_RESTORE_EXT_FILE = 3,
+	BX_HOOK_DUMP_EXT_FILE = 2,    /* int (int fd, int id): 0 = this file is mine; with criu/patches
+				       also a regular file on a mount outside the tree */
+	BX_HOOK_RESTORE_EXT_FILE = 3, /* int (int id): an fd for that file, or -ENOTSUP */
 	BX_HOOK_DUMP_EXT_MOUNT = 4,
 	BX_HOOK_RESTORE_EXT_MOUNT = 5,
 	BX_HOOK_DUMP_EXT_LINK = 6,

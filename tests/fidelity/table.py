@@ -81,7 +81,8 @@ def section(host: dict, guest: dict | None) -> str:
         "silent mismatch) or REFUSED (the fork raised ForkError up front). Source: the "
         "workspace forked, after `ws.fork()` and `ws.snapshot()`; \"new tasks\" when its processes "
         "are no longer the same kernel tasks. Child: `ws.fork()` and `tpl.fork()`. CRIU: "
-        "`bunshin.criu` dump and restore, for reference.",
+        "`bunshin.criu` dump and restore by Bunshin's CRIU (its plugin and patch), for reference "
+        "(the suite checks that a stock CRIU gives each class the same outcome).",
         "",
         "| state | source | child (stock kernel) | child (module) | CRIU |",
         "|---|---|---|---|---|",
