@@ -8,6 +8,8 @@ install:
 	scripts/install-deps.sh
 	$(PIP) --no-build-isolation -e '.[test,bench,rl,criu,cluster]' 2>&1 | grep -v "^WARNING: Running pip as" || true
 	$(PY) -c "import bunshin._core; bunshin._core.init_path()"
+	@# a private stock CRIU, then Bunshin's (criu/patches) built from Debian's source
+	$(PY) -m bunshin criu provision --if-needed
 	@# pip's output is filtered above, so a failed extra shows here, not as skipped cluster tests
 	$(PY) -c "import ray.cluster_utils"
 

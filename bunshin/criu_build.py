@@ -4,12 +4,13 @@ Debian's source of CRIU (``apt-get source --tar-only`` against a private copy of
 lists, so apt checks it against the signed archive and the system's apt configuration is left
 alone) is unpacked, patched and built with the host's compiler against the host's libraries
 (CRIU's build dependencies come from Debian: :data:`BUILD_DEPS`, installed by
-``scripts/install-deps.sh``). Only the ``criu`` binary is installed, into
-``config.cache_dir()/criu-bunshin``, with a copy of the private stock install's pycriu
-(:func:`bunshin.criu_locate.provision_criu`, made first; its version is the source's). The build names its patches
-as its source revision (``gitid``: ``bunshin+<patch>+...``; the version's ``extra`` would need a
-quoted make variable), which RPC's ``VERSION`` reports and
-:func:`bunshin.criu_locate.inspect_criu` reads into ``CriuInfo.patches``.
+``scripts/install-deps.sh``; ``make install`` then runs ``bunshin criu provision
+--if-needed``). Only the ``criu`` binary is installed, into ``config.cache_dir()/criu-bunshin``,
+with a copy of the private stock install's pycriu (:func:`bunshin.criu_locate.provision_criu`,
+made first; its version is the source's). The build names its patches as its source revision
+(``gitid``: ``bunshin+<patch>+...``; the version's ``extra`` would need a quoted make
+variable), which RPC's ``VERSION`` reports and :func:`bunshin.criu_locate.inspect_criu` reads
+into ``CriuInfo.patches``.
 
 A build is kept while its stamp (the source's name and every patch's digest) matches: a changed
 patch builds again.

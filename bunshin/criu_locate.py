@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -326,6 +327,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Debian suite to take CRIU from (trixie has 4.1.1: no inet sockets on Linux >= 6.16)")
     prov.add_argument("--stock-only", action="store_true",
                       help="do not build the patched CRIU (its build needs CRIU's build dependencies)")
+    prov.add_argument("--if-needed", action="store_true",
+                      help="only what is missing or stale (make install); a stock CRIU that cannot "
+                           "be provisioned is a warning (CRIU's tests then skip), a failed build an error")
 
 
 def _describe(info: CriuInfo) -> str:
@@ -336,14 +340,33 @@ def _describe(info: CriuInfo) -> str:
                       f"usable:  {'yes' if info.usable else 'no'} — {info.reason}"])
 
 
+def _provision(args: argparse.Namespace) -> CriuInfo | None:
+    """``bunshin criu provision``: the stock CRIU, then Bunshin's build; None when
+    ``--if-needed`` could not provision a stock CRIU (said on stderr)."""
+    from .criu_build import build_criu, is_current
+
+    stock = Path(args.prefix) if args.prefix is not None else private_prefix()
+    if not (args.if_needed and (stock / "bin" / "criu").is_file()
+            and inspect_criu(stock / "bin" / "criu", "private").usable):
+        try:
+            provision_criu(args.prefix, suite=args.suite)
+        except UnsupportedKernel as e:
+            if not args.if_needed:
+                raise
+            print(f"bunshin criu provision: no private CRIU ({e}); bunshin.criu's tests will skip",
+                  file=sys.stderr)
+            return None
+    if not args.stock_only and not (args.if_needed and is_current()):
+        build_criu(suite=args.suite)
+    return find_criu()
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``bunshin criu which|provision``; 0 when a usable CRIU results, else 1."""
     if args.criu_cmd == "provision":
-        info: CriuInfo | None = provision_criu(args.prefix, suite=args.suite)
-        if not args.stock_only:
-            from .criu_build import build_criu
-
-            info = build_criu(suite=args.suite)
+        info: CriuInfo | None = _provision(args)
+        if info is None:
+            return 0
     else:
         info = find_criu()
     if info is None:

@@ -28,23 +28,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 PY=${PY:-python3}
-# protobuf: pycriu, through which Bunshin drives CRIU, needs it (the `criu` extra) already for
-# the check below
 "$PY" -m pip install -q --disable-pip-version-check \
-  "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" "protobuf>=4" 2>&1 | grep -v "^WARNING: Running pip as" || true
-# A CRIU >= 4 for bunshin.criu and its tests (Debian 12's 3.17 fails on kernels >= 6.13): a
-# private copy of Debian testing's packages into ~/.cache/bunshin/criu (stock, and the pycriu
-# Bunshin drives CRIU with), then Bunshin's CRIU built from Debian's source with criu/patches
-# into ~/.cache/bunshin/criu-bunshin (`bunshin criu provision`; apt's configuration is left
-# alone). A failed build fails the install: the tests would otherwise run on the stock CRIU.
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-if ! PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_locate import inspect_criu, private_prefix; p = private_prefix() / "bin" / "criu"; sys.exit(0 if p.is_file() and inspect_criu(p, "private").usable else 1)' 2>/dev/null; then
-  echo "install-deps: provisioning a private CRIU 4 (bunshin criu provision)" >&2
-  PYTHONPATH="$ROOT" "$PY" -c 'from bunshin.criu_locate import provision_criu; print(provision_criu().reason)' >&2 \
-    || echo "install-deps: CRIU provisioning failed; tests/test_criu.py will be skipped" >&2
-fi
-if PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_locate import private_prefix; sys.exit(0 if (private_prefix() / "bin" / "criu").is_file() else 1)' \
-   && ! PYTHONPATH="$ROOT" "$PY" -c 'import sys; from bunshin.criu_build import is_current; sys.exit(0 if is_current() else 1)'; then
-  echo "install-deps: building Bunshin's CRIU (criu/patches) from Debian's source" >&2
-  PYTHONPATH="$ROOT" "$PY" -c 'from bunshin.criu_build import build_criu; i = build_criu(); print(i.path, i.patches, i.reason)' >&2
-fi
+  "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" 2>&1 | grep -v "^WARNING: Running pip as" || true
+# CRIU (a private stock copy, then Bunshin's patched build) comes after the package is
+# installed: `bunshin criu provision --if-needed` in the Makefile's install.

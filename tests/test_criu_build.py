@@ -4,7 +4,8 @@ that fails leaving nothing behind (Debian's real source; the full build runs at 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 
@@ -41,3 +42,13 @@ def test_a_patch_that_does_not_apply_fails_the_build_and_leaves_nothing(own_patc
         criu_build.build_criu(prefix)
     assert "patch -p1" in str(ei.value) and "FAILED" in str(ei.value), ei.value
     assert list(tmp_path.iterdir()) == [own_patches]  # neither the prefix nor its stage
+
+
+def test_provision_if_needed_leaves_a_current_build_alone():
+    stamp = criu_build.patched_prefix() / "stamp"
+    before = stamp.stat().st_mtime_ns
+    out = subprocess.run([sys.executable, "-m", "bunshin", "criu", "provision", "--if-needed"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "(patched)" in out.stdout and "patches: ext-files" in out.stdout, out.stdout
+    assert stamp.stat().st_mtime_ns == before  # neither fetched nor built again

@@ -107,14 +107,9 @@ class HeldTemplate:
         pass
 
     def acquire(self, i: int) -> tuple[Workspace, Shell]:
-        from ..rl.workspaces import rollout_shell
+        from ..rl.workspaces import with_rollout_shell
 
-        ws = self.template.fork(1)[0]
-        try:
-            return ws, rollout_shell(ws, self.task.workdir)
-        except BaseException:
-            ws.close()
-            raise
+        return with_rollout_shell(self.template.fork(1)[0], self.task.workdir)
 
     def close(self) -> None:
         pass

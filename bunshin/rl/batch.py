@@ -22,16 +22,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import queue
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from .engine import GroupResult, RolloutEngine, _WorthPredictor
+from .engine import GroupResult, PrivateCache, RolloutEngine, _WorthPredictor
 from .metrics import CpuMeter, MemoryReport, MemorySampler
 from .types import Policy, RolloutError, Task, Trajectory, Verifier
 from .verify import averify
@@ -40,7 +38,6 @@ from .workspaces import provider
 if TYPE_CHECKING:
     from ..cache.prefix import PrefixCache
     from ..cache.toolcall import ToolCall
-    from ..runtime.result import Result
 
 __all__ = ["BatchEngine", "BatchResult"]
 
@@ -174,12 +171,11 @@ class BatchEngine:
         self.predictor = predictor
         if cache is None:
             cache = mode == "bunshin"
-        self._own_cache: tempfile.TemporaryDirectory | None = None
+        self._own_cache: PrivateCache | None = None
         self.cache: PrefixCache | None = cache if isinstance(cache, PrefixCache) else None
         if cache is True and mode in ("fork", "bunshin"):  # other modes: the engines below refuse it
-            self._own_cache = tempfile.TemporaryDirectory(prefix="bunshin-rl-cache-")
-            self.cache = cache = PrefixCache(Path(self._own_cache.name) / "cache.lmdb", memory_budget=cache_budget,
-                                             snapshot=self._worth_keeping)
+            self._own_cache = PrivateCache(cache_budget, lambda: self.snapshot_after)
+            self.cache = cache = self._own_cache.cache
         try:  # one rollout engine per task checks the arguments and runs its rollouts; they share the cache
             self.engines = {tid: RolloutEngine(policy, t, group_size, mode, cache=cache, speculate=speculate,
                                                max_inflight=max_inflight, snapshot_after=snapshot_after,
@@ -189,13 +185,6 @@ class BatchEngine:
             self.close()
             raise
         self.result: BatchResult | None = None
-
-    def _worth_keeping(self, call: ToolCall, r: Result) -> bool:
-        """The private cache's snapshot policy, :meth:`RolloutEngine._worth_keeping`'s."""
-        assert self.cache is not None
-        st = self.cache.stats
-        per = st.snapshot_seconds / st.snapshots if st.snapshots else 0.0
-        return r.duration >= max(self.snapshot_after, 2 * per)
 
     def _speculator(self, eng: RolloutEngine) -> Any:
         if not eng.speculate:
@@ -337,9 +326,7 @@ class BatchEngine:
     def close(self) -> None:
         """Close the private cache (if the batch engine made one)."""
         if self._own_cache is not None:
-            assert self.cache is not None
-            self.cache.close()
-            self._own_cache.cleanup()
+            self._own_cache.close()
             self._own_cache = None
 
     def __enter__(self) -> Self:

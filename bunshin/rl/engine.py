@@ -138,6 +138,34 @@ class _WorthPredictor:
         return out
 
 
+class PrivateCache:
+    """A prefix cache an engine made for itself (``cache=True``), in a temporary directory
+    removed with it. It keeps the state after a call that took at least ``snapshot_after()``
+    seconds and at least twice what a snapshot has cost so far (a big workspace after a quick
+    call is cheaper to re-run than to keep)."""
+
+    def __init__(self, memory_budget: int, snapshot_after: Callable[[], float]) -> None:
+        from ..cache.prefix import PrefixCache
+
+        self._dir = tempfile.TemporaryDirectory(prefix="bunshin-rl-cache-")
+        self._after = snapshot_after
+        try:
+            self.cache = PrefixCache(Path(self._dir.name) / "cache.lmdb", memory_budget=memory_budget,
+                                     snapshot=self._worth_keeping)
+        except BaseException:
+            self._dir.cleanup()
+            raise
+
+    def _worth_keeping(self, call: ToolCall, r: Result) -> bool:
+        st = self.cache.stats
+        per = st.snapshot_seconds / st.snapshots if st.snapshots else 0.0
+        return r.duration >= max(self._after(), 2 * per)
+
+    def close(self) -> None:
+        self.cache.close()
+        self._dir.cleanup()
+
+
 class RolloutEngine:
     """Run ``group_size`` rollouts of ``task`` with ``policy`` in ``mode`` (one of :data:`MODES`).
 
@@ -174,8 +202,6 @@ class RolloutEngine:
                  indices: Sequence[int] | None = None,
                  on_rollout: Callable[[Trajectory], None] | None = None,
                  workspaces: Any = None, group: int = 0) -> None:
-        from ..cache.prefix import PrefixCache
-
         if not callable(getattr(policy, "act", None)):
             raise RolloutError(f"policy must have an async act(history) method, got {policy!r}")
         if not isinstance(task, Task):
@@ -215,12 +241,11 @@ class RolloutEngine:
         self.max_inflight = max_inflight
         self.sample_interval = sample_interval
         self.on_turn = on_turn
-        self._own_cache: tempfile.TemporaryDirectory | None = None
+        self._own_cache: PrivateCache | None = None
         self.cache: PrefixCache | None
         if cache is True:
-            self._own_cache = tempfile.TemporaryDirectory(prefix="bunshin-rl-cache-")
-            self.cache = PrefixCache(Path(self._own_cache.name) / "cache.lmdb", memory_budget=cache_budget,
-                                     snapshot=self._worth_keeping)
+            self._own_cache = PrivateCache(cache_budget, lambda: self.snapshot_after)
+            self.cache = self._own_cache.cache
         elif cache:
             self.cache = cache
         else:
@@ -230,15 +255,6 @@ class RolloutEngine:
         if predictor is not None and not callable(predictor):
             raise RolloutError(f"predictor must be callable(calls) -> list[ToolCall], got {predictor!r}")
         self.predictor = predictor
-
-    def _worth_keeping(self, call: ToolCall, r: Result) -> bool:
-        """The private cache's snapshot policy: keep the state after a call that took at least
-        ``snapshot_after`` and at least twice what a snapshot has cost so far (a big workspace
-        after a quick call is cheaper to re-run than to keep)."""
-        assert self.cache is not None
-        st = self.cache.stats
-        per = st.snapshot_seconds / st.snapshots if st.snapshots else 0.0
-        return r.duration >= max(self.snapshot_after, 2 * per)
 
     # -- running ----------------------------------------------------------------------------
     def run(self) -> GroupResult:
@@ -385,9 +401,7 @@ class RolloutEngine:
     def close(self) -> None:
         """Close the private cache (if the engine made one)."""
         if self._own_cache is not None:
-            assert self.cache is not None
-            self.cache.close()
-            self._own_cache.cleanup()
+            self._own_cache.close()
             self._own_cache = None
 
     def __enter__(self) -> Self:

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bunshin.rl")
 
-__all__ = ["CriuProvider", "ForkProvider", "FreshProvider", "build", "provider", "rollout_shell", "setup_key"]
+__all__ = ["CriuProvider", "ForkProvider", "FreshProvider", "build", "provider", "rollout_shell", "setup_key",
+           "with_rollout_shell"]
 
 READY_TIMEOUT = 120.0
 
@@ -106,6 +107,16 @@ def rollout_shell(ws: Workspace, cwd: str | None) -> Shell:
     return live[0] if live else ws.shell(cwd=cwd)
 
 
+def with_rollout_shell(ws: Workspace, cwd: str | None) -> tuple[Workspace, Shell]:
+    """``ws`` and its :func:`rollout_shell`; ``ws`` is closed when that fails (a rollout's
+    workspace that its caller never got)."""
+    try:
+        return ws, rollout_shell(ws, cwd)
+    except BaseException:
+        ws.close()
+        raise
+
+
 class FreshProvider:
     """A new workspace per rollout, setup replayed each time."""
 
@@ -141,8 +152,7 @@ class ForkProvider:
 
     def acquire(self, i: int) -> tuple[Workspace, Shell]:
         assert self.tpl is not None, "prepare() first"
-        ws = self.tpl.fork(1)[0]
-        return ws, rollout_shell(ws, self.task.workdir)
+        return with_rollout_shell(self.tpl.fork(1)[0], self.task.workdir)
 
     def close(self) -> None:
         if self.tpl is not None:
@@ -182,12 +192,7 @@ class CriuProvider:
         from .. import criu
 
         assert self.images is not None, "prepare() first"
-        ws = criu.restore_workspace(self.images, ksm=self.ksm)
-        try:
-            return ws, rollout_shell(ws, self.task.workdir)
-        except BaseException:
-            ws.close()
-            raise
+        return with_rollout_shell(criu.restore_workspace(self.images, ksm=self.ksm), self.task.workdir)
 
     def close(self) -> None:
         if self.images is not None:
