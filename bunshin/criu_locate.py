@@ -125,12 +125,6 @@ def candidate() -> tuple[Path, str] | None:
     return (Path(found), "PATH") if found else None
 
 
-def _swrk_env() -> dict:
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the trainer's, not CRIU's
-    return env
-
-
 def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuInfo:
     """Ask the CRIU at ``path`` (RPC, ``criu swrk``) for its version; if new enough and
     ``check``, for its ``CHECK`` verdict."""
@@ -151,7 +145,7 @@ def inspect_criu(path: Path, source: str = "PATH", check: bool = True) -> CriuIn
                     pycriu_version=str(getattr(mod, "__version__", "?")),
                     plugins=(p.describe(),) if p.present else ())
     rpc = mod.rpc
-    with criu_rpc.Swrk(str(path), mod, env=_swrk_env(), timeout=30) as w:
+    with criu_rpc.Swrk(str(path), mod, env=criu_rpc.worker_env(), timeout=30) as w:
         try:
             resp = w.ask(rpc.criu_req(type=rpc.VERSION, keep_open=True))
         except (OSError, EOFError) as e:

@@ -25,10 +25,18 @@ from typing import Any
 
 from .errors import CriuError
 
-__all__ = ["Swrk", "pycriu", "pycriu_dirs"]
+__all__ = ["Swrk", "pycriu", "pycriu_dirs", "worker_env"]
 
 _SYSTEM = Path("/usr/lib/python3/dist-packages")
 _lock = threading.Lock()
+
+
+def worker_env() -> dict[str, str]:
+    """The environment a ``criu swrk`` worker starts from: the trainer's, less its
+    ``PYTHONPATH`` (which is the trainer's, not CRIU's)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return env
 
 
 def pycriu_dirs(criu: Path, private: Path) -> list[Path]:

@@ -119,7 +119,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
             for i, layer in enumerate(own):
                 dst = images.layer_dir(out, i)
                 dst.mkdir()
-                images.copy_layer(layer, dst)
+                layerstore.copy_layer(layer, dst)
             logfile = out / "criu" / "dump.log"
             opts = runner.options(info, pid=init_pid, log_file=logfile.name,
                                   leave_running=True, tcp_established=True, file_locks=True,

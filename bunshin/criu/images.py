@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import xxhash
@@ -63,14 +62,6 @@ def prepare(path: str | os.PathLike) -> Path:
     criu_dir(p).mkdir()
     (p / "layers").mkdir()
     return p
-
-
-def copy_layer(src: Path, dst: Path) -> None:
-    """Copy an overlay layer exactly: whiteouts (0/0 char devices), opaque-dir xattrs, owners."""
-    r = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], capture_output=True,
-                       text=True, check=False)
-    if r.returncode != 0:
-        raise ImageError(f"copying layer {src} into {dst} failed: {r.stderr.strip()[-300:]}")
 
 
 def _digest(f: Path) -> str:

@@ -186,20 +186,21 @@ def fetch(digest: str, srcs: Sequence[Source]) -> Path:
         else:
             there = Path(src) / digest
             if there.is_dir():
-                return _install_verified(digest, functools.partial(_copy, there), _describe(src))
+                return _install_verified(digest, functools.partial(copy_layer, there), _describe(src))
         looked.append(_describe(src))
     raise LayerMissing(f"rootfs layer {digest} is not on this node and no source has it (looked in: "
                        f"{'; '.join(looked)}); give Template.load a source (layers=<shared store "
                        f"directory or callable>) or set BUNSHIN_LAYER_STORE", digest=digest)
 
 
-def _copy(src: Path, dst: Path) -> None:
-    # reflinks where the store and the state share a file system; not hard links, through which
-    # a change in the shared store would reach the checked copy
+def copy_layer(src: Path, dst: Path) -> None:
+    """Copy an overlay layer exactly (whiteouts: 0/0 char devices, opaque-dir xattrs, owners)
+    into the directory ``dst``: reflinks where both share a file system; not hard links,
+    through which a change to one copy would reach the other."""
     r = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dst)], capture_output=True, text=True,
                        check=False)
     if r.returncode != 0:
-        raise ImageError(f"copying rootfs layer {src} failed: {r.stderr.strip()[-300:]}")
+        raise ImageError(f"copying layer {src} into {dst} failed: {r.stderr.strip()[-300:]}")
 
 
 def _install_verified(digest: str, fill: Callable[[Path], None], where: str) -> Path:
@@ -294,7 +295,7 @@ def publish(digest: str, store: str | os.PathLike) -> Path:
     if layer is None:
         raise LayerMissing(f"rootfs layer {digest} is not in this node's store {store_dir()}", digest=digest)
     final = Path(store) / digest
-    _install.install(final, lambda tmp: _copy(layer, tmp))
+    _install.install(final, lambda tmp: copy_layer(layer, tmp))
     return final
 
 

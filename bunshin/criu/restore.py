@@ -35,7 +35,7 @@ from ..runtime.rootfs.model import Rootfs
 from ..runtime.statedir import Meta, own_start_time
 from ..runtime.userns import UserNs
 from ..runtime.workspace_config import WorkspaceConfig
-from . import handover, images, initfds, runner
+from . import handover, images, initfds, layerstore, runner
 from . import sandbox as _sandbox
 
 log = logging.getLogger("bunshin.criu")
@@ -86,7 +86,7 @@ def restore(path: str | os.PathLike, *, ksm: bool = False) -> Restored:
         for i in range(meta["layers"]):  # copied: overlayfs refuses a lower nested in another
             lower = d.path / f"lower{i}"
             lower.mkdir()
-            images.copy_layer(images.layer_dir(src, i), lower)
+            layerstore.copy_layer(images.layer_dir(src, i), lower)
             lowers.append(str(lower))
         lowers += meta["rootfs_lowers"]
         mounted = lowers

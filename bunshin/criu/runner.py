@@ -131,7 +131,4 @@ def keep_log(e: CheckpointError, prefix: str) -> None:
     e.log = name
 
 
-def environ() -> dict:
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    return env
+environ = criu_rpc.worker_env  # what a request's worker starts from
