@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,34 +141,9 @@ class ClusterEngine:
     def stream(self) -> Iterator[GroupTrajectory]:
         """Each trajectory as its rollout ends, over every group (a thread runs the loop).
         Leaving the loop early stops the rollouts still running."""
-        q: queue.Queue[tuple[str, Any]] = queue.Queue()
-        running: dict[str, Any] = {}
+        from ..runtime.aio import iterate_in_thread
 
-        async def pump() -> None:
-            running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
-            try:
-                async for t in self.astream():
-                    q.put(("t", t))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                q.put(("e", e))
-            else:
-                q.put(("end", None))
-
-        th = threading.Thread(target=lambda: asyncio.run(pump()), name="bunshin-cluster-stream", daemon=True)
-        th.start()
-        try:
-            while True:
-                kind, v = q.get()
-                if kind == "t":
-                    yield v
-                elif kind == "e":
-                    raise v
-                else:
-                    return
-        finally:
-            if th.is_alive() and "task" in running:
-                running["loop"].call_soon_threadsafe(running["task"].cancel)
-                th.join(STOP_WAIT_S)
+        yield from iterate_in_thread(self.astream, "bunshin-cluster-stream", STOP_WAIT_S)
 
     # -- scheduling ---------------------------------------------------------------------
     def _new_groups(self) -> list[_Group]:

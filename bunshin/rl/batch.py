@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -285,43 +283,11 @@ class BatchEngine:
 
     def stream(self) -> Iterator[Trajectory]:
         """Each trajectory as it finishes, from a thread that runs the batch on an event loop of
-        its own (rollouts go on while the caller works on one); ``self.result`` once all have."""
-        items: queue.Queue = queue.Queue()
-        end = object()
-        started = threading.Event()
-        box: dict[str, Any] = {}
+        its own (rollouts go on while the caller works on one); ``self.result`` once all have.
+        Leaving the loop early stops the rollouts still running."""
+        from ..runtime.aio import iterate_in_thread
 
-        async def pump() -> None:
-            box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
-            started.set()
-            async for traj in self.astream():
-                items.put(traj)
-
-        def main() -> None:
-            try:
-                asyncio.run(pump())
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                box["error"] = e
-            finally:
-                started.set()
-                items.put(end)
-
-        th = threading.Thread(target=main, name="bunshin-batch-loop", daemon=True)
-        th.start()
-        try:
-            while (item := items.get()) is not end:
-                yield item
-            err = box.get("error")
-            if err is not None and not isinstance(err, asyncio.CancelledError):
-                raise err
-        finally:
-            if th.is_alive():
-                started.wait()
-                try:
-                    box["loop"].call_soon_threadsafe(box["task"].cancel)
-                except (KeyError, RuntimeError):
-                    pass  # it ended meanwhile
-            th.join()
+        yield from iterate_in_thread(self.astream, "bunshin-batch-loop")
 
     def close(self) -> None:
         """Close the private cache (if the batch engine made one)."""

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..fork.perprocess import PerProcess
 from .capture import Capture
@@ -28,6 +30,53 @@ async def in_thread(fn: Callable[[], T]) -> T:
     """``fn()`` in Bunshin's own threads (not the loop's default executor, which the trainer
     may size for its own work)."""
     return await asyncio.get_running_loop().run_in_executor(_pool.get(), fn)
+
+
+def iterate_in_thread(make: Callable[[], AsyncIterator[T]], name: str,
+                      stop_wait: float = 10.0) -> Iterator[T]:
+    """The items of the async iterator ``make()`` for a caller without an event loop: it runs
+    on a loop of a thread of its own, so the next items are made while the caller works on one.
+    Its error is raised here. Leaving early cancels it; its thread is waited for at most
+    ``stop_wait`` seconds (a daemon: it ends with its cancelled work)."""
+    items: queue.Queue[tuple[str, Any]] = queue.Queue()
+    running: dict[str, Any] = {}
+    started = threading.Event()
+
+    async def pump() -> None:
+        running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        started.set()
+        async for item in make():
+            items.put(("item", item))
+
+    def main() -> None:
+        try:
+            asyncio.run(pump())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            items.put(("error", e))
+        else:
+            items.put(("end", None))
+        finally:
+            started.set()
+
+    th = threading.Thread(target=main, name=name, daemon=True)
+    th.start()
+    try:
+        while True:
+            kind, value = items.get()
+            if kind == "item":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+    finally:
+        if th.is_alive():
+            started.wait(stop_wait)
+            try:
+                running["loop"].call_soon_threadsafe(running["task"].cancel)
+            except (KeyError, RuntimeError):
+                pass  # it ended meanwhile
+            th.join(stop_wait)
 
 
 async def collect(chan: Channel, pid: int, fds: dict[int, Capture], timeout: float | None,
