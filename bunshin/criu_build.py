@@ -35,9 +35,9 @@ __all__ = ["BUILD_DEPS", "GITID_PREFIX", "build_criu", "is_current", "patch_name
 log = logging.getLogger("bunshin.criu")
 
 #: Debian packages CRIU's ``make criu`` needs beyond a C toolchain
-BUILD_DEPS = ("protobuf-c-compiler", "libprotobuf-c-dev", "protobuf-compiler", "libnl-3-dev",
-              "libnet1-dev", "libcap-dev", "libbsd-dev", "libnftables-dev", "libgnutls28-dev",
-              "pkg-config", "patch")
+BUILD_DEPS = ("protobuf-c-compiler", "libprotobuf-c-dev", "protobuf-compiler", "libprotobuf-dev",
+              "libnl-3-dev", "libnet1-dev", "libcap-dev", "uuid-dev", "libbsd-dev", "libnftables-dev",
+              "libgnutls28-dev", "pkg-config", "patch")
 GITID_PREFIX = "bunshin"
 _SITE = Path("sysroot/usr/lib/python3/dist-packages")  # where criu_rpc.pycriu_dirs looks
 
@@ -117,24 +117,37 @@ def _fetch_source(stage: Path, suite: str) -> Path:
     return tars[0]
 
 
-def build_criu(prefix: Path | None = None, suite: str | None = None, jobs: int | None = None):
+def build_criu(prefix: Path | None = None, suite: str | None = None, jobs: int | None = None,
+               stock: Path | None = None):
     """Fetch Debian ``suite``'s CRIU source, apply :func:`patches`, build it and install the
     binary into ``prefix`` (default :func:`patched_prefix`), swapped in only when complete;
-    returns its :class:`~bunshin.criu_locate.CriuInfo`."""
+    returns its :class:`~bunshin.criu_locate.CriuInfo`. The source must be the version of the
+    stock private install at ``stock`` (default ``private_prefix()``), whose pycriu it takes."""
     from .criu_locate import DEFAULT_SUITE, inspect_criu, install_staged, private_prefix
 
     if not (shutil.which("apt-get") and shutil.which("make") and shutil.which("patch")):
         raise UnsupportedKernel("building CRIU needs apt-get (Debian or Ubuntu), make and patch")
     prefix = Path(prefix) if prefix is not None else patched_prefix()
-    pycriu = private_prefix() / _SITE / "pycriu"
+    stock = Path(stock) if stock is not None else private_prefix()
+    pycriu = stock / _SITE / "pycriu"
     if not (pycriu / "__init__.py").is_file():
         raise UnsupportedKernel(f"building CRIU: no pycriu at {pycriu}; the stock private CRIU "
                                 "comes first: `bunshin criu provision`")
+    major, minor, sub = inspect_criu(stock / "bin" / "criu", "private", check=False).version
+    version = f"{major}.{minor}" + (f".{sub}" if sub else "")  # as CRIU's releases are named
 
     def make(stage: Path) -> None:
         tar = _fetch_source(stage, suite or DEFAULT_SUITE)
+        if not tar.name.startswith(f"criu_{version}."):
+            raise UnsupportedKernel(f"building CRIU: Debian's source is {tar.name}, the stock CRIU "
+                                    f"(and its pycriu) {version}: provision both again "
+                                    "(`bunshin criu provision`)")
         with tarfile.open(tar) as tf:
-            tf.extractall(stage / "src", filter="data")
+            # the "data" filter (no absolute paths, links out, devices) is Python >= 3.11.4's
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(stage / "src", filter="data")
+            else:
+                tf.extractall(stage / "src")  # noqa: S202 - apt checked the archive's digest
         tree = next(d for d in (stage / "src").iterdir() if d.is_dir())
         build_log = stage / "build.log"
         for p in patches():

@@ -322,8 +322,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prov.add_argument("--stock-only", action="store_true",
                       help="do not build the patched CRIU (its build needs CRIU's build dependencies)")
     prov.add_argument("--if-needed", action="store_true",
-                      help="only what is missing or stale (make install); a stock CRIU that cannot "
-                           "be provisioned is a warning (CRIU's tests then skip), a failed build an error")
+                      help="only what is missing or stale (make install); what fails is a warning")
 
 
 def _describe(info: CriuInfo) -> str:
@@ -351,7 +350,14 @@ def _provision(args: argparse.Namespace) -> CriuInfo | None:
                   file=sys.stderr)
             return None
     if not args.stock_only and not (args.if_needed and is_current()):
-        build_criu(suite=args.suite)
+        try:
+            build_criu(suite=args.suite, stock=stock)
+        except Exception as e:  # noqa: BLE001 - with --if-needed, any failure is said and passed
+            if not args.if_needed:
+                raise
+            # tests/test_criu_plugin.py fails on a stock CRIU: a missing build shows there
+            print(f"bunshin criu provision: Bunshin's CRIU was not built ({e}); the stock CRIU "
+                  "is used", file=sys.stderr)
     return find_criu()
 
 

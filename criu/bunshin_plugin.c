@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@
 #define MAGIC "bunshin-criu-fds 1"
 #define MAX_FDS 64     /* a message's; Bunshin sends more in more messages */
 #define MAX_HANDED 4096
+#define MEM_MAJOR 1    /* /dev/null, /dev/zero, ...: what CRIU dumps as regular files */
 
 #define err(fmt, ...) print_on_level(BX_LOG_ERROR, "Error (bunshin-plugin): " fmt "\n", ##__VA_ARGS__)
 #define info(fmt, ...) print_on_level(BX_LOG_INFO, "bunshin-plugin: " fmt "\n", ##__VA_ARGS__)
@@ -99,8 +101,12 @@ static int receive_fds(int sk)
 	}
 	for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-			nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-			memcpy(fds, CMSG_DATA(c), sizeof(int) * nfds);
+			int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+			if (nfds + n > MAX_FDS)  /* the control buffer holds no more: MSG_CTRUNC */
+				n = MAX_FDS - nfds;
+			memcpy(fds + nfds, CMSG_DATA(c), sizeof(int) * n);
+			nfds += n;
 		}
 	}
 	if (got == 0 && nfds == 0)
@@ -182,14 +188,15 @@ static int parse_claimed(const char *list)
 			p++;
 		if (!*p)
 			break;
+		errno = 0;
 		claimed[nr_claimed].dev = strtoull(p, &end, 10);
-		if (*end != ':') {
+		if (end == p || *end != ':' || errno) {
 			err("BUNSHIN_CRIU_FILES: \"%.40s\" is not DEV:INO", p);
 			return -1;
 		}
 		p = end + 1;
 		claimed[nr_claimed].ino = strtoull(p, &end, 10);
-		if (end == p || (*end && *end != ' ')) {
+		if (end == p || (*end && *end != ' ') || errno) {
 			err("BUNSHIN_CRIU_FILES: \"%.40s\" is not DEV:INO", p);
 			return -1;
 		}
@@ -265,13 +272,22 @@ static int bunshin_restore_unix_sk(int id)
 	return fd;
 }
 
-/* fd is CRIU's descriptor of the file (or of the mapped one), id its id in the image */
+/*
+ * fd is CRIU's descriptor of the file (or of the mapped one), id its id in the image. Only
+ * what CRIU dumps as a regular file is claimed: regular files, directories and memory devices
+ * (/dev/null, /dev/zero: MEM_MAJOR). CRIU also asks about fds of types it cannot dump at all
+ * (other devices): those it would record as plugin-made files of another kind, which Bunshin
+ * does not hand back, so they fail the dump here as on a stock CRIU.
+ */
 static int bunshin_dump_ext_file(int fd, int id)
 {
 	struct stat st;
 	int i;
 
 	if (!nr_claimed || fstat(fd, &st))
+		return -ENOTSUP;
+	if (!(S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) ||
+	      (S_ISCHR(st.st_mode) && major(st.st_rdev) == MEM_MAJOR)))
 		return -ENOTSUP;
 	for (i = 0; i < nr_claimed; i++)
 		if (claimed[i].dev == (unsigned long long)st.st_dev &&

@@ -15,8 +15,8 @@ APT_PKGS=(
   xvfb x11-apps xdotool libx11-dev libxext-dev  # an X display (and a MIT-SHM client) forked in tests
   podman runc                             # real containers: bench/e2e.py's baseline (tests/test_podman_baseline.py)
   # Bunshin's patched CRIU is built from Debian's source (bunshin/criu_build.py BUILD_DEPS)
-  protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libnl-3-dev libnet1-dev libcap-dev
-  libbsd-dev libnftables-dev libgnutls28-dev patch
+  protobuf-c-compiler libprotobuf-c-dev protobuf-compiler libprotobuf-dev libnl-3-dev libnet1-dev
+  libcap-dev uuid-dev libbsd-dev libnftables-dev libgnutls28-dev patch
 )
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,11 @@ def test_provision_if_needed_leaves_a_current_build_alone():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "(patched)" in out.stdout and "patches: ext-files" in out.stdout, out.stdout
     assert stamp.stat().st_mtime_ns == before  # neither fetched nor built again
+
+
+def test_make_install_installs_every_build_dependency():
+    text = (Path(__file__).resolve().parents[1] / "scripts" / "install-deps.sh").read_text()
+    lines = text[text.index("APT_PKGS=(") + len("APT_PKGS=("):].splitlines()
+    listed = [ln.split("#", 1)[0] for ln in lines[:lines.index(")")]]
+    words = {w for line in listed for w in line.split()}
+    assert set(criu_build.BUILD_DEPS) <= words, set(criu_build.BUILD_DEPS) - words

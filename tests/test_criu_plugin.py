@@ -3,6 +3,7 @@ clones share memory (bunshin.criu.restore_many), on real workspaces."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -115,6 +116,28 @@ def test_host_files_go_through_the_plugin_on_the_patched_criu(family, tmp_path):
     assert os.readlink(f"/proc/{w.init_pid}/exe") == init_bin["path"]
     assert w.shells[0].run("echo $X $PWD").stdout == b"41 /tmp\n"
     assert w.run("echo hi").stdout == b"hi\n"
+
+
+def test_a_claimed_file_under_another_key_is_recorded_as_an_alias_or_fails_the_dump(family, tmp_path):
+    from bunshin.criu import externals, handover
+
+    ws = _shell_workspace()
+    family.append(ws)
+    meta = criu.dump_workspace(ws, tmp_path / "img")
+    ids = _ids(tmp_path / "img")
+    exts = [externals.External(**e) for e in meta["externals"]]
+    assert {e.key for e in exts} >= set(ids.values())  # as dumped: nothing to add
+    # the scan saw each file through another mount than CRIU's: same inodes, other keys
+    moved = [dataclasses.replace(e, key=e.key.replace("file[", "file[ffff")) for e in exts]
+    info, crit = _runner.criu(), tmp_path / "img" / "criu"
+    got = handover.Plugin().dumped(crit, {"files_by": "plugin"}, moved, info)
+    aliases = {e.key: e for e in got[len(moved):]}
+    assert set(aliases) == set(ids.values())
+    for key, e in aliases.items():
+        assert e.path == next(x["path"] for x in meta["externals"] if x["key"] == key)
+    strangers = [dataclasses.replace(e, devino=e.devino + "0") for e in moved]  # other inodes
+    with pytest.raises(CheckpointError, match="did not find the workspace using"):
+        handover.Plugin().dumped(crit, {"files_by": "plugin"}, strangers, info)
 
 
 def test_images_restore_across_the_stock_and_the_patched_criu(family, tmp_path, monkeypatch):

@@ -139,6 +139,7 @@ def _dump(cfg: WorkspaceConfig, body: Body, terminals: Terminals, out: Path, inf
                             logfile=logfile, env=env)
             finally:
                 os.close(images_fd)
+            exts = handover.current().dumped(out / "criu", taken_by, exts, info)
         finally:
             cg.thaw()
     finally:

@@ -16,6 +16,7 @@ keys are the same). :func:`use` puts another in place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -29,6 +30,8 @@ log = logging.getLogger("bunshin.criu")
 
 #: the patch of criu/patches with which CRIU asks the plugins about host files
 FILES_PATCH = "ext-files"
+#: the longest list of files named to the plugin (one environment string: Linux takes 128 KiB)
+_ENV_MAX = 100_000
 
 
 class Handover(Protocol):
@@ -37,6 +40,12 @@ class Handover(Protocol):
         """Name the control socket's stand-in (its inode) and ``exts`` in a dump's ``opts`` and
         its worker's ``env`` for ``info``'s CRIU; gives what took them, for the image's
         metadata (``ctl_socket_by``, ``files_by``: "plugin" or "inherit-fd")."""
+
+    def dumped(self, criu: Path, taken_by: dict, exts: list[externals.External],
+               info: Any) -> list[externals.External]:
+        """After the dump into ``criu`` (CRIU's images; ``taken_by`` what :meth:`dump` gave):
+        the externals to record for the restore; :class:`CheckpointError` for an image the
+        restore could not be handed what it needs."""
 
     def restore(self, opts: Any, env: dict, meta: dict, ctl_fd: int, log_file: Path,
                 layers: Sequence[str], criu: Path, info: Any
@@ -55,6 +64,10 @@ class InheritFds:
         opts.external.append(f"unix[{stand_in_ino}]")
         opts.external.extend(e.key for e in exts)
         return {"ctl_socket_by": "inherit-fd", "files_by": "inherit-fd"}
+
+    def dumped(self, criu: Path, taken_by: dict, exts: list[externals.External],
+               info: Any) -> list[externals.External]:
+        return exts  # CRIU took none but those named in external, by these keys
 
     @contextlib.contextmanager
     def restore(self, opts: Any, env: dict, meta: dict, ctl_fd: int, log_file: Path,
@@ -78,12 +91,38 @@ class Plugin(InheritFds):
             log.warning("Bunshin's CRIU plugin: %s; the workspace's externals are dumped the "
                         "stock way", plugin.plugin_info().reason)
             return super().dump(opts, env, stand_in_ino, exts, info)
-        files = FILES_PATCH in info.patches
+        claimed = " ".join(e.devino for e in exts)
+        files = FILES_PATCH in info.patches and len(claimed) <= _ENV_MAX
+        if FILES_PATCH in info.patches and not files:
+            log.warning("%d host files are too many to name to Bunshin's CRIU plugin: they are "
+                        "dumped the stock way", len(exts))
         env.update(plugin.dump_options(stand_in_ino, [e.devino for e in exts] if files else None)
                    .worker_env())
         if not files:
             opts.external.extend(e.key for e in exts)
         return {"ctl_socket_by": "plugin", "files_by": "plugin" if files else "inherit-fd"}
+
+    def dumped(self, criu: Path, taken_by: dict, exts: list[externals.External],
+               info: Any) -> list[externals.External]:
+        """The plugin claims host files by device and inode; CRIU records each under its own
+        ``file[mnt:ino]``. A key the scan did not make (the file reached through another mount
+        than the one the scan saw) is recorded as an alias of the scanned file of that inode;
+        none: the dump fails here rather than its restore later."""
+        if taken_by.get("files_by") != "plugin":
+            return exts
+        known = {e.key for e in exts}
+        out = list(exts)
+        for fid, key in sorted(images.external_files(criu, _pycriu(info)).items()):
+            if key in known:
+                continue
+            ino = key.rstrip("]").rpartition(":")[2]
+            same = [e for e in exts if e.devino.rpartition(":")[2] == str(int(ino, 16))]
+            if not same:
+                raise CheckpointError(f"CRIU recorded the host file {key} (id {fid}) that Bunshin "
+                                      "did not find the workspace using; dump again")
+            out.append(dataclasses.replace(same[0], key=key))
+            known.add(key)
+        return out
 
     @contextlib.contextmanager
     def restore(self, opts: Any, env: dict, meta: dict, ctl_fd: int, log_file: Path,

@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchEngine", "BatchResult"]
 
+#: how long leaving a stream early waits for the batch to stop (its tool calls end within
+#: their timeouts, its workspaces close)
+STOP_WAIT_S = 300.0
+
 
 @dataclass
 class BatchResult:
@@ -287,7 +291,9 @@ class BatchEngine:
         Leaving the loop early stops the rollouts still running."""
         from ..runtime.aio import iterate_in_thread
 
-        yield from iterate_in_thread(self.astream, "bunshin-batch-loop")
+        # its cleanup (closing the rollouts' workspaces, waiting for their calls) must end
+        # before close() closes the private cache it may still use
+        yield from iterate_in_thread(self.astream, "bunshin-batch-loop", STOP_WAIT_S)
 
     def close(self) -> None:
         """Close the private cache (if the batch engine made one)."""

@@ -7,6 +7,7 @@ threads of its own, so that it never holds up the event loop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import signal
@@ -21,6 +22,7 @@ from .capture import Capture
 from .channel import Channel
 
 T = TypeVar("T")
+log = logging.getLogger("bunshin")
 
 _pool = PerProcess(lambda: ThreadPoolExecutor(max_workers=32, thread_name_prefix="bunshin-aio"))
 _reaping: set[asyncio.Task] = set()  # exits still to be collected after a cancelled call
@@ -77,6 +79,8 @@ def iterate_in_thread(make: Callable[[], AsyncIterator[T]], name: str,
             except (KeyError, RuntimeError):
                 pass  # it ended meanwhile
             th.join(stop_wait)
+            if th.is_alive():
+                log.warning("%s: still stopping after %.0f s; left to end on its own", name, stop_wait)
 
 
 async def collect(chan: Channel, pid: int, fds: dict[int, Capture], timeout: float | None,
