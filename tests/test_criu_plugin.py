@@ -95,9 +95,7 @@ def test_a_restore_through_the_plugin_has_working_control_and_shells(family, tmp
 
 
 def _ids(img: Path) -> dict[int, str]:
-    from bunshin import criu_rpc
-
-    return images.external_files(images.criu_dir(img), criu_rpc.pycriu(_runner.criu().pycriu))
+    return images.external_files(images.criu_dir(img), _runner.pycriu(_runner.criu()))
 
 
 def test_host_files_go_through_the_plugin_on_the_patched_criu(family, tmp_path):

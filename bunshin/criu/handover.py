@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import CheckpointError, ImageError
-from . import externals, images, plugin
+from . import externals, images, plugin, runner
 
 log = logging.getLogger("bunshin.criu")
 
@@ -91,13 +91,12 @@ class Plugin(InheritFds):
             log.warning("Bunshin's CRIU plugin: %s; the workspace's externals are dumped the "
                         "stock way", plugin.plugin_info().reason)
             return super().dump(opts, env, stand_in_ino, exts, info)
-        claimed = " ".join(e.devino for e in exts)
-        files = FILES_PATCH in info.patches and len(claimed) <= _ENV_MAX
+        names = [e.devino for e in exts]
+        files = FILES_PATCH in info.patches and len(" ".join(names)) <= _ENV_MAX
         if FILES_PATCH in info.patches and not files:
             log.warning("%d host files are too many to name to Bunshin's CRIU plugin: they are "
                         "dumped the stock way", len(exts))
-        env.update(plugin.dump_options(stand_in_ino, [e.devino for e in exts] if files else None)
-                   .worker_env())
+        env.update(plugin.dump_options(stand_in_ino, names if files else None).worker_env())
         if not files:
             opts.external.extend(e.key for e in exts)
         return {"ctl_socket_by": "plugin", "files_by": "plugin" if files else "inherit-fd"}
@@ -112,7 +111,7 @@ class Plugin(InheritFds):
             return exts
         known = {e.key for e in exts}
         out = list(exts)
-        for fid, key in sorted(images.external_files(criu, _pycriu(info)).items()):
+        for fid, key in sorted(images.external_files(criu, runner.pycriu(info)).items()):
             if key in known:
                 continue
             ino = key.rstrip("]").rpartition(":")[2]
@@ -135,7 +134,7 @@ class Plugin(InheritFds):
         with _reopened(meta, log_file, layers) as files:
             by_id: dict[int, int] = {}
             if files_by_plugin:
-                for fid, key in images.external_files(criu, _pycriu(info)).items():
+                for fid, key in images.external_files(criu, runner.pycriu(info)).items():
                     if key not in files:
                         raise ImageError(f"the image's external file {key} (id {fid}) is not "
                                          "among the host files its metadata names: make a new image")
@@ -150,12 +149,6 @@ class Plugin(InheritFds):
                 except CheckpointError as e:
                     srv.explain(e)
                     raise
-
-
-def _pycriu(info: Any):
-    from .. import criu_rpc
-
-    return criu_rpc.pycriu(info.pycriu)
 
 
 @contextlib.contextmanager

@@ -63,7 +63,7 @@ def errors_in(logfile: Path, n: int = 6) -> str:
 
 def options(info: CriuInfo, **fields: Any) -> Any:
     """pycriu's ``criu_opts`` for a request to ``info``'s CRIU: ``fields`` set, logs verbose."""
-    opts = criu_rpc.pycriu(_pycriu_dir(info)).rpc.criu_opts(images_dir_fd=-1, log_level=4)
+    opts = rpc(info).criu_opts(images_dir_fd=-1, log_level=4)
     for name, value in fields.items():
         setattr(opts, name, value)
     return opts
@@ -71,13 +71,14 @@ def options(info: CriuInfo, **fields: Any) -> Any:
 
 def rpc(info: CriuInfo) -> Any:
     """pycriu's message module (``rpc_pb2``): the enums and repeated entries of ``criu_opts``."""
-    return criu_rpc.pycriu(_pycriu_dir(info)).rpc
+    return pycriu(info).rpc
 
 
-def _pycriu_dir(info: CriuInfo) -> str:
+def pycriu(info: CriuInfo) -> Any:
+    """The pycriu package that drives ``info``'s CRIU (its ``rpc`` and ``images`` modules)."""
     if not info.pycriu:
         raise CriuError(f"no pycriu for the CRIU at {info.path}: run `bunshin criu provision`")
-    return info.pycriu
+    return criu_rpc.pycriu(info.pycriu)
 
 
 def call(info: CriuInfo, request: str, opts: Any, *, what: str, logfile: Path,
@@ -88,7 +89,7 @@ def call(info: CriuInfo, request: str, opts: Any, *, what: str, logfile: Path,
     answer; ``setup(prefix's stdout, opts)`` runs first. :class:`CheckpointError` naming
     ``what`` failed and why (the log's error lines), also when the worker took longer than
     ``timeout`` seconds and was killed."""
-    mod = criu_rpc.pycriu(_pycriu_dir(info))
+    mod = pycriu(info)
     log.debug("%s: RPC %s to %s swrk: %s", what, request.upper(), info.path, opts)
     with criu_rpc.Swrk(info.path, mod, prefix=prefix, pass_fds=pass_fds, env=env,
                        timeout=timeout) as w:
