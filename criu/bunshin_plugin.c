@@ -253,6 +253,7 @@ static int bunshin_dump_unix_sk(int fd, int id)
 	return 0;
 }
 
+/* A copy of the fd Bunshin handed for (kind, key); -ENOTSUP when it handed none */
 static int take(int kind, unsigned long key)
 {
 	int i;
@@ -260,16 +261,18 @@ static int take(int kind, unsigned long key)
 	for (i = 0; i < nr_handed; i++)
 		if (handed[i].kind == kind && handed[i].key == key)
 			return fdstore_get(handed[i].store_id);
+	if (!getenv("BUNSHIN_CRIU_FDS"))
+		return -ENOTSUP;
+	if (kind == HANDED_SOCKET)  /* as CRIU names them: a socket by its inode, a file by its id */
+		err("socket %lu was dumped for this plugin, but Bunshin handed no fd for it", key);
+	else
+		err("file %#lx was dumped for this plugin, but Bunshin handed no fd for it", key);
 	return -ENOTSUP;
 }
 
 static int bunshin_restore_unix_sk(int id)
 {
-	int fd = take(HANDED_SOCKET, (unsigned int)id);
-
-	if (fd == -ENOTSUP && getenv("BUNSHIN_CRIU_FDS"))
-		err("socket %u was dumped for this plugin, but Bunshin handed no fd for it", (unsigned int)id);
-	return fd;
+	return take(HANDED_SOCKET, (unsigned int)id);
 }
 
 /*
@@ -301,11 +304,7 @@ static int bunshin_dump_ext_file(int fd, int id)
 
 static int bunshin_restore_ext_file(int id)
 {
-	int fd = take(HANDED_FILE, (unsigned int)id);
-
-	if (fd == -ENOTSUP && getenv("BUNSHIN_CRIU_FDS"))
-		err("file %#x was dumped for this plugin, but Bunshin handed no fd for it", (unsigned int)id);
-	return fd;
+	return take(HANDED_FILE, (unsigned int)id);
 }
 
 __attribute__((visibility("default"))) bx_criu_plugin_desc_t CR_PLUGIN_DESC = {

@@ -25,9 +25,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from .engine import GroupResult, PrivateCache, RolloutEngine, _WorthPredictor
+from .engine import GroupResult, OwnsCache, PrivateCache, RolloutEngine, _WorthPredictor
 from .metrics import CpuMeter, MemoryReport, MemorySampler
 from .types import Policy, RolloutError, Task, Trajectory, Verifier
 from .verify import averify
@@ -130,7 +130,7 @@ class _TaskState:
                 await loop.run_in_executor(pool, prov.close)
 
 
-class BatchEngine:
+class BatchEngine(OwnsCache):
     """Run a group of ``group_size`` rollouts for every entry of ``tasks`` with ``policy`` in
     ``mode``, at most ``max_concurrency`` rollouts at a time across the batch (default: all).
 
@@ -295,14 +295,3 @@ class BatchEngine:
         # before close() closes the private cache it may still use
         yield from iterate_in_thread(self.astream, "bunshin-batch-loop", STOP_WAIT_S)
 
-    def close(self) -> None:
-        """Close the private cache (if the batch engine made one)."""
-        if self._own_cache is not None:
-            self._own_cache.close()
-            self._own_cache = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -166,7 +166,26 @@ class PrivateCache:
         self._dir.cleanup()
 
 
-class RolloutEngine:
+class OwnsCache:
+    """An engine that may have made a :class:`PrivateCache` (``_own_cache``): closed by
+    :meth:`close`, or on leaving its ``with`` block."""
+
+    _own_cache: PrivateCache | None = None
+
+    def close(self) -> None:
+        """Close the private cache (if the engine made one)."""
+        if self._own_cache is not None:
+            self._own_cache.close()
+            self._own_cache = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RolloutEngine(OwnsCache):
     """Run ``group_size`` rollouts of ``task`` with ``policy`` in ``mode`` (one of :data:`MODES`).
 
     ``concurrency``: rollouts at a time (default: the whole group). ``cache``: in fork/bunshin
@@ -398,14 +417,3 @@ class RolloutEngine:
             return run_tool(BUILTIN_TOOLS, target, call), "exec"
         return target.call(call), target.last_source
 
-    def close(self) -> None:
-        """Close the private cache (if the engine made one)."""
-        if self._own_cache is not None:
-            self._own_cache.close()
-            self._own_cache = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
